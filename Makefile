@@ -1,0 +1,41 @@
+# The two commands of the README:
+#   make up    - a whole local cluster streaming a sample corpus; prints the page's URL
+#   make test  - installs everything and runs the test suite against a real Kafka broker
+# Each target does all of its own set-up on a fresh machine.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: up test bench install kafka-jars browser clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Resolves the Apache Kafka broker jars from Maven Central into ~/.cache/livevec/ (once).
+kafka-jars: $(STAMP)
+	$(PY) -m online.cli kafka fetch
+
+# Debian's Chromium, for the browser test of the live page (no browser download from a hub).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "install Debian's chromium package (sudo apt-get install chromium) for the browser test"; exit 1; fi; }
+
+up: $(STAMP) kafka-jars
+	$(VENV)/bin/livevec up
+
+test: $(STAMP) kafka-jars browser
+	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
+
+bench: $(STAMP) kafka-jars
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

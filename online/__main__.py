@@ -1,0 +1,5 @@
+import sys
+
+from online.cli import main
+
+sys.exit(main())

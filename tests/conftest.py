@@ -1,0 +1,1 @@
+"""Shared fixtures. The session-wide real Kafka broker lives here (see online.kafka_broker)."""
