@@ -1,0 +1,168 @@
+"""``livevec deploy``: render the deployment files from the topology, check them, or run
+the Marathon group on this machine.
+
+    livevec deploy render --target marathon|k8s [--out DIR] [--servers N] [--workers M] ...
+    livevec deploy check  [--target marathon|k8s]     # the platform rules no schema expresses
+    livevec deploy run-local [--group FILE] [--servers N] [--workers M] [--env K=V] ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ps_bridge.settings import SettingError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+
+    def topology_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--servers", type=int, default=2, help="parameter server instances (= DMLC_NUM_SERVER)")
+        p.add_argument("--workers", type=int, default=2, help="worker instances (= DMLC_NUM_WORKER)")
+        p.add_argument("--frontends", type=int, default=2, help="front-end replicas")
+        p.add_argument("--image", default="livevec:0.1.0", help="container image")
+        p.add_argument("--kafka-bootstrap", default=None,
+                       help="Kafka bootstrap for the rendered target (default: a placeholder per platform)")
+        p.add_argument("--kafka-partitions", type=int, default=8,
+                       help="partitions of the topic: the workers' autoscaling ceiling")
+
+    render = sub.add_parser("render", help="write the Marathon or Kubernetes files generated from the topology")
+    render.add_argument("--target", choices=("marathon", "k8s"), required=True)
+    render.add_argument("--out", type=Path, default=None,
+                        help="directory to write the files into (default: print them to stdout)")
+    topology_flags(render)
+
+    check = sub.add_parser("check", help="check rendered files against the platform rules no schema expresses")
+    check.add_argument("--target", choices=("marathon", "k8s", "all"), default="all")
+    check.add_argument("--dir", type=Path, default=None,
+                       help="check the files in this directory instead of a fresh rendering")
+    topology_flags(check)
+
+    run_local = sub.add_parser("run-local", help="run a Marathon group on this machine (Marathon-like)")
+    run_local.add_argument("--group", type=Path, default=None,
+                           help="Marathon group JSON (default: render the topology)")
+    run_local.add_argument("--work-dir", type=Path, default=Path("livevec-local"),
+                           help="logs, sandboxes and mapped volumes go here")
+    run_local.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                           help="override an env var in every app (repeatable)")
+    run_local.add_argument("--app-env", action="append", default=[], metavar="APP:KEY=VALUE",
+                           help="override an env var in one app (repeatable)")
+    run_local.add_argument("--instances", action="append", default=[], metavar="APP=N",
+                           help="instance count of an app; DMLC_NUM_* follow (repeatable)")
+    run_local.add_argument("--status-every", type=float, default=30.0, help="seconds between status tables")
+    topology_flags(run_local)
+
+
+def _topology(args):
+    from online.deployment.topology import default_topology
+
+    kwargs = {}
+    if args.kafka_bootstrap:
+        kwargs = {"kafka_bootstrap": args.kafka_bootstrap, "k8s_kafka_bootstrap": args.kafka_bootstrap}
+    for flag in ("servers", "workers", "frontends", "kafka_partitions"):
+        if getattr(args, flag) < (1 if flag in ("servers", "kafka_partitions") else 0):
+            raise SettingError(f"--{flag.replace('_', '-')}", f"must be positive, got {getattr(args, flag)}")
+    return default_topology(servers=args.servers, workers=args.workers, frontends=args.frontends,
+                            image=args.image, kafka_partitions=args.kafka_partitions, **kwargs)
+
+
+def _render_files(target: str, topology) -> dict[str, str]:
+    if target == "marathon":
+        from online.deployment import marathon
+        return marathon.render_files(topology)
+    from online.deployment import k8s
+    return k8s.render_files(topology)
+
+
+def _key_value(text: str, flag: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SettingError(flag, f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def run(args) -> int:
+    if args.action == "render":
+        files = _render_files(args.target, _topology(args))
+        if args.out is None:
+            for name, text in files.items():
+                sys.stdout.write(f"# --- {name}\n{text}" if args.target == "k8s" else text)
+            return 0
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (args.out / name).write_text(text)
+            print(args.out / name)
+        return 0
+    if args.action == "check":
+        return _check(args)
+    return _run_local(args)
+
+
+def _check(args) -> int:
+    from online.deployment import platform_rules
+
+    problems: list[str] = []
+    targets = ("marathon", "k8s") if args.target == "all" else (args.target,)
+    for target in targets:
+        files = _render_files(target, _topology(args))
+        if args.dir is not None:
+            files = {name: (args.dir / name).read_text() for name in files if (args.dir / name).exists()}
+        problems += platform_rules.check_files(target, files)
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def _run_local(args) -> int:
+    from online.deployment.local_runner import LocalRunner, describe
+
+    env = dict(_key_value(e, "--env") for e in args.env)
+    app_env: dict[str, dict[str, str]] = {}
+    for item in args.app_env:
+        app, sep, kv = item.partition(":")
+        if not sep:
+            raise SettingError("--app-env", f"expected APP:KEY=VALUE, got {item!r}")
+        key, value = _key_value(kv, "--app-env")
+        app_env.setdefault(app, {})[key] = value
+    instances = {}
+    for item in args.instances:
+        app, value = _key_value(item, "--instances")
+        try:
+            instances[app] = int(value)
+        except ValueError:
+            raise SettingError("--instances", f"{app}: expected an integer, got {value!r}") from None
+    if args.group is not None:
+        group = json.loads(args.group.read_text())
+    else:
+        from online.deployment.marathon import render_group
+        group = render_group(_topology(args))
+    try:
+        runner = LocalRunner(group, work_dir=args.work_dir, env=env, app_env=app_env, instances=instances)
+    except (KeyError, ValueError) as exc:
+        raise SettingError("--group", str(exc)) from None
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        runner.start()
+        print(describe(runner.status()), flush=True)
+        while True:
+            time.sleep(args.status_every)
+            print(describe(runner.status()), flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # A second Ctrl-C must not cut the clean shutdown short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        runner.stop()
+    print(describe(runner.status()), flush=True)
+    return 0

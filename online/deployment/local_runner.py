@@ -1,0 +1,694 @@
+"""Run a Marathon group on this machine the way Marathon would, so that the deploy files
+themselves are what ``livevec up`` and the tests start.
+
+For every app and instance the runner:
+- assigns ports like Marathon: a fresh free port per ``portDefinition`` on every launch,
+  exported as ``PORT0..N``, ``PORT`` (= PORT0), ``PORTS`` and ``PORT_<NAME>``, with
+  ``HOST=127.0.0.1`` and the other ``MARATHON_APP_*``/``MESOS_*`` variables;
+- resolves Mesos-DNS: every ``<name>.marathon.mesos`` in an env value or the cmd is
+  **rewritten** to ``127.0.0.1`` (the whole machine is one agent). A name that matches no
+  app of the group is an error, as it would never resolve on the cluster either;
+- keeps fixed ports (``requirePorts``) stable across restarts but, by default, remaps them
+  to a free local port chosen once at start (other tests may hold the real one). Env values
+  equal to the fixed port, or ``<dns-name>:<port>``, are rewritten to match;
+- maps ``container.volumes`` host paths to local directories (``volumes=`` or a directory
+  under ``work_dir``) and rewrites env values under the container path accordingly;
+- runs ``cmd`` through ``/bin/sh -c`` in a per-instance sandbox (``MESOS_SANDBOX``, also
+  the working directory) with stdout and stderr appended to ``<work_dir>/logs/<app>-<i>.log``;
+- probes the health checks (HTTP/TCP; COMMAND runs through the shell) with Marathon's
+  grace period, interval and ``maxConsecutiveFailures``, and kills unhealthy tasks. Until a
+  task's first success it probes every 0.5 s instead of ``intervalSeconds``, so waiting for
+  health is quick; readiness checks are probed until the task is ready;
+- relaunches tasks that exit, whatever their exit code, after the app's launch delay:
+  ``backoffSeconds``, multiplied by ``backoffFactor`` on each further failure, capped at
+  ``maxLaunchDelaySeconds``, and reset once a task has stayed up for 60 s (Marathon's
+  ``--minimum_viable_task_execution_duration``);
+- starts apps in ``dependencies`` order, waiting until the dependencies' tasks are healthy
+  and ready, as a Marathon group deployment does, and stops them in reverse order with
+  SIGTERM, then SIGKILL after ``taskKillGracePeriodSeconds``.
+
+Constraints (``hostname:UNIQUE``, agent attributes) cannot be honoured on one host and are
+ignored. ``args`` apps run their argv directly (there is no image entrypoint locally).
+The caller may override env (all apps, or per app) and instance counts; when a server or
+worker count is overridden, ``DMLC_NUM_SERVER``/``DMLC_NUM_WORKER`` follow, and when it is
+not, an inconsistent group is rejected, because ps-lite rendezvous would never complete.
+"""
+from __future__ import annotations
+
+import atexit
+import copy
+import json
+import logging
+import os
+import posixpath
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from online.deployment.topology import mesos_dns_name
+from online.structured_logging import log_event
+
+logger = logging.getLogger("livevec.local_runner")
+
+VIABLE_TASK_SECONDS = 60.0  # Marathon's --minimum_viable_task_execution_duration
+FAST_PROBE_SECONDS = 0.5
+TICK_SECONDS = 0.1
+_INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TERM", "TMPDIR", "VIRTUAL_ENV", "JAVA_HOME")
+_INHERITED_PREFIXES = ("LC_", "PYTHON", "NUMBA_", "OMP_", "COVERAGE_")
+_DNS_NAME = re.compile(r"(?<![\w.-])([a-z0-9](?:[a-z0-9-]*[a-z0-9])?)\.marathon\.mesos(?![\w.-])")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def env_name(port_name: str) -> str:
+    return "PORT_" + re.sub(r"[^A-Z0-9_]", "_", port_name.upper())
+
+
+def flatten_group(group: Mapping, parent: str = "/") -> list[dict]:
+    """All apps of a group and its sub-groups, with absolute ids and dependencies."""
+    gid = posixpath.normpath(posixpath.join(parent, group.get("id", "/")))
+    apps = []
+    for app in group.get("apps", []):
+        app = copy.deepcopy(dict(app))
+        app["id"] = posixpath.normpath(posixpath.join(gid, app["id"]))
+        app["dependencies"] = [posixpath.normpath(posixpath.join(app["id"], d))
+                               if not d.startswith("/") else d for d in app.get("dependencies", [])]
+        apps.append(app)
+    for sub in group.get("groups", []):
+        apps.extend(flatten_group(sub, gid))
+    return apps
+
+
+def start_order(apps: Iterable[Mapping]) -> list[str]:
+    """App ids with every dependency before its dependents (Kahn; ties keep file order)."""
+    apps = list(apps)
+    ids = [a["id"] for a in apps]
+    deps = {a["id"]: set(a.get("dependencies", [])) for a in apps}
+    for app_id, ds in deps.items():
+        missing = ds - set(ids)
+        if missing:
+            raise ValueError(f"{app_id} depends on {sorted(missing)}, which the group does not define")
+    order: list[str] = []
+    while len(order) < len(ids):
+        ready = [i for i in ids if i not in order and deps[i] <= set(order)]
+        if not ready:
+            raise ValueError(f"dependency cycle among {sorted(set(ids) - set(order))}")
+        order.append(ready[0])
+    return order
+
+
+def launch_delay(app: Mapping, consecutive_failures: int) -> float:
+    """Marathon's launch delay after the n-th consecutive failure (n >= 1)."""
+    if consecutive_failures <= 0:
+        return 0.0
+    base = float(app.get("backoffSeconds", 1))
+    factor = float(app.get("backoffFactor", 1.15))
+    cap = float(app.get("maxLaunchDelaySeconds", 300))
+    return min(base * factor ** (consecutive_failures - 1), cap)
+
+
+@dataclass
+class TaskStatus:
+    app: str  # the app's name: the last segment of its id
+    app_id: str
+    index: int
+    task_id: str
+    state: str  # waiting | running | backoff | killing | stopped
+    pid: int | None
+    host: str
+    ports: dict[str, int]  # port name (or "port<i>" when unnamed) -> port
+    healthy: bool | None  # None: no health check, or not probed yet
+    ready: bool | None  # None: no readiness check
+    launches: int
+    last_exit_code: int | None
+    log_path: Path
+
+
+@dataclass
+class _Check:
+    spec: dict
+    passed_once: bool = False
+    consecutive_failures: int = 0
+    next_at: float = 0.0
+    in_flight: bool = False
+    ok: bool | None = None
+
+
+@dataclass
+class _Task:
+    app_id: str
+    index: int
+    sandbox: Path
+    log_path: Path
+    state: str = "waiting"
+    proc: subprocess.Popen | None = None
+    task_id: str = ""
+    ports: list[int] = field(default_factory=list)
+    launches: int = 0
+    started_at: float = 0.0
+    last_exit_code: int | None = None
+    health: _Check | None = None
+    readiness: _Check | None = None
+    kill_deadline: float | None = None
+    next_launch_at: float = 0.0
+
+
+@dataclass
+class _AppState:
+    spec: dict
+    failures: int = 0
+    deadline: float = 0.0
+    launched_since_failure_at: float | None = None
+
+
+class LocalRunner:
+    """Start, supervise and stop a Marathon group's tasks on 127.0.0.1.
+
+    ``start()`` returns once every app has been launched (after its dependencies became
+    healthy). ``stop()`` is idempotent and is also registered with ``atexit``.
+    """
+
+    def __init__(self, group: Mapping, *, work_dir: str | Path,
+                 env: Mapping[str, str] | None = None,
+                 app_env: Mapping[str, Mapping[str, str]] | None = None,
+                 instances: Mapping[str, int] | None = None,
+                 volumes: Mapping[str, str | Path] | None = None,
+                 host: str = "127.0.0.1",
+                 remap_fixed_ports: bool = True,
+                 dependency_timeout: float = 120.0,
+                 bin_dirs: Iterable[str | Path] | None = None):
+        self.host = host
+        self.work_dir = Path(work_dir)
+        self.log_dir = self.work_dir / "logs"
+        self.dependency_timeout = dependency_timeout
+        self._bin_dirs = [str(p) for p in (bin_dirs if bin_dirs is not None else [Path(sys.executable).parent])]
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+        self._stopped = False
+        self.group_id = group.get("id", "/")
+        apps = flatten_group(group)
+        self._order = start_order(apps)
+        specs = {a["id"]: a for a in apps}
+        self._apply_instances(specs, dict(instances or {}))
+        self._fixed_ports = self._remap_fixed_ports(specs, remap_fixed_ports)
+        self._volume_dirs = self._map_volumes(specs, dict(volumes or {}))
+        dns = {mesos_dns_name(app_id): app_id for app_id in specs}
+        for app_id, spec in specs.items():
+            self._rewrite(spec, dns)
+            overrides = {**dict(env or {}), **dict(self._lookup(app_env or {}, app_id) or {})}
+            spec["env"] = {**spec.get("env", {}), **overrides}
+        self._apps = {app_id: _AppState(spec) for app_id, spec in specs.items()}
+        self._tasks: dict[str, list[_Task]] = {app_id: [] for app_id in specs}
+
+    # -- construction helpers -------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs) -> LocalRunner:
+        return cls(json.loads(Path(path).read_text()), **kwargs)
+
+    @classmethod
+    def from_topology(cls, topology, **kwargs) -> LocalRunner:
+        from online.deployment.marathon import render_group
+        return cls(render_group(topology), **kwargs)
+
+    @staticmethod
+    def _lookup(mapping: Mapping, app_id: str):
+        name = app_id.rsplit("/", 1)[-1]
+        if app_id in mapping:
+            return mapping[app_id]
+        return mapping.get(name)
+
+    def _apply_instances(self, specs: dict[str, dict], counts: dict[str, int]) -> None:
+        names = {a.rsplit("/", 1)[-1] for a in specs} | set(specs)
+        unknown = set(counts) - names
+        if unknown:
+            raise KeyError(f"instances for unknown apps {sorted(unknown)}")
+        overridden_roles = set()
+        for app_id, spec in specs.items():
+            n = self._lookup(counts, app_id)
+            if n is not None:
+                spec["instances"] = int(n)
+                overridden_roles.add(spec.get("env", {}).get("DMLC_ROLE"))
+        totals = {"server": 0, "worker": 0}
+        for spec in specs.values():
+            role = spec.get("env", {}).get("DMLC_ROLE")
+            if role in totals:
+                totals[role] += int(spec.get("instances", 1))
+        for role, var in (("server", "DMLC_NUM_SERVER"), ("worker", "DMLC_NUM_WORKER")):
+            for app_id, spec in specs.items():
+                env = spec.get("env", {})
+                if var not in env:
+                    continue
+                if role in overridden_roles:
+                    env[var] = str(totals[role])
+                elif env[var] != str(totals[role]):
+                    raise ValueError(f"{app_id}: {var}={env[var]} but the group runs {totals[role]} "
+                                     f"{role} instance(s); ps-lite rendezvous would never complete")
+
+    def _remap_fixed_ports(self, specs: dict[str, dict], remap: bool) -> dict[str, list[int | None]]:
+        """app id -> per port definition: the fixed local port, or None for dynamic."""
+        fixed: dict[str, list[int | None]] = {}
+        rewrites: dict[int, tuple[str, int]] = {}
+        for app_id, spec in specs.items():
+            defs = self._port_definitions(spec)
+            row: list[int | None] = []
+            for d in defs:
+                if spec.get("requirePorts") and d.get("port", 0):
+                    local = free_port(self.host) if remap else int(d["port"])
+                    rewrites[int(d["port"])] = (app_id, local)
+                    row.append(local)
+                else:
+                    row.append(None)
+            fixed[app_id] = row
+        if rewrites:
+            for spec in specs.values():
+                env = spec.get("env", {})
+                for key, value in list(env.items()):
+                    if not isinstance(value, str):
+                        continue
+                    for original, (owner, local) in rewrites.items():
+                        if value == str(original):
+                            value = str(local)
+                        value = value.replace(f"{mesos_dns_name(owner)}:{original}",
+                                              f"{mesos_dns_name(owner)}:{local}")
+                    env[key] = value
+        return fixed
+
+    def _map_volumes(self, specs: dict[str, dict], volumes: dict[str, str | Path]) -> dict[str, Path]:
+        mapping: dict[str, Path] = {}
+        for spec in specs.values():
+            for vol in (spec.get("container") or {}).get("volumes", []):
+                cpath = vol.get("containerPath")
+                if not cpath or cpath in mapping:
+                    continue
+                local = volumes.get(cpath) or self.work_dir / "volumes" / cpath.strip("/").replace("/", "_")
+                mapping[cpath] = Path(local)
+        return mapping
+
+    def _rewrite(self, spec: dict, dns: Mapping[str, str]) -> None:
+        def resolve(text: str, where: str) -> str:
+            def sub(m: re.Match) -> str:
+                name = m.group(0)
+                if name not in dns:
+                    raise ValueError(f"{spec['id']}: {where} refers to {name}, but no app of the group has "
+                                     f"that Mesos-DNS name (have {sorted(dns)})")
+                return self.host
+            text = _DNS_NAME.sub(sub, text)
+            for cpath, local in self._volume_dirs.items():
+                if text == cpath or text.startswith(cpath + "/"):
+                    text = str(local) + text[len(cpath):]
+                else:
+                    text = re.sub(rf"(?<![\w/.-]){re.escape(cpath)}(?=/|\s|$|\")", str(local), text)
+            return text
+
+        spec["env"] = {k: resolve(v, f"env {k}") if isinstance(v, str) else v
+                       for k, v in spec.get("env", {}).items()}
+        if "cmd" in spec:
+            spec["cmd"] = resolve(spec["cmd"], "cmd")
+
+    @staticmethod
+    def _port_definitions(spec: Mapping) -> list[dict]:
+        if "portDefinitions" in spec:
+            return list(spec["portDefinitions"])
+        return [{"port": 0, "name": "default"}]  # what Marathon injects when omitted
+
+    # -- public API ---------------------------------------------------------------------
+    def app(self, name: str) -> dict:
+        """The resolved app definition (env rewritten and overridden) by name or id."""
+        return self._apps[self._app_id(name)].spec
+
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("LocalRunner.start() called twice")
+        self._started = True
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for local in self._volume_dirs.values():
+            local.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        self._thread = threading.Thread(target=self._supervise, name="local-runner", daemon=True)
+        self._thread.start()
+        for app_id in self._order:
+            if self._stopping.is_set():
+                return
+            spec = self._apps[app_id].spec
+            if int(spec.get("instances", 1)) == 0:
+                continue
+            for dep in spec.get("dependencies", []):
+                if not self.wait_healthy([dep], timeout=self.dependency_timeout):
+                    log_event(logger, "dependency_not_healthy", logging.WARNING, app=app_id, dependency=dep,
+                              waited_s=self.dependency_timeout)
+            with self._lock:
+                for i in range(int(spec.get("instances", 1))):
+                    self._tasks[app_id].append(self._new_task(app_id, i))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop every task, dependents first: SIGTERM, then SIGKILL after the app's
+        ``taskKillGracePeriodSeconds`` (or ``timeout``)."""
+        if self._stopped:
+            return
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for app_id in reversed(self._order):
+            spec = self._apps[app_id].spec
+            grace = float(timeout if timeout is not None else spec.get("taskKillGracePeriodSeconds", 3))
+            tasks = [t for t in self._tasks[app_id] if t.proc is not None and t.proc.poll() is None]
+            for t in tasks:
+                self._signal(t, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for t in tasks:
+                try:
+                    t.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._signal(t, signal.SIGKILL)
+                    t.proc.wait()
+            for t in self._tasks[app_id]:
+                if t.proc is not None:
+                    t.last_exit_code = t.proc.poll()
+                t.state = "stopped"
+            log_event(logger, "app_stopped", app=app_id, tasks=len(tasks))
+        self._stopped = True
+        atexit.unregister(self.stop)
+
+    def status(self) -> list[TaskStatus]:
+        with self._lock:
+            out = []
+            for app_id in self._order:
+                names = [d.get("name") or f"port{i}"
+                         for i, d in enumerate(self._port_definitions(self._apps[app_id].spec))]
+                for t in self._tasks[app_id]:
+                    out.append(TaskStatus(
+                        app=app_id.rsplit("/", 1)[-1], app_id=app_id, index=t.index, task_id=t.task_id,
+                        state=t.state, pid=t.proc.pid if t.proc is not None and t.state == "running" else None,
+                        host=self.host, ports=dict(zip(names, t.ports)),
+                        healthy=t.health.ok if t.health else None,
+                        ready=t.readiness.ok if t.readiness else None,
+                        launches=t.launches, last_exit_code=t.last_exit_code, log_path=t.log_path))
+            return out
+
+    def wait_healthy(self, apps: Iterable[str] | None = None, timeout: float = 60.0) -> bool:
+        """Until every task of ``apps`` (default: all) runs, passes its health check and is
+        ready: what a Marathon deployment step waits for."""
+        ids = [self._app_id(a) for a in apps] if apps is not None else list(self._order)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            with self._lock:
+                if all(self._app_up(i) for i in ids):
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def port(self, app: str, name: str | int = 0, index: int = 0) -> int:
+        """The current host port of a task: by port name or index."""
+        app_id = self._app_id(app)
+        with self._lock:
+            task = self._tasks[app_id][index]
+            if isinstance(name, int):
+                return task.ports[name]
+            names = [d.get("name") for d in self._port_definitions(self._apps[app_id].spec)]
+            return task.ports[names.index(name)]
+
+    def url(self, app: str, port_name: str | int = 0, path: str = "", index: int = 0) -> str:
+        return f"http://{self.host}:{self.port(app, port_name, index)}{path}"
+
+    def scale(self, app: str, instances: int) -> None:
+        """Like ``PUT /v2/apps/<id> {"instances": n}``: launch more, or kill the youngest.
+        The env (and so DMLC_NUM_*) is unchanged, as on Marathon."""
+        app_id = self._app_id(app)
+        with self._lock:
+            tasks = self._tasks[app_id]
+            while len(tasks) < instances:
+                tasks.append(self._new_task(app_id, len(tasks)))
+            surplus = tasks[instances:]
+            del tasks[instances:]
+            self._apps[app_id].spec["instances"] = instances
+        for t in sorted(surplus, key=lambda t: t.started_at, reverse=True):
+            self._kill_now(t, float(self._apps[app_id].spec.get("taskKillGracePeriodSeconds", 3)))
+
+    def kill_task(self, app: str, index: int = 0, sig: int = signal.SIGKILL) -> int | None:
+        """Send ``sig`` to one task (it will be relaunched, as on Marathon). Returns the pid."""
+        with self._lock:
+            task = self._tasks[self._app_id(app)][index]
+            if task.proc is None or task.proc.poll() is not None:
+                return None
+            self._signal(task, sig)
+            return task.proc.pid
+
+    def __enter__(self) -> LocalRunner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- internals ----------------------------------------------------------------------
+    def _app_id(self, name: str) -> str:
+        if name in self._apps:
+            return name
+        matches = [a for a in self._apps if a.rsplit("/", 1)[-1] == name]
+        if len(matches) != 1:
+            raise KeyError(f"no single app named {name!r} (have {sorted(self._apps)})")
+        return matches[0]
+
+    def _app_up(self, app_id: str) -> bool:
+        spec = self._apps[app_id].spec
+        tasks = self._tasks[app_id]
+        if len(tasks) < int(spec.get("instances", 1)):
+            return False
+        for t in tasks:
+            if t.state != "running":
+                return False
+            if t.health is not None and not t.health.ok:
+                return False
+            if t.readiness is not None and not t.readiness.ok:
+                return False
+        return True
+
+    def _new_task(self, app_id: str, index: int) -> _Task:
+        name = app_id.strip("/").replace("/", "-")
+        task = _Task(app_id=app_id, index=index, sandbox=self.work_dir / "sandboxes" / f"{name}-{index}",
+                     log_path=self.log_dir / f"{name}-{index}.log")
+        task.sandbox.mkdir(parents=True, exist_ok=True)
+        task.next_launch_at = self._apps[app_id].deadline
+        task.state = "backoff" if task.next_launch_at > time.monotonic() else "waiting"
+        if task.state == "waiting":
+            self._launch(task)
+        return task
+
+    def _task_env(self, task: _Task, spec: dict) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV or k.startswith(_INHERITED_PREFIXES)}
+        env["PATH"] = os.pathsep.join([*self._bin_dirs, env.get("PATH", os.defpath)])
+        defs = self._port_definitions(spec)
+        env.update({
+            "HOST": self.host,
+            "PORTS": ",".join(str(p) for p in task.ports),
+            "MESOS_TASK_ID": task.task_id,
+            "MESOS_SANDBOX": str(task.sandbox),
+            "MARATHON_APP_ID": task.app_id,
+            "MARATHON_APP_VERSION": spec.get("version", "1970-01-01T00:00:00.000Z"),
+            "MARATHON_APP_RESOURCE_CPUS": str(float(spec.get("cpus", 1))),
+            "MARATHON_APP_RESOURCE_MEM": str(float(spec.get("mem", 128))),
+            "MARATHON_APP_RESOURCE_DISK": str(float(spec.get("disk", 0))),
+            "MARATHON_APP_RESOURCE_GPUS": str(int(spec.get("gpus", 0))),
+            "MARATHON_APP_LABELS": " ".join(spec.get("labels", {})),
+        })
+        image = ((spec.get("container") or {}).get("docker") or {}).get("image")
+        if image:
+            env["MARATHON_APP_DOCKER_IMAGE"] = image
+        for key, value in spec.get("labels", {}).items():
+            env["MARATHON_APP_LABEL_" + re.sub(r"[^A-Z0-9_]", "_", key.upper())] = value
+        for i, (d, port) in enumerate(zip(defs, task.ports)):
+            env[f"PORT{i}"] = str(port)
+            if d.get("name"):
+                env[env_name(d["name"])] = str(port)
+        if task.ports:
+            env["PORT"] = str(task.ports[0])
+        for key, value in spec.get("env", {}).items():
+            if isinstance(value, dict):  # {"secret": ...}: DC/OS Enterprise only
+                raise ValueError(f"{task.app_id}: env {key} refers to a secret; override it with env=")
+            env[key] = value
+        return env
+
+    def _launch(self, task: _Task) -> None:
+        app = self._apps[task.app_id]
+        spec = app.spec
+        fixed = self._fixed_ports[task.app_id]
+        task.ports = [p if p is not None else free_port(self.host) for p in fixed]
+        task.launches += 1
+        task.task_id = f"{task.app_id.strip('/').replace('/', '_')}.instance-{uuid.uuid4()}._app.{task.launches}"
+        env = self._task_env(task, spec)
+        argv = ["/bin/sh", "-c", spec["cmd"]] if "cmd" in spec else list(spec["args"])
+        with open(task.log_path, "ab") as log:
+            log.write(f"--- launch {task.launches} task={task.task_id} ports={task.ports} "
+                      f"at={time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            log.flush()
+            task.proc = subprocess.Popen(argv, cwd=task.sandbox, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        task.started_at = time.monotonic()
+        task.state = "running"
+        task.kill_deadline = None
+        now = time.monotonic()
+        hcs = spec.get("healthChecks") or []
+        task.health = _Check(hcs[0], next_at=now) if hcs else None
+        rcs = spec.get("readinessChecks") or []
+        task.readiness = _Check(rcs[0], next_at=now) if rcs else None
+        if app.launched_since_failure_at is None:
+            app.launched_since_failure_at = now
+        log_event(logger, "task_launched", app=task.app_id, index=task.index, task=task.task_id,
+                  pid=task.proc.pid, ports=",".join(map(str, task.ports)), launch=task.launches)
+
+    def _signal(self, task: _Task, sig: int) -> None:
+        try:
+            os.killpg(task.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _kill_now(self, task: _Task, grace: float) -> None:
+        if task.proc is None or task.proc.poll() is not None:
+            return
+        self._signal(task, signal.SIGTERM)
+        try:
+            task.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self._signal(task, signal.SIGKILL)
+            task.proc.wait()
+        task.state = "stopped"
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(TICK_SECONDS):
+            try:
+                with self._lock:
+                    self._tick(time.monotonic())
+            except Exception:  # the supervisor must outlive any one bad task
+                logger.exception("local_runner_tick_failed")
+
+    def _tick(self, now: float) -> None:
+        for app_id, tasks in self._tasks.items():
+            app = self._apps[app_id]
+            spec = app.spec
+            if app.failures and app.launched_since_failure_at is not None and any(
+                    t.state == "running" and t.started_at >= app.launched_since_failure_at
+                    and now - t.started_at >= VIABLE_TASK_SECONDS for t in tasks):
+                app.failures, app.deadline = 0, 0.0
+            for task in tasks:
+                if task.state in ("running", "killing"):
+                    code = task.proc.poll()
+                    if code is not None:
+                        self._on_exit(app, task, code, now)
+                    elif task.state == "killing" and task.kill_deadline is not None and now >= task.kill_deadline:
+                        self._signal(task, signal.SIGKILL)
+                    elif task.state == "running":
+                        self._maybe_probe(task, spec, now)
+                if task.state == "backoff" and now >= max(task.next_launch_at, app.deadline):
+                    self._launch(task)
+
+    def _on_exit(self, app: _AppState, task: _Task, code: int, now: float) -> None:
+        task.last_exit_code = code
+        app.failures += 1
+        delay = launch_delay(app.spec, app.failures)
+        app.deadline = now + delay
+        app.launched_since_failure_at = None
+        task.next_launch_at = app.deadline
+        task.state = "backoff"
+        log_event(logger, "task_exited", logging.WARNING, app=task.app_id, index=task.index, task=task.task_id,
+                  exit_code=code, relaunch_in_s=round(delay, 2), log=str(task.log_path))
+
+    def _maybe_probe(self, task: _Task, spec: dict, now: float) -> None:
+        for kind, check in (("health", task.health), ("readiness", task.readiness)):
+            if check is None or check.in_flight or now < check.next_at:
+                continue
+            if kind == "readiness" and check.ok:
+                continue  # readiness is consulted only until the task is ready
+            check.in_flight = True
+            threading.Thread(target=self._probe, args=(task, task.launches, kind, check, spec),
+                             daemon=True, name=f"probe-{task.app_id}-{task.index}").start()
+
+    def _probe(self, task: _Task, launch: int, kind: str, check: _Check, spec: dict) -> None:
+        hc = check.spec
+        timeout = float(hc.get("timeoutSeconds", 20 if kind == "health" else 10))
+        ok = self._run_check(task, hc, spec, timeout)
+        now = time.monotonic()
+        with self._lock:
+            check.in_flight = False
+            if task.launches != launch or task.state != "running":
+                return
+            interval = float(hc.get("intervalSeconds", 60 if kind == "health" else 30))
+            if ok:
+                check.ok, check.passed_once, check.consecutive_failures = True, True, 0
+                check.next_at = now + interval
+                return
+            if kind == "readiness":
+                check.ok, check.next_at = False, now + FAST_PROBE_SECONDS
+                return
+            # Failures are ignored until the grace period ends or the first success
+            # (marathon PR #293); meanwhile probe fast so the first success is seen soon.
+            in_grace = (not check.passed_once
+                        and now - task.started_at < float(hc.get("gracePeriodSeconds", 300)))
+            if in_grace:
+                check.next_at = now + FAST_PROBE_SECONDS
+                return
+            check.next_at = now + interval
+            check.ok = False
+            check.consecutive_failures += 1
+            limit = int(hc.get("maxConsecutiveFailures", 3))
+            protocol = hc.get("protocol", "HTTP")
+            if limit == 0 and not protocol.startswith("MESOS_"):
+                return  # Marathon checks: 0 means never kill
+            if check.consecutive_failures >= max(limit, 1):
+                log_event(logger, "task_unhealthy_killed", logging.WARNING, app=task.app_id, index=task.index,
+                          task=task.task_id, failures=check.consecutive_failures)
+                task.state = "killing"
+                task.kill_deadline = now + float(spec.get("taskKillGracePeriodSeconds", 3))
+                self._signal(task, signal.SIGTERM)
+
+    def _run_check(self, task: _Task, hc: dict, spec: dict, timeout: float) -> bool:
+        protocol = hc.get("protocol", "HTTP")
+        try:
+            if protocol == "COMMAND":
+                cmd = (hc.get("command") or {}).get("value", "exit 1")
+                env = self._task_env(task, spec)
+                return subprocess.run(["/bin/sh", "-c", cmd], env=env, cwd=task.sandbox, timeout=timeout,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+            if "portName" in hc:
+                names = [d.get("name") for d in self._port_definitions(spec)]
+                port = task.ports[names.index(hc["portName"])]
+            elif hc.get("port"):
+                port = int(hc["port"])
+            else:
+                port = task.ports[int(hc.get("portIndex", 0))]
+            if protocol.endswith("TCP"):
+                with socket.create_connection((self.host, port), timeout=timeout):
+                    return True
+            url = f"http://{self.host}:{port}{hc.get('path', '/')}"
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                codes = hc.get("httpStatusCodesForReady")
+                return resp.status in codes if codes else 200 <= resp.status < 400
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired, urllib.error.URLError):
+            return False
+
+
+def describe(statuses: Iterable[TaskStatus]) -> str:
+    """A compact table for people: one line per task."""
+    lines = []
+    for s in statuses:
+        health = {True: "healthy", False: "unhealthy", None: "-"}[s.healthy]
+        ports = " ".join(f"{k}={v}" for k, v in s.ports.items()) or "-"
+        lines.append(f"{s.app:<18} #{s.index:<2} {s.state:<8} {health:<9} pid={s.pid or '-':<7} "
+                     f"launches={s.launches:<3} {ports}  log={s.log_path}")
+    return "\n".join(lines)
+
