@@ -1,0 +1,153 @@
+"""livevec's learner against gensim on the same corpus: quality and words/s, in one run.
+
+    .venv/bin/python bench/quality_vs_gensim.py [--corpus ../shared/data/wiki17m.txt.xz]
+        [--max-tokens N] [--epochs 1,5] [--workers 1]
+
+Both systems see the same text (the corpus is decompressed once, cut at ``--max-tokens``,
+into a temporary plain file), the same hyper-parameters (skip-gram, d=100, window 5,
+negative 5, min_count 5, sample 1e-3) and the same number of passes and worker threads.
+Both are evaluated with gensim's own code on the sets bundled in its wheel:
+``questions-words.txt`` (restrict_vocab=30000), ``wordsim353.tsv`` and ``simlex999.txt``;
+livevec's vectors are read back from the ``vectors.bin`` file ``livevec train`` writes.
+
+Throughput: gensim's rate is its ``train()`` call alone (vocabulary scan excluded), while
+livevec's covers everything (it counts the vocabulary while it trains), so the ratio is
+conservative. "raw" rates count every token read, "effective" rates the tokens that were
+trained after min_count and subsampling (what gensim logs as effective words/s).
+Prints a table, then one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
+
+HYPER = dict(dim=100, window=5, negative=5, min_count=5, sample=1e-3)
+
+
+def prepare_corpus(corpus: Path, max_tokens: int, dest: Path) -> int:
+    """Plain-text copy of the corpus (one document per line), cut at max_tokens; returns tokens."""
+    opener = lzma.open if str(corpus).endswith(".xz") else open
+    n = 0
+    with opener(corpus, "rt", encoding="utf-8") as src, open(dest, "w", encoding="utf-8") as out:
+        for line in src:
+            toks = line.split()
+            if max_tokens and n + len(toks) > max_tokens:
+                toks = toks[:max_tokens - n]
+            if toks:
+                out.write(" ".join(toks) + "\n")
+            n += len(toks)
+            if max_tokens and n >= max_tokens:
+                break
+    return n
+
+
+def evaluate(kv) -> dict:
+    from gensim.test.utils import datapath
+    acc, _ = kv.evaluate_word_analogies(datapath("questions-words.txt"), restrict_vocab=30000)
+    ws = kv.evaluate_word_pairs(datapath("wordsim353.tsv"))
+    sl = kv.evaluate_word_pairs(datapath("simlex999.txt"))
+    return {"analogy": round(float(acc), 4), "ws353": round(float(ws[1][0]), 4), "simlex": round(float(sl[1][0]), 4),
+            "vocabulary": len(kv.index_to_key)}
+
+
+def run_gensim(path: Path, epochs: int, workers: int, seed: int) -> dict:
+    from gensim.models import Word2Vec
+    from gensim.models.word2vec import LineSentence
+    model = Word2Vec(vector_size=HYPER["dim"], window=HYPER["window"], negative=HYPER["negative"], sg=1, hs=0,
+                     min_count=HYPER["min_count"], sample=HYPER["sample"], workers=workers, seed=seed)
+    sentences = LineSentence(str(path))
+    model.build_vocab(sentences)
+    t0 = time.perf_counter()
+    effective, raw = model.train(sentences, total_examples=model.corpus_count, epochs=epochs)
+    seconds = time.perf_counter() - t0
+    return {"seconds": round(seconds, 2), "raw_words_per_s": round(raw / seconds),
+            "effective_words_per_s": round(effective / seconds), **evaluate(model.wv)}
+
+
+def run_livevec(path: Path, epochs: int, workers: int, seed: int, out_dir: Path, options: dict) -> dict:
+    from gensim.models import KeyedVectors
+    from online.train import TrainSettings, train_file
+    from online.trainer import LearnerConfig
+    learner = LearnerConfig(**HYPER, seed=seed, **options.get("learner", {}))
+    settings = TrainSettings(input=str(path), out=str(out_dir), epochs=epochs, workers=workers,
+                             batch_words=options.get("batch_words", 10_000), progress=False, learner=learner)
+    settings.validate()
+    _, result = train_file(settings)
+    kv = KeyedVectors.load_word2vec_format(result.files["binary"], binary=True)
+    return {"seconds": round(result.seconds, 2), "raw_words_per_s": round(result.words_per_second),
+            "effective_words_per_s": round(result.effective_words_per_second), **evaluate(kv)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    ap.add_argument("--max-tokens", type=int, default=0, help="0 = whole corpus")
+    ap.add_argument("--epochs", default="1,5", help="comma list of pass counts to compare")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--systems", default="gensim,livevec")
+    ap.add_argument("--optimizer", default="adagrad")
+    ap.add_argument("--eta", type=float, default=None)
+    ap.add_argument("--adagrad-init", type=float, default=None)
+    ap.add_argument("--batch-words", type=int, default=10_000)
+    ap.add_argument("--sgd-decay", action="store_true",
+                    help="livevec with SGD and gensim's linear decay over the known corpus length (diagnostic)")
+    args = ap.parse_args(argv)
+    systems = args.systems.split(",")
+    passes = [int(x) for x in args.epochs.split(",")]
+    learner = {"optimizer": args.optimizer}
+    if args.eta is not None:
+        learner["eta"] = args.eta
+    if args.adagrad_init is not None:
+        learner["adagrad_init"] = args.adagrad_init
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="livevec-bench-") as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        tokens = prepare_corpus(Path(args.corpus), args.max_tokens, corpus)
+        print(f"corpus: {args.corpus}, {tokens:,} tokens, workers {args.workers}", file=sys.stderr)
+        for epochs in passes:
+            row = {"passes": epochs}
+            if "gensim" in systems:
+                row["gensim"] = run_gensim(corpus, epochs, args.workers, args.seed)
+                print(f"gensim  passes={epochs}: {row['gensim']}", file=sys.stderr, flush=True)
+            if "livevec" in systems:
+                opts = {"learner": dict(learner), "batch_words": args.batch_words}
+                if args.sgd_decay:
+                    opts["learner"].update(optimizer="sgd", sgd_decay_words=tokens * epochs)
+                row["livevec"] = run_livevec(corpus, epochs, args.workers, args.seed, Path(tmp) / f"lv{epochs}", opts)
+                print(f"livevec passes={epochs}: {row['livevec']}", file=sys.stderr, flush=True)
+            if "gensim" in row and "livevec" in row:
+                g, lv = row["gensim"], row["livevec"]
+                row["ratios"] = {
+                    "raw_words_per_s": round(lv["raw_words_per_s"] / g["raw_words_per_s"], 3),
+                    "effective_words_per_s": round(lv["effective_words_per_s"] / g["effective_words_per_s"], 3),
+                    "analogy_points": round(100 * (lv["analogy"] - g["analogy"]), 2),
+                    "ws353_diff": round(lv["ws353"] - g["ws353"], 4),
+                }
+            rows.append(row)
+    print(f"\n{'passes':>6} {'system':>8} {'analogy':>8} {'ws353':>7} {'simlex':>7} {'raw w/s':>9} {'eff w/s':>9} {'vocab':>7}")
+    for row in rows:
+        for name in ("gensim", "livevec"):
+            if name in row:
+                r = row[name]
+                print(f"{row['passes']:>6} {name:>8} {100 * r['analogy']:>7.2f}% {r['ws353']:>7.3f} {r['simlex']:>7.3f} "
+                      f"{r['raw_words_per_s']:>9,} {r['effective_words_per_s']:>9,} {r['vocabulary']:>7,}")
+        if "ratios" in row:
+            print(f"{row['passes']:>6} {'ratio':>8} {row['ratios']}")
+    print(json.dumps({"corpus": os.path.basename(args.corpus), "tokens": tokens, "workers": args.workers,
+                      "learner": learner, "batch_words": args.batch_words, "results": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""EmbeddingShard: the part of the model one parameter server holds (also used in-process).
+
+Keys and values follow the livevec model layout: a word's input vector (syn0) at its
+``word_key`` k, its output vector (syn1neg) at k | 1, each ``dim`` float32.
+
+* **Rows are created on first touch** (pull, push or ``rows_for(create=True)``) with a
+  deterministic value that depends only on the key and the seed: input rows uniform in
+  [-0.5/dim, 0.5/dim) from a SplitMix64 stream seeded by the key (word2vec.c's range),
+  output rows zero (word2vec.c and gensim do the same). Every server, worker and
+  restart therefore agrees on a row it has never seen, and nothing has to be
+  broadcast when a new word appears.
+* **push carries gradients** dL/d(row) of the SGNS loss (summed over the batch's pairs
+  by the worker, see ``sgns_kernel.batch_gradients``); the shard applies its optimizer.
+  The default is per-coordinate AdaGrad (``accum`` holds the summed squared gradients),
+  which needs no corpus length; ``bench/README.md`` has the numbers that chose it.
+  Duplicate keys in one push are applied one after the other.
+* **Per-word counts and word strings** are kept for the front end (``add_counts``,
+  ``set_words``); they describe input keys.
+* **Eviction**: ``free(keys)`` deletes rows (their storage is reused).
+* **Versions**: every mutating call (push, assign, free, or ``mark_changed`` from the
+  in-process trainer) bumps ``version`` and stamps the rows it changed, so
+  ``changes_since(v)`` returns the keys changed and the keys removed after version v
+  (the front end's incremental sync) without scanning a log of updates.
+* **Arrays in, arrays out**: every method takes uint64 key arrays and float32 value
+  arrays and runs without a per-key Python loop, so a ps-lite KVServer handle can call
+  it straight from the message buffers.
+
+Thread-safety: one internal lock serialises pull/push/free/assign/rows_for. The
+in-process trainer runs its kernels on ``vectors``/``accum`` directly (hogwild) inside
+``training()``, which only blocks against storage growth (growth reallocates the arrays).
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from online.key_index import KeyIndex
+
+OPTIMIZERS = ("adagrad", "rowadagrad", "sgd")
+DEFAULT_ETA = {"adagrad": 0.1, "rowadagrad": 0.1, "sgd": 0.025}
+
+
+@njit(inline="always")
+def _splitmix64(state):
+    state = state + np.uint64(0x9E3779B97F4A7C15)
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return state, z ^ (z >> np.uint64(31))
+
+
+@njit(nogil=True, cache=True)
+def init_rows(vectors, rows, keys, seed):
+    """Deterministic initial value of each key's row (see the module docstring)."""
+    dim = vectors.shape[1]
+    scale = 1.0 / dim
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        k = keys[i]
+        if k & np.uint64(1):
+            for d in range(dim):
+                vectors[r, d] = 0.0
+        else:
+            state = k ^ np.uint64(seed)
+            for d in range(dim):
+                state, z = _splitmix64(state)
+                u = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)  # [0, 1), 53 bits
+                vectors[r, d] = np.float32((u - 0.5) * scale)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _apply_adagrad(vectors, accum, rows, grads, eta):
+    dim = vectors.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for d in range(dim):
+            g = grads[i, d]
+            h = accum[r, d] + g * g
+            accum[r, d] = h
+            if h > 0:
+                vectors[r, d] -= eta * g / np.sqrt(h)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _apply_row_adagrad(vectors, accum, rows, grads, eta):
+    dim = vectors.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        gg = np.float32(0.0)
+        for d in range(dim):
+            gg += grads[i, d] * grads[i, d]
+        h = accum[r, 0] + gg / dim
+        accum[r, 0] = h
+        if h > 0:
+            step = eta / np.sqrt(h)
+            for d in range(dim):
+                vectors[r, d] -= step * grads[i, d]
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _apply_sgd(vectors, rows, grads, eta):
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for d in range(vectors.shape[1]):
+            vectors[r, d] -= eta * grads[i, d]
+
+
+@dataclass
+class ShardChanges:
+    version: int             # the shard's version when this answer was made; ask again with it
+    changed: np.ndarray      # uint64 keys whose rows changed (or were created) after the asked version
+    removed: np.ndarray      # uint64 keys freed after it and not re-created since
+    full_resync: bool        # the asked version is older than the removal log: reload everything
+
+
+class _GrowthLock:
+    """Many concurrent trainers (shared) or one storage reallocation (exclusive)."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+
+    @contextmanager
+    def shared(self):
+        with self._cond:
+            while self._writer:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        with self._cond:
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class EmbeddingShard:
+    """Rows of uint64 keys -> ``dim`` float32, with optimizer state, counts, words and versions."""
+
+    REMOVAL_LOG_LIMIT = 1 << 20   # removed keys remembered for changes_since before a full resync
+
+    def __init__(self, dim: int = 100, *, optimizer: str = "adagrad", eta: float | None = None,
+                 adagrad_init: float = 1e-8, seed: int = 0, initial_rows: int = 1024):
+        if dim < 1:
+            raise ValueError("dim must be >= 1")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        self.dim = int(dim)
+        self.optimizer = optimizer
+        self.eta = float(DEFAULT_ETA[optimizer] if eta is None else eta)
+        self.adagrad_init = float(adagrad_init)
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        cap = max(16, int(initial_rows))
+        self.vectors = np.zeros((cap, self.dim), dtype=np.float32)
+        self.accum = np.zeros(self._accum_shape(cap), dtype=np.float32)
+        self.row_keys = np.zeros(cap, dtype=np.uint64)
+        self.row_version = np.zeros(cap, dtype=np.int64)
+        self.counts = np.zeros(cap, dtype=np.int64)
+        self._index = KeyIndex(cap)
+        self._free_rows = np.zeros(0, dtype=np.int64)
+        self._next_row = 0
+        self.words: dict[int, str] = {}
+        self.version = 0
+        self._removed_keys: list[np.ndarray] = []
+        self._removed_versions: list[int] = []
+        self._removed_total = 0
+        self._removal_floor = 0   # changes_since(v) with v < this needs a full resync
+        self._lock = threading.RLock()
+        self._growth = _GrowthLock()
+
+    def _accum_shape(self, rows: int) -> tuple[int, int]:
+        return {"adagrad": (rows, self.dim), "rowadagrad": (rows, 1), "sgd": (0, self.dim)}[self.optimizer]
+
+    # ------------------------------------------------------------------ rows
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def capacity(self) -> int:
+        return self.vectors.shape[0]
+
+    def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        """Row index of each key (creating missing rows if ``create``, else -1)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        with self._lock:
+            rows = self._index.lookup(keys)
+            if not create:
+                return rows
+            missing = rows < 0
+            if missing.any():
+                new_keys = np.unique(keys[missing])
+                new_rows = self._allocate(len(new_keys))
+                self._index.insert(new_keys, new_rows)
+                self.row_keys[new_rows] = new_keys
+                init_rows(self.vectors, new_rows, new_keys, np.uint64(self.seed))
+                if self.accum.shape[0]:
+                    self.accum[new_rows] = self.adagrad_init
+                self.counts[new_rows] = 0
+                self.version += 1
+                self.row_version[new_rows] = self.version
+                rows[missing] = self._index.lookup(keys[missing])
+            return rows
+
+    def _allocate(self, n: int) -> np.ndarray:
+        take = min(n, len(self._free_rows))
+        rows = self._free_rows[len(self._free_rows) - take:]
+        self._free_rows = self._free_rows[:len(self._free_rows) - take]
+        rest = n - take
+        if self._next_row + rest > self.capacity:
+            self._grow(self._next_row + rest)
+        fresh = np.arange(self._next_row, self._next_row + rest, dtype=np.int64)
+        self._next_row += rest
+        return np.concatenate([rows, fresh])
+
+    def _grow(self, needed: int) -> None:
+        cap = self.capacity
+        while cap < needed:
+            cap *= 2
+        with self._growth.exclusive():
+            def grown(a, fill=0):
+                out = np.full((cap,) + a.shape[1:], fill, dtype=a.dtype) if a.shape[0] else a
+                if a.shape[0]:
+                    out[:a.shape[0]] = a
+                return out
+            self.vectors = grown(self.vectors)
+            if self.accum.shape[0]:
+                self.accum = grown(self.accum)
+            self.row_keys = grown(self.row_keys)
+            self.row_version = grown(self.row_version)
+            self.counts = grown(self.counts)
+
+    @contextmanager
+    def training(self):
+        """Hold while a kernel writes ``vectors``/``accum`` in place: storage will not move."""
+        with self._growth.shared():
+            yield self
+
+    # ------------------------------------------------------------- ps-lite KV
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        """Values of ``keys`` as float32 [len(keys), dim] (a copy); creates missing rows."""
+        with self._lock:
+            rows = self.rows_for(keys, create=True)
+            return self.vectors[rows]
+
+    def push(self, keys: np.ndarray, grads: np.ndarray) -> int:
+        """Apply gradients dL/d(row) (float32 [len(keys), dim]) with the optimizer; returns the new version."""
+        grads = np.ascontiguousarray(grads, dtype=np.float32).reshape(len(keys), self.dim)
+        with self._lock:
+            rows = self.rows_for(keys, create=True)
+            if self.optimizer == "adagrad":
+                _apply_adagrad(self.vectors, self.accum, rows, grads, np.float32(self.eta))
+            elif self.optimizer == "rowadagrad":
+                _apply_row_adagrad(self.vectors, self.accum, rows, grads, np.float32(self.eta))
+            else:
+                _apply_sgd(self.vectors, rows, grads, np.float32(self.eta))
+            return self._stamp(rows)
+
+    def assign(self, keys: np.ndarray, values: np.ndarray, accum: np.ndarray | None = None) -> int:
+        """Set rows to ``values`` (checkpoint restore, tests); returns the new version."""
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(len(keys), self.dim)
+        with self._lock:
+            rows = self.rows_for(keys, create=True)
+            self.vectors[rows] = values
+            if accum is not None and self.accum.shape[0]:
+                self.accum[rows] = np.asarray(accum, dtype=np.float32).reshape(len(keys), self.accum.shape[1])
+            return self._stamp(rows)
+
+    def free(self, keys: np.ndarray) -> int:
+        """Delete the rows of ``keys`` (evicted words; absent keys are ignored)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        with self._lock:
+            rows = self._index.delete(keys)
+            gone = rows >= 0
+            if not gone.any():
+                return self.version
+            freed_rows, freed_keys = rows[gone], keys[gone]
+            self._free_rows = np.concatenate([self._free_rows, freed_rows])
+            self.row_version[freed_rows] = 0
+            for k in freed_keys.tolist():
+                self.words.pop(k, None)
+            self.version += 1
+            self._removed_keys.append(freed_keys)
+            self._removed_versions.append(self.version)
+            self._removed_total += len(freed_keys)
+            while self._removed_total > self.REMOVAL_LOG_LIMIT and len(self._removed_keys) > 1:
+                self._removed_total -= len(self._removed_keys.pop(0))
+                self._removal_floor = self._removed_versions.pop(0)
+            return self.version
+
+    def mark_changed(self, rows: np.ndarray) -> int:
+        """Stamp rows changed by an in-place kernel; returns the new version."""
+        with self._lock:
+            return self._stamp(np.asarray(rows, dtype=np.int64))
+
+    def next_version(self) -> int:
+        """A new version for an in-place kernel to stamp the rows it writes with."""
+        with self._lock:
+            self.version += 1
+            return self.version
+
+    def _stamp(self, rows: np.ndarray) -> int:
+        self.version += 1
+        self.row_version[rows] = self.version
+        return self.version
+
+    # -------------------------------------------------------------- metadata
+    def add_counts(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """Add occurrence counts of words (input keys); creates their rows."""
+        with self._lock:
+            rows = self.rows_for(keys, create=True)
+            np.add.at(self.counts, rows, np.asarray(deltas, dtype=np.int64))
+
+    def set_words(self, keys: np.ndarray, words: list[str]) -> None:
+        """Remember the strings of input keys (for the front end and output files)."""
+        with self._lock:
+            self.words.update(zip(np.asarray(keys, dtype=np.uint64).tolist(), words))
+
+    def words_for(self, keys: np.ndarray) -> list[str | None]:
+        get = self.words.get
+        return [get(k) for k in np.asarray(keys, dtype=np.uint64).tolist()]
+
+    def counts_for(self, keys: np.ndarray) -> np.ndarray:
+        with self._lock:
+            rows = self._index.lookup(np.asarray(keys, dtype=np.uint64))
+            out = np.zeros(len(rows), dtype=np.int64)
+            out[rows >= 0] = self.counts[rows[rows >= 0]]
+            return out
+
+    def keys(self) -> np.ndarray:
+        """All live keys."""
+        with self._lock:
+            return self._index.items()[0]
+
+    # --------------------------------------------------------------- versions
+    def changes_since(self, version: int) -> ShardChanges:
+        """Keys changed and removed after ``version`` (0 = everything)."""
+        with self._lock:
+            now = self.version
+            live_rows = np.flatnonzero(self.row_version[:self._next_row] > version)
+            changed = self.row_keys[live_rows]
+            full = version < self._removal_floor
+            if self._removed_keys:
+                recent = [k for v, k in zip(self._removed_versions, self._removed_keys) if v > version]
+                removed = np.unique(np.concatenate(recent)) if recent else np.zeros(0, dtype=np.uint64)
+                if len(removed):
+                    removed = removed[self._index.lookup(removed) < 0]   # re-created keys count as changed
+            else:
+                removed = np.zeros(0, dtype=np.uint64)
+            return ShardChanges(now, changed, removed, full)

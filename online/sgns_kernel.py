@@ -1,0 +1,253 @@
+"""The skip-gram negative-sampling maths, compiled with numba (word2vec.c / yskip style).
+
+Model. Every word w has an input vector u_w (syn0, key k) and an output vector v_w
+(syn1neg, key k|1). For a centre word w at position i and a context word c at
+position j (|i - j| <= b, with b drawn uniformly from 1..window per centre word, as
+word2vec.c does), SGNS maximises
+
+    log s(u_c . v_w) + sum_{n in N} log s(-u_c . v_n),      s(x) = 1 / (1 + e^-x),
+
+with N = ``negative`` words drawn from the noise distribution (unigram^0.75). The roles
+follow word2vec.c and gensim: the *context* word's input vector predicts the *centre*
+word's output vector. With label y = 1 for w and 0 for the negatives and f = u_c . v_t,
+the loss of one (input, target) term is L = -[y log s(f) + (1-y) log s(-f)] and
+
+    dL/df = s(f) - y,      dL/dv_t = (s(f) - y) u_c,      dL/du_c = sum_t (s(f) - y) v_t.
+
+word2vec.c writes g = (y - s(f)) (the negative of dL/df) and moves along +g; so do the
+kernels below. As in word2vec.c, a negative equal to the positive target is skipped and
+the input vector's update is accumulated over the 1 + N targets (``neu1e``) and applied
+once, after the output vectors have been updated against the old input vector.
+
+Optimizer. ``OPT_ADAGRAD`` is per-coordinate AdaGrad (Duchi et al. 2011), as in yskip:
+for a gradient coordinate g, ``h += g^2; x -= eta * g / sqrt(h)``. It needs no corpus
+length: each coordinate's step shrinks with its own accumulated gradient, so frequent
+words anneal and a new word arriving late in the stream still learns at full speed.
+``OPT_SGD`` is plain SGD at the rate ``eta`` the caller passes (word2vec.c's schedule if
+the caller decays it); it exists to compare against gensim and is not used on streams.
+
+Two kernels:
+
+``train_inplace``
+    The in-process path. Walks sentences of row indices and updates the shared
+    matrices in place after every pair, hogwild-style (no locks; concurrent threads
+    may overwrite each other's coordinate updates, which word2vec.c and gensim accept).
+    In-place updates matter for quality: within a mini-batch a frequent word takes
+    part in hundreds of pairs, and summing those gradients against one stale copy of
+    its row overshoots.
+
+``batch_gradients``
+    The parameter-server path. The caller pulled the batch's rows once into compact
+    matrices; the kernel computes the loss and the summed gradients dL/dx for every
+    pulled row against that one snapshot (mini-batch SGD), to push once. The server's
+    optimizer applies them (``embedding_shard``). ``plan_pairs`` draws the windows and
+    negatives of a batch first, so the pairs are known before the pull.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+OPT_ADAGRAD = 0       # per-coordinate AdaGrad: accumulators [rows, dim]
+OPT_SGD = 1
+OPT_ROW_ADAGRAD = 2   # row-wise AdaGrad: one accumulator per row, [rows, 1]
+MAX_EXP = 6.0   # word2vec.c clips f to [-6, 6]: s(f) is then within 0.25% of 0 or 1
+
+# word2vec.c's linear congruential generator: cheap, deterministic, per-call state.
+_LCG_MUL = np.uint64(25214903917)
+_LCG_ADD = np.uint64(11)
+
+
+@njit(inline="always")
+def _lcg(state):
+    return state * _LCG_MUL + _LCG_ADD
+
+
+@njit(inline="always")
+def _sigmoid(f):
+    if f > MAX_EXP:
+        return 1.0
+    if f < -MAX_EXP:
+        return 0.0
+    return 1.0 / (1.0 + np.exp(-f))
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots, slot_out_row,
+                  window, negative, eta, optimizer, seed, row_version, version):
+    """Train every (context, centre) pair of the batch in place; return the pair count.
+
+    syn0/syn1: float32 [rows, dim] input/output matrices (acc0/acc1: AdaGrad
+    accumulators of the same shape, unused for SGD). in_rows/out_rows: int64 row of
+    each kept token's input/output vector. starts: int64 sentence boundaries into
+    them (len = sentences + 1). noise_slots: int32 vocabulary slots (the noise
+    table), mapped to output rows by slot_out_row (-1 = no row: skipped). Every
+    row written gets ``row_version[row] = version`` (the shard's change tracking).
+    syn0 and syn1 may be the same matrix (one shard holds both kinds of rows).
+    """
+    dim = syn0.shape[1]
+    neu1e = np.zeros(dim, dtype=np.float32)
+    state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
+    n_noise = noise_slots.shape[0]
+    pairs = 0
+    eta32 = np.float32(eta)
+    inv_dim = np.float32(1.0 / dim)
+    uu = np.float32(-1.0)
+    for s in range(starts.shape[0] - 1):
+        lo = starts[s]
+        hi = starts[s + 1]
+        for i in range(lo, hi):
+            word_out = out_rows[i]
+            state = _lcg(state)
+            b = np.int64(state % np.uint64(window))
+            reach = window - b
+            j0 = max(lo, i - reach)
+            j1 = min(hi, i + reach + 1)
+            for j in range(j0, j1):
+                if j == i:
+                    continue
+                l1 = in_rows[j]
+                uu = np.float32(-1.0)   # |u|^2 of the input row, computed once per pair when needed
+                for d in range(dim):
+                    neu1e[d] = 0.0
+                for k in range(negative + 1):
+                    if k == 0:
+                        target = word_out
+                        label = 1.0
+                    else:
+                        if n_noise == 0:
+                            break
+                        state = _lcg(state)
+                        target = slot_out_row[noise_slots[np.int64((state >> np.uint64(16)) % np.uint64(n_noise))]]
+                        if target < 0 or target == word_out:
+                            continue
+                        label = 0.0
+                    f = np.float32(0.0)
+                    for d in range(dim):
+                        f += syn0[l1, d] * syn1[target, d]
+                    g = np.float32(label - _sigmoid(f))
+                    for d in range(dim):
+                        neu1e[d] += g * syn1[target, d]
+                    row_version[target] = version
+                    if optimizer == OPT_ROW_ADAGRAD:
+                        if uu < 0:
+                            uu = np.float32(0.0)
+                            for d in range(dim):
+                                uu += syn0[l1, d] * syn0[l1, d]
+                        h = acc1[target, 0] + g * g * uu * inv_dim
+                        acc1[target, 0] = h
+                        step = eta32 * g / np.sqrt(h)
+                        for d in range(dim):
+                            syn1[target, d] += step * syn0[l1, d]
+                    elif optimizer == OPT_ADAGRAD:
+                        for d in range(dim):
+                            gd = g * syn0[l1, d]
+                            h = acc1[target, d] + gd * gd
+                            acc1[target, d] = h
+                            syn1[target, d] += eta32 * gd / np.sqrt(h)
+                    else:
+                        for d in range(dim):
+                            syn1[target, d] += eta32 * g * syn0[l1, d]
+                row_version[l1] = version
+                if optimizer == OPT_ROW_ADAGRAD:
+                    nn = np.float32(0.0)
+                    for d in range(dim):
+                        nn += neu1e[d] * neu1e[d]
+                    h = acc0[l1, 0] + nn * inv_dim
+                    acc0[l1, 0] = h
+                    step = eta32 / np.sqrt(h)
+                    for d in range(dim):
+                        syn0[l1, d] += step * neu1e[d]
+                elif optimizer == OPT_ADAGRAD:
+                    for d in range(dim):
+                        gd = neu1e[d]
+                        h = acc0[l1, d] + gd * gd
+                        acc0[l1, d] = h
+                        syn0[l1, d] += eta32 * gd / np.sqrt(h)
+                else:
+                    for d in range(dim):
+                        syn0[l1, d] += eta32 * neu1e[d]
+                pairs += 1
+    return pairs
+
+
+@njit(nogil=True, cache=True)
+def plan_pairs(tokens, starts, noise_slots, window, negative, seed):
+    """Draw the windows and negatives of a batch: (inputs, targets, negatives).
+
+    tokens: int64 ids (any id space, e.g. vocabulary slots) of the kept tokens;
+    returns pair_in[P] (context token id), pair_out[P] (centre token id) and
+    negs[P, negative] (noise ids, -1 where the draw equalled the centre word).
+    Same window rule and generator as ``train_inplace``.
+    """
+    state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
+    n_noise = noise_slots.shape[0]
+    cap = 0
+    for s in range(starts.shape[0] - 1):
+        n = starts[s + 1] - starts[s]
+        cap += n * min(2 * window, max(n - 1, 0))
+    pair_in = np.empty(cap, dtype=np.int64)
+    pair_out = np.empty(cap, dtype=np.int64)
+    negs = np.full((cap, negative), -1, dtype=np.int64)
+    p = 0
+    for s in range(starts.shape[0] - 1):
+        lo = starts[s]
+        hi = starts[s + 1]
+        for i in range(lo, hi):
+            state = _lcg(state)
+            b = np.int64(state % np.uint64(window))
+            reach = window - b
+            for j in range(max(lo, i - reach), min(hi, i + reach + 1)):
+                if j == i:
+                    continue
+                pair_in[p] = tokens[j]
+                pair_out[p] = tokens[i]
+                for k in range(negative):
+                    if n_noise == 0:
+                        break
+                    state = _lcg(state)
+                    t = np.int64(noise_slots[np.int64((state >> np.uint64(16)) % np.uint64(n_noise))])
+                    if t != tokens[i]:
+                        negs[p, k] = t
+                p += 1
+    return pair_in[:p], pair_out[:p], negs[:p]
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def batch_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, grad_in, grad_out):
+    """Loss of the pairs and its gradients against one snapshot of the rows.
+
+    in_vecs/out_vecs: float32 [n_in, dim] / [n_out, dim] pulled rows; pair_in,
+    pair_out, negs: local row indices (negs -1 = skip). Adds dL/d(row) into
+    grad_in/grad_out (same shapes, zeroed by the caller) and returns the summed loss
+    L = sum over pairs of -log s(u.v_pos) - sum_neg log s(-u.v_neg), computed with the
+    exact sigmoid (no clipping) so that the finite-difference check holds everywhere.
+    """
+    dim = in_vecs.shape[1]
+    loss = 0.0
+    for p in range(pair_in.shape[0]):
+        l1 = pair_in[p]
+        for k in range(negs.shape[1] + 1):
+            if k == 0:
+                t = pair_out[p]
+                label = 1.0
+            else:
+                t = negs[p, k - 1]
+                if t < 0:
+                    continue
+                label = 0.0
+            f = 0.0
+            for d in range(dim):
+                f += in_vecs[l1, d] * out_vecs[t, d]
+            # -log s(f) = log(1 + e^-f), -log s(-f) = log(1 + e^f), in a stable form
+            x = -f if label == 1.0 else f
+            if x > 0:
+                loss += x + np.log1p(np.exp(-x))
+            else:
+                loss += np.log1p(np.exp(x))
+            s = 1.0 / (1.0 + np.exp(-f))
+            dldf = np.float32(s - label)
+            for d in range(dim):
+                grad_in[l1, d] += dldf * out_vecs[t, d]
+                grad_out[t, d] += dldf * in_vecs[l1, d]
+    return loss

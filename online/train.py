@@ -1,0 +1,269 @@
+"""``livevec train``: offline, in-process training of a text file; writes word2vec files.
+
+    livevec train --input corpus.txt.xz --out model/ [--epochs N] [--workers N]
+
+Reads plain, .gz or .xz text (one record per line), runs the same ``Trainer`` the Kafka
+workers run, against an in-process ``EmbeddingShard`` updated in place by ``--workers``
+threads (the compiled kernels run without the GIL; one reader thread tokenises and feeds
+them), and writes ``DIR/vectors.txt`` and ``DIR/vectors.bin`` (word2vec text and binary,
+most frequent word first), ``DIR/vocab.txt`` (word and count) and ``DIR/train_stats.json``.
+
+Passes: the first pass counts the vocabulary as it trains (a stream); later passes
+re-read the same text without counting it again, so that ``min_count`` keeps meaning
+"occurrences in the corpus" as it does for gensim. Nothing depends on the corpus length.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import lzma
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from online.structured_logging import log_event
+from online.trainer import LearnerConfig, Trainer
+from online.word2vec_format import write_binary, write_text
+from ps_bridge.settings import SettingError, current_env, env_float, env_int
+
+logger = logging.getLogger("livevec.train")
+DEFAULT_BATCH_WORDS = 10_000
+
+
+@dataclass
+class TrainSettings:
+    input: str
+    out: str
+    epochs: int = 1
+    workers: int = 1
+    batch_words: int = DEFAULT_BATCH_WORDS
+    max_tokens: int = 0                     # 0 = whole file; else stop each pass after this many tokens
+    progress: bool = True
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+
+    def validate(self) -> None:
+        if not Path(self.input).is_file():
+            raise SettingError("--input", f"no such file: {self.input}")
+        if self.epochs < 1:
+            raise SettingError("--epochs", "must be >= 1")
+        if self.workers < 1:
+            raise SettingError("--workers", "must be >= 1")
+        if self.batch_words < 1:
+            raise SettingError("--batch-words / LIVEVEC_BATCH_WORDS", "must be >= 1")
+        if self.max_tokens < 0:
+            raise SettingError("--max-tokens", "must be >= 0")
+        try:
+            self.learner.validate()
+        except ValueError as exc:
+            raise SettingError("learner", str(exc)) from None
+
+
+@dataclass
+class TrainResult:
+    seconds: float
+    passes: int
+    raw_words: int
+    effective_words: int
+    pairs: int
+    vocabulary: int
+    words_per_second: float             # raw words / s (every token read, as gensim's raw_word_count)
+    effective_words_per_second: float   # kept after min_count and subsampling (gensim's "effective words/s")
+    files: dict[str, str]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, help="text file: plain, .gz or .xz, one record per line")
+    parser.add_argument("--out", required=True, help="output directory (created)")
+    parser.add_argument("--epochs", type=int, default=1, help="passes over the file (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="training threads (default 1)")
+    parser.add_argument("--dim", type=int, help="vector size (LIVEVEC_DIM, default 100)")
+    parser.add_argument("--window", type=int, help="max window (LIVEVEC_WINDOW, default 5)")
+    parser.add_argument("--negative", type=int, help="negatives per pair (LIVEVEC_NEGATIVE, default 5)")
+    parser.add_argument("--min-count", type=int, help="trainable from this count (LIVEVEC_MIN_COUNT, default 5)")
+    parser.add_argument("--sample", type=float, help="subsampling threshold (LIVEVEC_SAMPLE, default 1e-3)")
+    parser.add_argument("--batch-words", type=int, help=f"tokens per mini-batch (LIVEVEC_BATCH_WORDS, "
+                                                        f"default {DEFAULT_BATCH_WORDS})")
+    parser.add_argument("--tokenizer", choices=("text8", "unicode"), default="text8")
+    parser.add_argument("--optimizer", choices=("adagrad", "rowadagrad", "sgd"), default="adagrad")
+    parser.add_argument("--eta", type=float, help="initial learning rate (AdaGrad 0.1, SGD 0.025)")
+    parser.add_argument("--vocab-capacity", type=int, default=1_000_000, help="max words counted at once")
+    parser.add_argument("--max-tokens", type=int, default=0, help="stop each pass after this many tokens")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
+    parser.add_argument("--log-level", default=None)
+
+
+def settings_from_args(args: argparse.Namespace, env=None) -> TrainSettings:
+    env = current_env() if env is None else env
+
+    def pick(value, name, reader, default, **kw):
+        return value if value is not None else reader(env, name, default, **kw)
+
+    learner = LearnerConfig(
+        dim=pick(args.dim, "LIVEVEC_DIM", env_int, 100, minimum=1),
+        window=pick(args.window, "LIVEVEC_WINDOW", env_int, 5, minimum=1),
+        negative=pick(args.negative, "LIVEVEC_NEGATIVE", env_int, 5, minimum=0),
+        min_count=pick(args.min_count, "LIVEVEC_MIN_COUNT", env_int, 5, minimum=1),
+        sample=pick(args.sample, "LIVEVEC_SAMPLE", env_float, 1e-3, minimum=0.0),
+        vocab_capacity=args.vocab_capacity, optimizer=args.optimizer, eta=args.eta,
+        tokenizer=args.tokenizer, seed=args.seed)
+    settings = TrainSettings(
+        input=args.input, out=args.out, epochs=args.epochs, workers=args.workers,
+        batch_words=pick(args.batch_words, "LIVEVEC_BATCH_WORDS", env_int, DEFAULT_BATCH_WORDS, minimum=1),
+        max_tokens=args.max_tokens, progress=not args.no_progress, learner=learner)
+    settings.validate()
+    return settings
+
+
+class _Source:
+    """Lines of a plain/.gz/.xz file, with progress as a fraction of the bytes on disk."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.size = max(1, os.path.getsize(path))
+        self.raw = open(path, "rb")
+        if path.endswith(".xz"):
+            self.stream = lzma.open(self.raw)
+        elif path.endswith(".gz"):
+            self.stream = gzip.open(self.raw)
+        else:
+            self.stream = self.raw
+
+    def fraction(self) -> float:
+        try:
+            return min(1.0, self.raw.tell() / self.size)
+        except (OSError, ValueError):
+            return 0.0
+
+    def __iter__(self):
+        for line in self.stream:
+            yield line.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        self.stream.close()
+        self.raw.close()
+
+
+class _Progress:
+    def __init__(self, enabled: bool, passes: int, interval: float = 2.0):
+        self.enabled = enabled
+        self.passes = passes
+        self.interval = interval
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def show(self, pass_no: int, fraction: float, trainer: Trainer, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (not final and now - self.last < self.interval):
+            return
+        self.last = now
+        t = trainer.totals
+        elapsed = max(now - self.t0, 1e-9)
+        line = (f"livevec train: pass {pass_no}/{self.passes} {100 * fraction:5.1f}%  "
+                f"{t.tokens / 1e6:.2f}M words  {t.tokens / elapsed / 1e3:.0f}k words/s  "
+                f"vocab {trainer.vocab.num_trainable():,} trainable / {len(trainer.vocab):,} counted")
+        print(("\r" + line) if self.tty else line, end="\n" if (final or not self.tty) else "",
+              file=sys.stderr, flush=True)
+
+
+def train_file(settings: TrainSettings, trainer: Trainer | None = None) -> tuple[Trainer, TrainResult]:
+    """Train on ``settings.input`` for ``settings.epochs`` passes and write the output files."""
+    trainer = trainer or Trainer(settings.learner)
+    progress = _Progress(settings.progress, settings.epochs)
+    t0 = time.perf_counter()
+    for pass_no in range(1, settings.epochs + 1):
+        _one_pass(settings, trainer, pass_no, progress)
+    seconds = time.perf_counter() - t0
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    words, vectors, counts = trainer.export()
+    files = {"text": str(out / "vectors.txt"), "binary": str(out / "vectors.bin"), "vocab": str(out / "vocab.txt"),
+             "stats": str(out / "train_stats.json")}
+    write_text(files["text"], words, vectors)
+    write_binary(files["binary"], words, vectors)
+    with open(files["vocab"], "w", encoding="utf-8") as f:
+        f.writelines(f"{w} {c}\n" for w, c in zip(words, counts.tolist()))
+    t = trainer.totals
+    result = TrainResult(seconds=seconds, passes=settings.epochs, raw_words=t.tokens, effective_words=t.kept,
+                         pairs=t.pairs, vocabulary=len(words), words_per_second=t.tokens / seconds,
+                         effective_words_per_second=t.kept / seconds, files=files)
+    with open(files["stats"], "w") as f:
+        json.dump({**asdict(result), "learner": asdict(settings.learner), "workers": settings.workers,
+                   "batch_words": settings.batch_words}, f, indent=2)
+    log_event(logger, "train_done", seconds=round(seconds, 2), words=t.tokens, effective=t.kept,
+              vocabulary=len(words), words_per_s=round(result.words_per_second))
+    return trainer, result
+
+
+def _one_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress: _Progress) -> None:
+    update_vocab = pass_no == 1
+    work: queue.Queue = queue.Queue(maxsize=2 * settings.workers)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        while True:
+            batch = work.get()
+            if batch is None:
+                return
+            if errors:
+                continue
+            try:
+                trainer.train_sentences(batch, update_vocab)
+            except BaseException as exc:  # surfaced by the reader below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker, name=f"livevec-train-{i}", daemon=True)
+               for i in range(settings.workers)]
+    for t in threads:
+        t.start()
+    source = _Source(settings.input)
+    tokenizer = trainer.tokenizer
+    budget = settings.max_tokens or None
+    batch: list[list[str]] = []
+    batch_tokens = 0
+    try:
+        for line in source:
+            for sentence in tokenizer.sentences(line):
+                if budget is not None:
+                    if budget <= 0:
+                        break
+                    sentence = sentence[:budget]
+                    budget -= len(sentence)
+                batch.append(sentence)
+                batch_tokens += len(sentence)
+                if batch_tokens >= settings.batch_words:
+                    work.put(batch)
+                    batch, batch_tokens = [], 0
+                    if errors:
+                        raise errors[0]
+                    progress.show(pass_no, source.fraction(), trainer)
+            if budget is not None and budget <= 0:
+                break
+        if batch:
+            work.put(batch)
+    finally:
+        for _ in threads:
+            work.put(None)
+        for t in threads:
+            t.join()
+        source.close()
+    if errors:
+        raise errors[0]
+    progress.show(pass_no, 1.0 if budget is None else source.fraction(), trainer, final=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    _, result = train_file(settings)
+    print(json.dumps({"words_per_second": round(result.words_per_second),
+                      "effective_words_per_second": round(result.effective_words_per_second),
+                      "seconds": round(result.seconds, 2), "vocabulary": result.vocabulary,
+                      "files": result.files}))
+    return 0

@@ -1,0 +1,278 @@
+"""The mini-batch SGNS driver: records -> sentences -> vocabulary -> subsample -> pairs -> update.
+
+One ``Trainer`` is the learning side of a worker. Per mini-batch of records it:
+
+1. tokenises them into sentences (``online.tokenizer``);
+2. counts the tokens in the online vocabulary (``online.vocab``); words reaching
+   ``min_count`` become trainable, evicted words have their rows freed in the store;
+3. updates the adaptive noise table (``online.noise``) with the count changes;
+4. subsamples frequent words from the current counts (``online.subsampling``) and drops
+   words that are not trainable (yet);
+5. trains, in one of two ways over the same vocabulary, noise and sampling:
+
+   * **in place** when the store is a single in-process ``EmbeddingShard``
+     (``livevec train``): ``sgns_kernel.train_inplace`` updates the shard's rows after
+     every pair, hogwild-style, as word2vec.c and gensim do. Several threads may call
+     ``train_*`` concurrently; the GIL-bound preparation is serialised by a lock and the
+     compiled kernels run in parallel without the GIL;
+   * **pull / push** otherwise (parameter servers): ``plan_pairs`` draws the windows and
+     negatives, the batch's distinct input and output keys are pulled in ONE call, the
+     loss gradients are computed against that snapshot and pushed in ONE call, and the
+     server's optimizer (AdaGrad) applies them.
+
+Entry points for a Kafka worker: ``Trainer(config, store).train_records(values)`` per
+polled batch of record values (str or bytes), returning ``BatchStats``; the store's
+``free`` / ``add_counts`` / ``set_words`` are called from inside as needed.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from online.noise import DEFAULT_TABLE_SIZE, NoiseTable
+from online.param_store import LocalParamStore, ParamStore
+from online.sgns_kernel import OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace
+from online.subsampling import keep_mask
+from online.tokenizer import Tokenizer
+from online.vocab import OnlineVocab
+
+_ONE = np.uint64(1)
+
+
+@dataclass
+class LearnerConfig:
+    """Hyper-parameters of the learner (word2vec names; defaults are gensim's/yskip's)."""
+
+    dim: int = 100
+    window: int = 5
+    negative: int = 5
+    min_count: int = 5
+    sample: float = 1e-3
+    vocab_capacity: int = 1_000_000
+    noise_table_size: int = DEFAULT_TABLE_SIZE
+    optimizer: str = "adagrad"          # "adagrad" (streams) or "sgd" (comparisons)
+    eta: float | None = None            # None: 0.1 for AdaGrad, 0.025 for SGD
+    adagrad_init: float = 1e-8          # initial accumulator (yskip: 1e-8)
+    sgd_decay_words: int = 0            # SGD only: decay eta linearly to 0 over this many tokens (needs a corpus length)
+    tokenizer: str = "text8"
+    max_sentence_length: int = 10_000
+    seed: int = 1
+
+    def validate(self) -> None:
+        for name in ("dim", "window", "min_count", "vocab_capacity", "noise_table_size", "max_sentence_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.negative < 0:
+            raise ValueError("negative must be >= 0")
+        if self.sample < 0:
+            raise ValueError("sample must be >= 0")
+        if self.optimizer not in ("adagrad", "rowadagrad", "sgd"):
+            raise ValueError("optimizer must be adagrad, rowadagrad or sgd")
+        if self.eta is not None and self.eta <= 0:
+            raise ValueError("eta must be > 0")
+
+
+@dataclass
+class BatchStats:
+    sentences: int = 0
+    tokens: int = 0          # tokens read (raw words)
+    kept: int = 0            # trainable tokens kept after subsampling (gensim's "effective words")
+    pairs: int = 0           # (context, centre) pairs trained
+    loss: float | None = None  # summed SGNS loss (pull/push path only)
+    evicted: int = 0         # trainable words evicted from the vocabulary
+    seconds: float = 0.0
+
+
+@dataclass
+class _Prepared:
+    stats: BatchStats
+    seed: int
+    eta: float
+    # in place
+    in_rows: np.ndarray | None = None
+    out_rows: np.ndarray | None = None
+    starts: np.ndarray | None = None
+    noise: np.ndarray | None = None
+    # pull / push
+    keys: np.ndarray | None = None
+    n_in: int = 0
+    pair_in: np.ndarray | None = None
+    pair_out: np.ndarray | None = None
+    negs: np.ndarray | None = None
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class Trainer:
+    """SGNS over a stream of records; see the module docstring."""
+
+    def __init__(self, config: LearnerConfig | None = None, store: ParamStore | None = None, *,
+                 inplace: bool | None = None):
+        self.config = config = config or LearnerConfig()
+        config.validate()
+        if store is None:
+            store = LocalParamStore(dim=config.dim, optimizer=config.optimizer, eta=config.eta,
+                                    adagrad_init=config.adagrad_init, seed=config.seed)
+        if store.dim != config.dim:
+            raise ValueError(f"store dim {store.dim} != config dim {config.dim}")
+        self.store = store
+        shard = store.local_shard()
+        if inplace and shard is None:
+            raise ValueError("in-place training needs a store with one local shard")
+        self.shard = shard if inplace in (None, True) else None
+        self.tokenizer = Tokenizer(config.tokenizer, config.max_sentence_length)
+        self.vocab = OnlineVocab(config.vocab_capacity, config.min_count)
+        self.noise = NoiseTable(config.noise_table_size, seed=config.seed)
+        self._rng = np.random.default_rng(config.seed)
+        self._lock = threading.Lock()
+        if self.shard is not None:
+            self.eta = self.shard.eta if config.eta is None else config.eta
+            self._opt = {"adagrad": OPT_ADAGRAD, "rowadagrad": OPT_ROW_ADAGRAD, "sgd": OPT_SGD}[self.shard.optimizer]
+            self.slot_in_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
+            self.slot_out_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
+        self.tokens_seen = 0
+        self.totals = BatchStats()
+
+    # ------------------------------------------------------------------ API
+    def train_records(self, records, update_vocab: bool = True) -> BatchStats:
+        """Train on a batch of text records (str or UTF-8 bytes), e.g. one Kafka poll."""
+        return self.train_sentences(self.tokenizer.sentences_of(records), update_vocab)
+
+    def train_sentences(self, sentences: list[list[str]], update_vocab: bool = True) -> BatchStats:
+        """Train on tokenised sentences. ``update_vocab=False`` trains without counting
+        (re-reading text already counted, e.g. the later passes of ``livevec train``)."""
+        prepared = self.prepare(sentences, update_vocab)
+        return self.run(prepared)
+
+    def export(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(words, input vectors, counts) of the trainable vocabulary, most frequent first."""
+        with self._lock:
+            slots = self.vocab.trainable_slots()
+            words = [self.vocab.words[s] for s in slots.tolist()]
+            keys = self.vocab.keys[slots].copy()
+            counts = self.vocab.counts[slots].copy()
+        vectors = self.store.pull(keys) if len(keys) else np.zeros((0, self.config.dim), np.float32)
+        return words, vectors, counts
+
+    # -------------------------------------------------------------- stages
+    def prepare(self, sentences: list[list[str]], update_vocab: bool = True) -> _Prepared:
+        """The GIL-bound part: vocabulary, noise, subsampling, row/key resolution."""
+        cfg = self.config
+        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+        tokens = list(chain.from_iterable(sentences))
+        stats = BatchStats(sentences=len(sentences), tokens=len(tokens))
+        with self._lock:
+            vocab = self.vocab
+            if update_vocab:
+                upd = vocab.update(tokens)
+                slots = upd.slots
+                stats.evicted = self._apply_vocab_update(upd)
+            else:
+                slots = vocab.lookup(tokens)
+            known = slots >= 0
+            keep = known.copy()
+            keep[known] = vocab.trainable[slots[known]]
+            if cfg.sample > 0 and keep.any():
+                idx = np.flatnonzero(keep)
+                keep[idx] = keep_mask(slots[idx], vocab.counts, vocab.trainable_total, cfg.sample, self._rng)
+            kept = slots[keep]
+            sentence_of = np.repeat(np.arange(len(sentences), dtype=np.int64), lengths)[keep]
+            starts = np.searchsorted(sentence_of, np.arange(len(sentences) + 1)).astype(np.int64)
+            stats.kept = len(kept)
+            seed = int(self._rng.integers(1, 1 << 62))
+            eta = self._eta()
+            self.tokens_seen += len(tokens)
+            prepared = _Prepared(stats, seed, eta)
+            noise = self.noise.active()
+            if self.shard is not None:
+                prepared.in_rows = self.slot_in_row[kept]
+                prepared.out_rows = self.slot_out_row[kept]
+                prepared.starts = starts
+                prepared.noise = noise
+            elif len(kept):
+                pair_in, pair_out, negs = plan_pairs(kept, starts, noise, cfg.window, cfg.negative, seed)
+                in_u, in_local = np.unique(pair_in, return_inverse=True)
+                outs = np.concatenate([pair_out, negs.ravel()])
+                valid = outs >= 0
+                out_u, out_inv = np.unique(outs[valid], return_inverse=True)
+                out_local = np.full(len(outs), -1, dtype=np.int64)
+                out_local[valid] = out_inv
+                n_pairs = len(pair_in)
+                prepared.keys = np.concatenate([vocab.keys[in_u], vocab.keys[out_u] | _ONE])
+                prepared.n_in = len(in_u)
+                prepared.pair_in = in_local.astype(np.int64)
+                prepared.pair_out = out_local[:n_pairs]
+                prepared.negs = out_local[n_pairs:].reshape(n_pairs, cfg.negative)
+        return prepared
+
+    def _eta(self) -> float:
+        cfg = self.config
+        eta = self.eta if self.shard is not None else (cfg.eta or 0.0)
+        if cfg.optimizer == "sgd" and cfg.sgd_decay_words > 0:
+            eta *= max(1e-4, 1.0 - self.tokens_seen / cfg.sgd_decay_words)
+        return eta
+
+    def _apply_vocab_update(self, upd) -> int:
+        """Propagate a vocabulary update to the noise table and the store; returns evictions."""
+        vocab, store = self.vocab, self.store
+        if len(upd.evicted_slots) and self.shard is not None:
+            self.slot_in_row[upd.evicted_slots] = -1
+            self.slot_out_row[upd.evicted_slots] = -1
+        if len(upd.evicted_keys):
+            store.free(np.concatenate([upd.evicted_keys, upd.evicted_keys | _ONE]))
+        if upd.counts_rescaled:
+            live = np.flatnonzero(vocab.trainable)
+            self.noise.rebuild(live, vocab.counts[live])
+        else:
+            self.noise.add(upd.touched, upd.old_counts, upd.new_counts, vocab.min_count)
+        new = upd.newly_trainable
+        if len(new):
+            keys = vocab.keys[new]
+            store.set_words(keys, [vocab.words[s] for s in new.tolist()])
+            if self.shard is not None:
+                rows = self.shard.rows_for(np.concatenate([keys, keys | _ONE]), create=True)
+                self.slot_in_row[new] = rows[:len(new)]
+                self.slot_out_row[new] = rows[len(new):]
+        counted = upd.new_counts >= vocab.min_count
+        if counted.any():
+            deltas = np.where(upd.old_counts >= vocab.min_count, upd.new_counts - upd.old_counts, upd.new_counts)
+            store.add_counts(vocab.keys[upd.touched[counted]], deltas[counted])
+        return len(upd.evicted_keys)
+
+    def run(self, p: _Prepared) -> BatchStats:
+        """The compiled part: train the prepared batch (no GIL held in the kernels)."""
+        cfg, stats = self.config, p.stats
+        if self.shard is not None:
+            if len(p.in_rows) > 1:
+                shard = self.shard
+                version = shard.next_version()
+                with shard.training():
+                    stats.pairs = train_inplace(shard.vectors, shard.vectors, shard.accum, shard.accum,
+                                                p.in_rows, p.out_rows, p.starts, p.noise, self.slot_out_row,
+                                                cfg.window, cfg.negative, p.eta, self._opt, p.seed,
+                                                shard.row_version, version)
+        elif p.keys is not None and len(p.pair_in):
+            values = self.store.pull(p.keys)
+            in_vecs, out_vecs = values[:p.n_in], values[p.n_in:]
+            grads = np.zeros_like(values)
+            stats.loss = float(batch_gradients(in_vecs, out_vecs, p.pair_in, p.pair_out, p.negs,
+                                               grads[:p.n_in], grads[p.n_in:]))
+            self.store.push(p.keys, grads)
+            stats.pairs = len(p.pair_in)
+        stats.seconds = time.perf_counter() - p.t0
+        with self._lock:
+            t = self.totals
+            t.sentences += stats.sentences
+            t.tokens += stats.tokens
+            t.kept += stats.kept
+            t.pairs += stats.pairs
+            t.evicted += stats.evicted
+        return stats
+
+
+def default_threads() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))

@@ -1,0 +1,195 @@
+"""The online vocabulary: word keys, bounded-memory counts, trainability and eviction.
+
+Word keys
+---------
+``word_key(token)`` is the first 8 bytes of BLAKE2b(digest_size=8) of the token's UTF-8
+bytes, read little-endian, with the lowest bit cleared. BLAKE2b is in every Python's
+``hashlib`` and in libsodium/every language, so a C++ ps-lite node, a restarted worker and
+the front end all compute the same key without sharing any state (Python's own ``hash``
+is salted per process and would not do). The word's INPUT vector lives at key ``k`` and
+its OUTPUT vector at ``k | 1`` (see the model layout in the README), which is why bit 0
+is reserved. Keys are uniform over [0, 2^64), so ps-lite's even key-range split balances
+the servers.
+
+Collisions: with 63 effective bits, n distinct words collide with probability about
+n^2 / 2^64 (3e-6 for 10 million words). If two words do share a key they share both
+rows on the servers: each reads and writes the same vectors, so they end up with one
+blended embedding, and whichever word was recorded last owns the key's string on the
+server. Nothing crashes and no other word is affected; the vocabulary itself still keeps
+their counts apart because it is indexed by the string.
+
+Bounded counts
+--------------
+A stream has an unbounded number of types (typos, ids, URLs), so counts live in a table
+of fixed ``capacity`` managed with the Misra-Gries algorithm, as yskip does: when new
+words do not fit, every count is decreased by the smallest amount ``d`` that frees
+enough slots and the words that reach zero are evicted. (Misra-Gries decrements by one,
+repeatedly; doing it once by ``d`` for a whole mini-batch is the same thing batched.)
+Estimates never exceed the true count and undercount by at most about N / capacity
+after N tokens, so frequent words are never evicted and a word's count in a table
+that never fills is exact. A word is *trainable* while its count is at least
+``min_count``; only trainable words get rows on the servers, so when a trainable word is
+evicted its key is reported in ``VocabUpdate.evicted_keys`` for the caller to free both
+of its rows.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
+
+_EMPTY_I64 = np.zeros(0, dtype=np.int64)
+_EMPTY_U64 = np.zeros(0, dtype=np.uint64)
+KEY_MASK = (1 << 64) - 2  # clears bit 0; bit 0 selects input (0) or output (1) row
+
+
+def word_key(token: str) -> int:
+    """Stable 64-bit key of ``token``: BLAKE2b-64 of its UTF-8, little-endian, bit 0 cleared."""
+    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & KEY_MASK
+
+
+def word_keys(tokens) -> np.ndarray:
+    """``word_key`` of each token, as a uint64 array."""
+    return np.fromiter((word_key(t) for t in tokens), dtype=np.uint64, count=len(tokens))
+
+
+def input_key(key):
+    """Key of a word's input (syn0) row: the word key itself."""
+    return key
+
+
+def output_key(key):
+    """Key of a word's output (syn1neg) row: the word key with bit 0 set."""
+    return key | 1 if isinstance(key, int) else key | np.uint64(1)
+
+
+@dataclass
+class VocabUpdate:
+    """What one ``OnlineVocab.update`` changed; consumed by the noise table and the trainer."""
+
+    slots: np.ndarray                 # int64 slot of every token, in order
+    touched: np.ndarray               # int64 distinct slots counted in this update
+    old_counts: np.ndarray            # their counts before
+    new_counts: np.ndarray            # and after
+    newly_trainable: np.ndarray = field(default_factory=lambda: _EMPTY_I64)  # slots that reached min_count
+    evicted_slots: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    evicted_keys: np.ndarray = field(default_factory=lambda: _EMPTY_U64)     # keys of evicted TRAINABLE words
+    counts_rescaled: bool = False     # a Misra-Gries decrement changed counts outside ``touched``
+
+
+class OnlineVocab:
+    """Word -> slot table with Misra-Gries counts in ``capacity`` slots. Not thread-safe."""
+
+    def __init__(self, capacity: int = 1_000_000, min_count: int = 5):
+        if capacity < 1:
+            raise ValueError("vocabulary capacity must be >= 1")
+        if min_count < 1:
+            raise ValueError("min_count must be >= 1")
+        self.capacity = int(capacity)
+        self.min_count = int(min_count)
+        self._index: dict[str, int] = {}
+        self.words: list[str | None] = [None] * self.capacity
+        self.counts = np.zeros(self.capacity, dtype=np.int64)
+        self.keys = np.zeros(self.capacity, dtype=np.uint64)
+        self.trainable = np.zeros(self.capacity, dtype=bool)
+        self._free: list[int] = list(range(self.capacity - 1, -1, -1))
+        self.total_tokens = 0          # every token ever counted
+        self.trainable_total = 0       # sum of counts of trainable words (subsampling's T)
+        self.evictions = 0
+
+    # ---------------------------------------------------------------- queries
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, token: str) -> bool:
+        return token in self._index
+
+    def slot(self, token: str) -> int:
+        return self._index.get(token, -1)
+
+    def lookup(self, tokens: list[str]) -> np.ndarray:
+        """Slot of each token, -1 for unknown words; counts nothing."""
+        return np.array(list(map(self._index.get, tokens, repeat(-1))), dtype=np.int64)
+
+    def count(self, token: str) -> int:
+        s = self._index.get(token, -1)
+        return int(self.counts[s]) if s >= 0 else 0
+
+    def trainable_slots(self) -> np.ndarray:
+        """Trainable slots, most frequent first (ties by word, for reproducible files)."""
+        slots = np.flatnonzero(self.trainable)
+        order = np.lexsort((np.array([self.words[s] for s in slots], dtype=object).astype(str),
+                            -self.counts[slots])) if len(slots) else slots
+        return slots[order]
+
+    def num_trainable(self) -> int:
+        return int(self.trainable.sum())
+
+    # ---------------------------------------------------------------- updates
+    def update(self, tokens: list[str]) -> VocabUpdate:
+        """Count ``tokens``; admit new words (evicting if full); return what changed."""
+        n = len(tokens)
+        if n == 0:
+            return VocabUpdate(_EMPTY_I64, _EMPTY_I64, _EMPTY_I64, _EMPTY_I64)
+        slots = self.lookup(tokens)
+        evicted_slots, evicted_keys, rescaled = _EMPTY_I64, _EMPTY_U64, False
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            new_words = list(dict.fromkeys(tokens[i] for i in missing))
+            if len(new_words) > len(self._free):
+                evicted_slots, evicted_keys = self._make_room(len(new_words))
+                rescaled = True
+            self._admit(new_words)
+            get = self._index.get
+            for i in missing:   # only the misses; a missing word must be admitted by now or skipped
+                slots[i] = get(tokens[i], -1)
+        valid = slots[slots >= 0] if rescaled and (slots < 0).any() else slots
+        touched, c = np.unique(valid, return_counts=True)
+        old = self.counts[touched].copy()
+        new = old + c
+        self.counts[touched] = new
+        self.total_tokens += n
+        was = self.trainable[touched]
+        now = new >= self.min_count
+        self.trainable[touched] = now
+        crossed = touched[now & ~was]
+        self.trainable_total += int((new - old)[was & now].sum()) + int(new[now & ~was].sum())
+        return VocabUpdate(slots, touched, old, new, crossed, evicted_slots, evicted_keys, rescaled)
+
+    def _admit(self, words: list[str]) -> None:
+        take = min(len(words), len(self._free))
+        for w in words[:take]:
+            s = self._free.pop()
+            self._index[w] = s
+            self.words[s] = w
+            self.keys[s] = word_key(w)
+            self.counts[s] = 0
+            self.trainable[s] = False
+
+    def _make_room(self, needed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batched Misra-Gries: subtract the smallest d that frees ``needed`` slots."""
+        occupied = np.fromiter(self._index.values(), dtype=np.int64, count=len(self._index))
+        to_free = needed - len(self._free)
+        if to_free >= len(occupied):
+            d = int(self.counts[occupied].max())
+        else:
+            d = int(np.partition(self.counts[occupied], to_free - 1)[to_free - 1])
+        d = max(d, 1)
+        self.counts[occupied] -= d
+        gone = occupied[self.counts[occupied] <= 0]
+        was_trainable = self.trainable[gone]
+        evicted_keys = self.keys[gone][was_trainable].copy()
+        for s in gone.tolist():
+            del self._index[self.words[s]]
+            self.words[s] = None
+            self._free.append(s)
+        self.counts[gone] = 0
+        self.keys[gone] = 0
+        self.trainable[gone] = False
+        self.trainable[occupied] &= self.counts[occupied] >= self.min_count
+        self.trainable_total = int(self.counts[self.trainable].sum())
+        self.evictions += len(gone)
+        return gone, evicted_keys
