@@ -4,6 +4,7 @@ the Marathon group on this machine.
     livevec deploy render --target marathon|k8s [--out DIR] [--servers N] [--workers M] ...
     livevec deploy check  [--target marathon|k8s]     # the platform rules no schema expresses
     livevec deploy run-local [--group FILE] [--servers N] [--workers M] [--env K=V] ...
+    livevec deploy healthcheck                        # the container image's HEALTHCHECK
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render = sub.add_parser("render", help="write the Marathon or Kubernetes files generated from the topology")
     render.add_argument("--target", choices=("marathon", "k8s"), required=True)
     render.add_argument("--out", type=Path, default=None,
-                        help="directory to write the files into (default: print them to stdout)")
+                        help="directory to write the files into (default: stdout; for marathon one JSON "
+                             "object keyed by file name)")
     topology_flags(render)
 
     check = sub.add_parser("check", help="check rendered files against the platform rules no schema expresses")
@@ -56,6 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            help="instance count of an app; DMLC_NUM_* follow (repeatable)")
     run_local.add_argument("--status-every", type=float, default=30.0, help="seconds between status tables")
     topology_flags(run_local)
+
+    sub.add_parser("healthcheck", help="probe this container's role (the image's HEALTHCHECK); exit 0 if healthy")
 
 
 def _topology(args):
@@ -90,8 +94,10 @@ def run(args) -> int:
     if args.action == "render":
         files = _render_files(args.target, _topology(args))
         if args.out is None:
-            for name, text in files.items():
-                sys.stdout.write(f"# --- {name}\n{text}" if args.target == "k8s" else text)
+            if args.target == "marathon":  # one JSON document: {file name: content}, for jq
+                sys.stdout.write(json.dumps({name: json.loads(text) for name, text in files.items()}, indent=2) + "\n")
+            for name, text in files.items() if args.target == "k8s" else ():
+                sys.stdout.write(f"# --- {name}\n{text}")
             return 0
         args.out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -100,6 +106,14 @@ def run(args) -> int:
         return 0
     if args.action == "check":
         return _check(args)
+    if args.action == "healthcheck":
+        import os
+
+        from online.deployment.healthcheck import check
+
+        ok, message = check(os.environ)
+        print(message)
+        return 0 if ok else 1
     return _run_local(args)
 
 
