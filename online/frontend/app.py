@@ -1,0 +1,390 @@
+"""``livevec frontend``: the aiohttp application that answers similarity queries live.
+
+Layout follows aiohttp's own examples: ``create_app`` is the application factory,
+handlers only parse the request, call the model and format the answer, and the
+long-lived pieces (the query thread, the sync loop, the stats loop) are started and
+stopped in ``cleanup_ctx``. Errors: every bad input raises ``ApiError`` (a 4xx with a JSON
+body); anything unexpected becomes a logged JSON 500 in ``error_middleware``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from online.frontend.blas_threads import set_blas_threads
+from online.frontend.http_metrics import HttpMetrics
+from online.frontend.model_index import ModelHolder
+from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_PREFIX_LENGTH, MAX_VOCAB_LIMIT,
+                                     MAX_WORD_LENGTH, build_openapi)
+from online.frontend.query_engine import QueryEngine
+from online.frontend.settings import FrontendSettings, add_arguments, settings_from
+from online.frontend.sources import ModelSource, resolve_source_factory
+from online.frontend.sync import ModelSync
+from online.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from online.metrics import Registry
+from online.structured_logging import log_event
+from ps_bridge.settings import SettingError
+
+log = logging.getLogger("livevec.frontend")
+
+STATIC_DIR = Path(__file__).with_name("static")
+SETTINGS = web.AppKey("settings", FrontendSettings)
+SOURCE = web.AppKey("source", object)
+HOLDER = web.AppKey("holder", ModelHolder)
+ENGINE = web.AppKey("engine", QueryEngine)
+SYNC = web.AppKey("sync", ModelSync)
+REGISTRY = web.AppKey("registry", Registry)
+HTTP_METRICS = web.AppKey("http_metrics", HttpMetrics)
+OPENAPI = web.AppKey("openapi", bytes)
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
+class ApiError(Exception):
+    """A client error: status, machine-readable code, message and extra fields for the body."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def error_response(status: int, code: str, message: str, headers: Mapping[str, str] | None = None,
+                   **extra: Any) -> web.Response:
+    return json_response({"error": code, "message": message, **extra}, status, headers)
+
+
+# ---------------------------------------------------------------------- parsing
+def _param_int(request: web.Request, name: str, default: int, maximum: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= maximum:
+        raise ApiError(400, f"bad_{name}", f"{name} must be an integer from 1 to {maximum}, got {raw[:40]!r}",
+                       parameter=name)
+    return int(raw)
+
+
+def _param_word(value: str | None, name: str) -> str:
+    if value is None:
+        raise ApiError(400, "missing_parameter", f"the query parameter {name!r} is required", parameter=name)
+    if not value:
+        raise ApiError(400, f"bad_{name}", f"{name} must not be empty", parameter=name)
+    if len(value) > MAX_WORD_LENGTH:
+        raise ApiError(400, f"bad_{name}", f"{name} is longer than {MAX_WORD_LENGTH} characters", parameter=name)
+    return value
+
+
+def _param_word_list(request: web.Request, name: str, required: bool) -> list[str]:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        if required:
+            raise ApiError(400, "missing_parameter", f"the query parameter {name!r} is required "
+                                                     "(comma-separated words)", parameter=name)
+        return []
+    if len(raw) > MAX_ANALOGY_PARAM_LENGTH:
+        raise ApiError(400, f"bad_{name}", f"{name} is longer than {MAX_ANALOGY_PARAM_LENGTH} characters",
+                       parameter=name)
+    words = [w.strip() for w in raw.split(",") if w.strip()]
+    if required and not words:
+        raise ApiError(400, f"bad_{name}", f"{name} must name at least one word", parameter=name)
+    return words
+
+
+def _ready_index(request: web.Request):
+    holder = request.app[HOLDER]
+    if not holder.loaded:
+        raise ApiError(503, "not_ready", "no model has been loaded yet; try again shortly")
+    return holder.current
+
+
+def _neighbours(result) -> list[dict[str, Any]]:
+    return [{"word": n.word, "score": n.score} for n in result.neighbours]
+
+
+def _unknown(result) -> ApiError:
+    words = ", ".join(repr(w) for w in result.unknown[:10])
+    return ApiError(404, "unknown_word", f"not in the vocabulary (model version {result.version}): {words}",
+                    unknown=result.unknown)
+
+
+# --------------------------------------------------------------------- handlers
+async def similar_get(request: web.Request) -> web.Response:
+    word = _param_word(request.query.get("word"), "word")
+    k = _param_int(request, "k", 10, request.app[SETTINGS].max_k)
+    _ready_index(request)
+    result = await request.app[ENGINE].query([word], [], k)
+    if result.unknown:
+        raise _unknown(result)
+    return json_response({"word": result.resolved[0], "version": result.version, "k": k,
+                          "neighbours": _neighbours(result)})
+
+
+async def similar_post(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    body = await request.read()
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "bad_body", 'the body must be a JSON object like {"words": ["paris"], "k": 10}')
+    words = data.get("words")
+    if not isinstance(words, list) or not words:
+        raise ApiError(400, "bad_words", '"words" must be a non-empty list of strings', parameter="words")
+    if len(words) > settings.max_batch_words:
+        raise ApiError(400, "bad_words", f'"words" may hold at most {settings.max_batch_words} words, '
+                                         f"got {len(words)}", parameter="words")
+    for w in words:
+        if not isinstance(w, str) or not w or len(w) > MAX_WORD_LENGTH:
+            raise ApiError(400, "bad_words", f'every word must be a string of 1 to {MAX_WORD_LENGTH} '
+                                             f"characters, got {str(w)[:40]!r}", parameter="words")
+    k = data.get("k", 10)
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= settings.max_k:
+        raise ApiError(400, "bad_k", f'"k" must be an integer from 1 to {settings.max_k}, got {str(k)[:40]!r}',
+                       parameter="k")
+    _ready_index(request)
+    results = await request.app[ENGINE].query_many(words, k)
+    out = []
+    for word, result in zip(words, results):
+        if result.unknown:
+            out.append({"word": word, "version": result.version, "error": "unknown_word",
+                        "message": "not in the vocabulary"})
+        else:
+            out.append({"word": result.resolved[0], "version": result.version, "neighbours": _neighbours(result)})
+    return json_response({"version": results[0].version, "k": k, "results": out})
+
+
+async def analogy(request: web.Request) -> web.Response:
+    positive = _param_word_list(request, "positive", required=True)
+    negative = _param_word_list(request, "negative", required=False)
+    k = _param_int(request, "k", 10, request.app[SETTINGS].max_k)
+    _ready_index(request)
+    result = await request.app[ENGINE].query(positive, negative, k)
+    if result.unknown:
+        raise _unknown(result)
+    return json_response({"positive": result.resolved[:len(positive)], "negative": result.resolved[len(positive):],
+                          "version": result.version, "k": k, "neighbours": _neighbours(result)})
+
+
+async def vector(request: web.Request) -> web.Response:
+    word = _param_word(request.match_info.get("word"), "word")
+    index = _ready_index(request)
+    row = index.row(word)
+    if row < 0:
+        raise ApiError(404, "unknown_word", f"not in the vocabulary (model version {index.version}): {word!r}",
+                       unknown=[word])
+    return json_response({"word": index.words[row], "key": str(int(index.keys[row])), "count": int(index.counts[row]),
+                          "dim": index.dim, "version": index.version, "vector": index.vectors[row]})
+
+
+async def vocab(request: web.Request) -> web.Response:
+    prefix = request.query.get("prefix", "")
+    if len(prefix) > MAX_PREFIX_LENGTH:
+        raise ApiError(400, "bad_prefix", f"prefix is longer than {MAX_PREFIX_LENGTH} characters",
+                       parameter="prefix")
+    limit = _param_int(request, "limit", 20, MAX_VOCAB_LIMIT)
+    index = _ready_index(request)
+    words = [{"word": w, "count": c} for w, c in index.prefix(prefix, limit)]
+    return json_response({"version": index.version, "prefix": prefix, "total": index.prefix_total(prefix),
+                          "words": words})
+
+
+async def stats(request: web.Request) -> web.Response:
+    app = request.app
+    holder, sync = app[HOLDER], app[SYNC]
+    index = holder.current
+    source_stats = sync.source_stats
+
+    def num(key):
+        v = source_stats.get(key)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    freshness = sync.seconds_since_sync()
+    return json_response({
+        "ready": holder.loaded,
+        "version": index.version,
+        "vocab_size": index.n,
+        "dim": index.dim,
+        "model_time": holder.swapped_at if sync.last_change_at is None else sync.last_change_at,
+        "freshness_seconds": None if freshness is None else round(freshness, 3),
+        "words_trained": num("words_trained"),
+        "words_per_second": num("words_per_second"),
+        "kafka_lag": num("kafka_lag"),
+        "sync": sync.report(),
+        "source": source_stats,
+        "queries": app[HTTP_METRICS].summary(),
+        "history": list(sync.history),
+    })
+
+
+async def health(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    holder = request.app[HOLDER]
+    if holder.loaded:
+        return json_response({"ready": True, "version": holder.current.version})
+    return json_response({"ready": False}, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[REGISTRY].render().encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI], content_type="application/json")
+
+
+async def page(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+# ------------------------------------------------------------------- middleware
+def _route_name(request: web.Request) -> str:
+    route = request.match_info.route
+    resource = getattr(route, "resource", None)
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except ApiError as exc:
+        response = error_response(exc.status, exc.code, exc.message, **exc.extra)
+    except web.HTTPException as exc:          # routing (404/405), body too large (413), ...
+        if exc.status < 400:
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        code = exc.reason.lower().replace(" ", "_") if exc.reason else "http_error"
+        response = error_response(exc.status, code, exc.text or exc.reason, headers=headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        request.app[HTTP_METRICS].errors_500.inc()
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        log_event(log, "internal_error", logging.ERROR, method=request.method, path=request.path, error=repr(exc))
+        response = error_response(500, "internal_error", "the server failed to answer; this is a bug and was logged")
+    request.app[HTTP_METRICS].observe(_route_name(request), request.method, response.status,
+                                      time.perf_counter() - started)
+    return response
+
+
+# ---------------------------------------------------------------------- the app
+async def _background(app: web.Application):
+    settings, source = app[SETTINGS], app[SOURCE]
+    if settings.blas_threads:
+        changed = await asyncio.to_thread(set_blas_threads, settings.blas_threads)
+        log_event(log, "blas_threads_set", threads=settings.blas_threads, libraries=len(changed))
+    engine, sync = app[ENGINE], app[SYNC]
+    engine.start()
+    tasks = [asyncio.create_task(sync.run(), name="model-sync"),
+             asyncio.create_task(sync.run_stats(), name="source-stats")]
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    engine.stop()
+    close = getattr(source, "close", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception as exc:   # closing a broken source must not hide the shutdown
+            log_event(log, "source_close_failed", logging.WARNING, error=repr(exc))
+
+
+def create_app(settings: FrontendSettings, source: ModelSource, registry: Registry | None = None) -> web.Application:
+    """The application serving ``source`` with ``settings`` (already validated)."""
+    registry = registry or Registry(const_labels={"role": "frontend"})
+    app = web.Application(middlewares=[error_middleware], client_max_size=4 * 1024 * 1024)
+    holder = ModelHolder()
+    app[SETTINGS] = settings
+    app[SOURCE] = source
+    app[REGISTRY] = registry
+    app[HOLDER] = holder
+    app[HTTP_METRICS] = HttpMetrics(registry)
+    app[ENGINE] = QueryEngine(holder, settings.query_batch, registry)
+    app[SYNC] = ModelSync(source, holder, interval=settings.sync_interval, stats_interval=settings.stats_interval,
+                          registry=registry)
+    app[OPENAPI] = orjson.dumps(build_openapi(settings))
+    app.cleanup_ctx.append(_background)
+    app.router.add_get("/v1/similar", similar_get)
+    app.router.add_post("/v1/similar", similar_post)
+    app.router.add_get("/v1/analogy", analogy)
+    app.router.add_get("/v1/vector/{word}", vector)
+    app.router.add_get("/v1/vocab", vocab)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/", page)
+    app.router.add_static("/static/", STATIC_DIR, append_version=False)
+    return app
+
+
+def build_source(settings: FrontendSettings, env: Mapping[str, str]) -> ModelSource:
+    """The source named by ``settings.source``; a missing module or bad spec is a SettingError."""
+    try:
+        factory = resolve_source_factory(settings.source)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise SettingError("LIVEVEC_MODEL_SOURCE", f"cannot load model source {settings.source!r}: {exc}") from None
+    return factory(settings, env)
+
+
+# -------------------------------------------------------------------------- CLI
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser)
+
+
+async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:       # the port is taken, the address does not exist here
+        await runner.cleanup()
+        raise SettingError("LIVEVEC_HTTP_PORT", f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    bound = [a for a in runner.addresses if isinstance(a, tuple)]
+    shown_host = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    url = f"http://{shown_host}:{bound[0][1]}/" if bound else f"http://{host}:{port}/"
+    print(f"livevec frontend: serving {url}", flush=True)
+    log_event(log, "frontend_listening", url=url, source=app[SETTINGS].source)
+    try:
+        await stop.wait()
+    finally:
+        log_event(log, "frontend_stopping")
+        await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args, os.environ)
+    source = build_source(settings, os.environ)
+    app = create_app(settings, source)
+    asyncio.run(serve(app, settings.host, settings.port))
+    return 0

@@ -1,0 +1,216 @@
+// livevec live page: neighbours as you type, training stats and a words/s chart.
+// Plain browser JavaScript, no build step and no external libraries.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { query: "", seq: 0, controller: null, lastStats: null };
+
+function fmt(n) {
+  if (n === null || n === undefined || Number.isNaN(n)) return "–";
+  const a = Math.abs(n);
+  if (a >= 1e9) return (n / 1e9).toFixed(2) + "G";
+  if (a >= 1e6) return (n / 1e6).toFixed(2) + "M";
+  if (a >= 1e4) return (n / 1e3).toFixed(1) + "k";
+  if (a >= 100) return Math.round(n).toString();
+  return (Math.round(n * 10) / 10).toString();
+}
+
+function fmtAge(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 1) return Math.round(seconds * 1000) + " ms";
+  if (seconds < 90) return seconds.toFixed(1) + " s";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min";
+  return (seconds / 3600).toFixed(1) + " h";
+}
+
+async function getJSON(url, signal) {
+  const response = await fetch(url, { signal, headers: { Accept: "application/json" } });
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = null; }
+  return { ok: response.ok, status: response.status, body };
+}
+
+function renderNeighbours(list, neighbours) {
+  list.replaceChildren();
+  const top = neighbours.length ? Math.max(...neighbours.map((n) => n.score), 1e-9) : 1;
+  neighbours.forEach((n, i) => {
+    const li = document.createElement("li");
+    const rank = document.createElement("span");
+    rank.className = "rank";
+    rank.textContent = String(i + 1);
+    const word = document.createElement("span");
+    word.className = "word";
+    word.textContent = n.word;
+    word.title = "show the neighbours of " + n.word;
+    word.addEventListener("click", () => { $("q").value = n.word; search(); });
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    const fill = document.createElement("span");
+    fill.style.width = Math.max(0, Math.min(100, (n.score / top) * 100)).toFixed(1) + "%";
+    bar.appendChild(fill);
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = n.score.toFixed(3);
+    li.append(rank, word, bar, score);
+    list.appendChild(li);
+  });
+}
+
+function showEmpty(list, text) {
+  list.replaceChildren();
+  const li = document.createElement("li");
+  li.className = "empty";
+  li.textContent = text;
+  list.appendChild(li);
+}
+
+function renderSuggestions(words) {
+  const box = $("suggestions");
+  box.replaceChildren();
+  words.forEach((w) => {
+    const chip = document.createElement("button");
+    chip.type = "button";
+    chip.className = "chip";
+    chip.textContent = w.word;
+    if (w.count) {
+      const small = document.createElement("small");
+      small.textContent = fmt(w.count);
+      chip.appendChild(small);
+    }
+    chip.addEventListener("click", () => { $("q").value = w.word; search(); });
+    box.appendChild(chip);
+  });
+}
+
+// One search per keystroke; older answers are dropped (sequence number + abort).
+async function search(quiet = false) {
+  const q = $("q").value.trim();
+  state.query = q;
+  const seq = ++state.seq;
+  if (state.controller) state.controller.abort();
+  const controller = new AbortController();
+  state.controller = controller;
+  const list = $("neighbours");
+  if (!q) {
+    list.replaceChildren();
+    renderSuggestions([]);
+    $("result-meta").textContent = "";
+    return;
+  }
+  const k = $("k").value;
+  try {
+    const [sim, voc] = await Promise.all([
+      getJSON(`/v1/similar?word=${encodeURIComponent(q)}&k=${k}`, controller.signal),
+      quiet ? Promise.resolve(null)
+            : getJSON(`/v1/vocab?prefix=${encodeURIComponent(q.toLowerCase())}&limit=8`, controller.signal),
+    ]);
+    if (seq !== state.seq) return;
+    if (voc && voc.ok) renderSuggestions(voc.body.words.filter((w) => w.word !== q));
+    if (sim.ok) {
+      renderNeighbours(list, sim.body.neighbours);
+      $("result-meta").textContent = `neighbours of “${sim.body.word}” · model version ${sim.body.version}`;
+    } else if (sim.status === 404) {
+      showEmpty(list, `“${q}” is not in the vocabulary (yet)` + (voc && voc.body && voc.body.total ? " — did you mean one of these?" : ""));
+      $("result-meta").textContent = "";
+    } else if (sim.body && sim.body.message) {
+      showEmpty(list, sim.body.message);
+    }
+  } catch (e) {
+    if (e.name !== "AbortError" && seq === state.seq) showEmpty(list, "the server did not answer");
+  }
+}
+
+let typingTimer = null;
+function onType() {
+  clearTimeout(typingTimer);
+  typingTimer = setTimeout(() => search(false), 60);
+}
+
+async function analogy(event) {
+  event.preventDefault();
+  const a = $("an-a").value.trim(), b = $("an-b").value.trim(), c = $("an-c").value.trim();
+  const out = $("analogy-result");
+  if (!a || !c) { showEmpty(out, "fill in a and c"); return; }
+  const positive = encodeURIComponent(a + "," + c);
+  const negative = b ? "&negative=" + encodeURIComponent(b) : "";
+  const r = await getJSON(`/v1/analogy?positive=${positive}${negative}&k=5`);
+  if (r.ok) renderNeighbours(out, r.body.neighbours);
+  else showEmpty(out, (r.body && r.body.message) || "no answer");
+}
+
+// ------------------------------------------------------------------ stats + chart
+function drawChart(history) {
+  const W = 600, H = 160, pad = 6;
+  const points = history.filter((p) => typeof p.words_per_second === "number");
+  const grid = $("chart-grid");
+  grid.replaceChildren();
+  for (let i = 1; i < 4; i++) {
+    const y = (H / 4) * i;
+    const line = document.createElementNS("http://www.w3.org/2000/svg", "line");
+    line.setAttribute("x1", 0); line.setAttribute("x2", W);
+    line.setAttribute("y1", y); line.setAttribute("y2", y);
+    grid.appendChild(line);
+  }
+  if (points.length < 2) {
+    $("chart-line").setAttribute("d", "");
+    $("chart-area").setAttribute("d", "");
+    $("chart-max").textContent = points.length ? "collecting…" : "no training statistics from this source";
+    return;
+  }
+  const t0 = points[0].t, t1 = points[points.length - 1].t;
+  const span = Math.max(t1 - t0, 1e-6);
+  const max = Math.max(...points.map((p) => p.words_per_second), 1);
+  const xy = points.map((p) => [
+    ((p.t - t0) / span) * W,
+    H - pad - (p.words_per_second / max) * (H - 2 * pad),
+  ]);
+  const line = xy.map(([x, y], i) => (i ? "L" : "M") + x.toFixed(1) + " " + y.toFixed(1)).join(" ");
+  $("chart-line").setAttribute("d", line);
+  $("chart-area").setAttribute("d", line + ` L${W} ${H} L0 ${H} Z`);
+  $("chart-max").textContent = `peak ${fmt(max)} words/s · last ${fmtAge(span)}`;
+}
+
+async function refreshStats() {
+  try {
+    const r = await getJSON("/v1/stats");
+    if (!r.ok) throw new Error("status " + r.status);
+    const s = r.body;
+    state.lastStats = s;
+    $("stat-wps").textContent = fmt(s.words_per_second);
+    $("stat-vocab").textContent = fmt(s.vocab_size);
+    $("stat-lag").textContent = fmt(s.kafka_lag);
+    $("stat-fresh").textContent = fmtAge(s.freshness_seconds);
+    $("stat-trained").textContent = fmt(s.words_trained);
+    $("stat-version").textContent = String(s.version);
+    const stale = !s.sync.source_reachable;
+    $("stat-fresh").classList.toggle("stale", stale && s.ready);
+    const status = $("status");
+    if (!s.ready) {
+      status.className = "pill pill-wait"; status.textContent = "waiting for a model";
+    } else if (stale) {
+      status.className = "pill pill-bad"; status.textContent = "source unreachable · serving last copy";
+    } else {
+      status.className = "pill pill-ok"; status.textContent = `live · v${s.version}`;
+    }
+    $("sync-note").textContent = s.sync.last_error && stale
+      ? `last sync error: ${s.sync.last_error}`
+      : `synced every ${s.sync.interval_seconds}s · last sync ${s.sync.last_sync_ms ?? "–"} ms, ${s.sync.last_delta_rows} rows`;
+    drawChart(s.history || []);
+  } catch (e) {
+    const status = $("status");
+    status.className = "pill pill-bad";
+    status.textContent = "front end unreachable";
+  }
+}
+
+// Neighbours change while the model trains: refresh the shown word now and then.
+function refreshQuery() {
+  if (state.query) search(true);
+}
+
+$("q").addEventListener("input", onType);
+$("k").addEventListener("change", () => search(false));
+$("analogy-form").addEventListener("submit", analogy);
+refreshStats();
+setInterval(refreshStats, 1000);
+setInterval(refreshQuery, 3000);

@@ -1,0 +1,181 @@
+"""The periodic pull of changed rows from the model source into the front end's copy.
+
+Every ``interval`` seconds: ask the source for ``changes_since(current version)``,
+build the next snapshot in a worker thread (``ModelIndex.apply``) and swap it in. When the
+source fails (servers restarting, network), the front end keeps answering from its last
+copy; the failure is counted and logged, the retry interval backs off to at most
+``max_backoff`` seconds, and ``/v1/stats`` shows how old the copy is and why.
+
+Training statistics (``source.stats()``) are pulled by a separate task, so a slow stats
+call never delays the model, and kept as a short history for the page's chart.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any
+
+from online.frontend.model_index import ModelHolder
+from online.frontend.sources import ModelSource
+from online.metrics import Registry
+from online.structured_logging import log_event
+
+log = logging.getLogger("livevec.frontend.sync")
+
+HISTORY_POINTS = 300
+
+
+class ModelSync:
+    def __init__(self, source: ModelSource, holder: ModelHolder, *, interval: float = 0.5,
+                 stats_interval: float = 1.0, registry: Registry | None = None,
+                 max_backoff: float = 5.0, timeout: float | None = None):
+        self.source = source
+        self.holder = holder
+        self.interval = interval
+        self.stats_interval = stats_interval
+        self.max_backoff = max(max_backoff, interval)
+        self.timeout = timeout if timeout is not None else max(60.0, 20 * interval)
+        self.started_at = time.time()
+        self.last_attempt_at: float | None = None
+        self.last_success_at: float | None = None
+        self.last_change_at: float | None = None
+        self.last_sync_seconds: float | None = None
+        self.last_delta_rows = 0
+        self.syncs = 0
+        self.errors = 0
+        self.consecutive_errors = 0
+        self.last_error: str | None = None
+        self.source_stats: dict[str, Any] = {}
+        self.stats_at: float | None = None
+        self.stats_errors = 0
+        self.last_stats_error: str | None = None
+        self.history: collections.deque = collections.deque(maxlen=HISTORY_POINTS)
+        self._prev_words: tuple[float, float] | None = None
+        registry = registry or Registry()
+        self._m_syncs = registry.counter("livevec_frontend_syncs_total", "successful model syncs")
+        self._m_errors = registry.counter("livevec_frontend_sync_errors_total",
+                                          "model syncs that failed (the previous copy kept serving)")
+        self._m_rows = registry.counter("livevec_frontend_synced_rows_total", "rows received from the source")
+        self._m_seconds = registry.histogram("livevec_frontend_sync_seconds", "duration of one sync (pull + swap)")
+        registry.gauge("livevec_frontend_model_version", "version of the model being served",
+                       fn=lambda: float(self.holder.current.version))
+        registry.gauge("livevec_frontend_vocab_size", "words in the model being served",
+                       fn=lambda: float(self.holder.current.n))
+        registry.gauge("livevec_frontend_seconds_since_sync", "age of the served copy (seconds since the "
+                       "last successful sync)", fn=lambda: self.seconds_since_sync() or 0.0)
+
+    # ------------------------------------------------------------------ model
+    async def sync_once(self) -> bool:
+        """One pull and swap; returns False (and keeps the old copy) if the source failed."""
+        self.last_attempt_at = time.time()
+        started = time.perf_counter()
+        current = self.holder.current
+        try:
+            delta = await asyncio.wait_for(
+                self.source.changes_since(current.version if self.holder.loaded else 0), self.timeout)
+            if delta.full or len(delta) or len(delta.removed) or delta.version != current.version:
+                index = await asyncio.to_thread(current.apply, delta)
+                if self.holder.current is not current:
+                    raise RuntimeError("the model was swapped by someone else during the sync")
+                self.holder.swap(index)
+                self.last_change_at = time.time()
+            elif not self.holder.loaded:
+                self.holder.swap(current)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.errors += 1
+            self.consecutive_errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            self._m_errors.inc()
+            log_event(log, "model_sync_failed", logging.WARNING, error=self.last_error,
+                      consecutive=self.consecutive_errors, serving_version=current.version)
+            return False
+        elapsed = time.perf_counter() - started
+        if self.consecutive_errors:
+            log_event(log, "model_sync_recovered", after_errors=self.consecutive_errors)
+        self.consecutive_errors = 0
+        self.syncs += 1
+        self.last_success_at = time.time()
+        self.last_sync_seconds = elapsed
+        self.last_delta_rows = len(delta)
+        self._m_syncs.inc()
+        self._m_rows.inc(len(delta))
+        self._m_seconds.observe(elapsed)
+        if delta.full or len(delta) > 10_000:
+            log_event(log, "model_synced", version=delta.version, rows=len(delta), removed=len(delta.removed),
+                      full=delta.full, vocab=self.holder.current.n, ms=round(elapsed * 1e3, 1))
+        return True
+
+    async def run(self) -> None:
+        while True:
+            ok = await self.sync_once()
+            delay = self.interval if ok else min(self.max_backoff, self.interval * 2 ** min(self.consecutive_errors, 10))
+            await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------------ stats
+    async def stats_once(self) -> bool:
+        try:
+            stats = await asyncio.wait_for(self.source.stats(), self.timeout)
+            if not isinstance(stats, dict):
+                raise TypeError(f"stats() returned {type(stats).__name__}, not dict")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats_errors += 1
+            self.last_stats_error = f"{type(exc).__name__}: {exc}"[:500]
+            if self.stats_errors == 1 or self.stats_errors % 60 == 0:
+                log_event(log, "source_stats_failed", logging.WARNING, error=self.last_stats_error,
+                          errors=self.stats_errors)
+            return False
+        now = time.time()
+        stats = dict(stats)
+        words = stats.get("words_trained")
+        if stats.get("words_per_second") is None and isinstance(words, (int, float)):
+            if self._prev_words is not None and now > self._prev_words[0]:
+                stats["words_per_second"] = max(0.0, (words - self._prev_words[1]) / (now - self._prev_words[0]))
+            self._prev_words = (now, float(words))
+        self.source_stats = stats
+        self.stats_at = now
+        self.history.append({
+            "t": round(now, 3),
+            "words_per_second": _number(stats.get("words_per_second")),
+            "vocab_size": _number(stats.get("vocab_size", self.holder.current.n)),
+            "kafka_lag": _number(stats.get("kafka_lag")),
+            "freshness_seconds": self.seconds_since_sync(),
+        })
+        return True
+
+    async def run_stats(self) -> None:
+        while True:
+            await self.stats_once()
+            await asyncio.sleep(self.stats_interval)
+
+    # ----------------------------------------------------------------- report
+    def seconds_since_sync(self) -> float | None:
+        return None if self.last_success_at is None else max(0.0, time.time() - self.last_success_at)
+
+    def report(self) -> dict[str, Any]:
+        since = self.seconds_since_sync()
+        return {
+            "source_reachable": self.consecutive_errors == 0 and self.last_success_at is not None,
+            "interval_seconds": self.interval,
+            "last_attempt_at": self.last_attempt_at,
+            "last_success_at": self.last_success_at,
+            "last_change_at": self.last_change_at,
+            "seconds_since_sync": None if since is None else round(since, 3),
+            "last_sync_ms": None if self.last_sync_seconds is None else round(self.last_sync_seconds * 1e3, 2),
+            "last_delta_rows": self.last_delta_rows,
+            "syncs": self.syncs,
+            "errors": self.errors,
+            "consecutive_errors": self.consecutive_errors,
+            "last_error": self.last_error,
+            "stats_errors": self.stats_errors,
+            "last_stats_error": self.last_stats_error,
+        }
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
