@@ -1,0 +1,124 @@
+"""A model source that changes like a training model, without training.
+
+For the query-load benchmark (a 100k x 100 model whose rows keep changing while it is
+queried), for the page's browser test, and for trying the front end without a cluster::
+
+    livevec frontend --source online.frontend.synthetic:create_source
+
+Words are clustered: the topic words and planted pairs of ``online.sample_corpus`` are
+each other's neighbours (``paris`` -> ``france``), then ``w0``, ``w1``, ... fill the
+vocabulary in random clusters. Every call moves ``update_rows_per_second`` rows a little
+and adds ``new_words_per_second`` words, stamping each changed row with the new version,
+as an ``EmbeddingShard`` does; training statistics are invented but plausible.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from online.frontend.sources import ModelDelta
+from online.sample_corpus import PLANTED_PAIRS, TOPICS
+from online.vocab import word_keys
+from ps_bridge.settings import env_float, env_int
+
+
+class SyntheticSource:
+    def __init__(self, n: int = 10_000, dim: int = 100, *, update_rows_per_second: float = 0.0,
+                 new_words_per_second: float = 0.0, clusters: int = 200, seed: int = 0,
+                 words_per_second: float = 250_000.0):
+        self.dim = dim
+        self.rng = np.random.default_rng(seed)
+        self.update_rows_per_second = update_rows_per_second
+        self.new_words_per_second = new_words_per_second
+        self.nominal_wps = words_per_second
+        words: list[str] = []
+        vectors: list[np.ndarray] = []
+        for members in TOPICS.values():
+            centre = self.rng.standard_normal(dim)
+            for w in members:
+                words.append(w)
+                vectors.append(centre + 0.35 * self.rng.standard_normal(dim))
+        for a, b in PLANTED_PAIRS:
+            centre = self.rng.standard_normal(dim)
+            words += [a, b]
+            vectors += [centre + 0.05 * self.rng.standard_normal(dim), centre + 0.05 * self.rng.standard_normal(dim)]
+        self.centres = self.rng.standard_normal((clusters, dim))
+        rest = max(0, n - len(words))
+        filler = self.centres[self.rng.integers(0, clusters, rest)] + 0.5 * self.rng.standard_normal((rest, dim))
+        self.words = words + [f"w{i}" for i in range(rest)]
+        self.vectors = np.concatenate([np.asarray(vectors), filler]).astype(np.float32)
+        self.keys = word_keys(self.words)
+        self.counts = np.sort(self.rng.zipf(1.3, len(self.words)).astype(np.int64) % 10_000_000)[::-1].copy()
+        self.row_version = np.ones(len(self.words), dtype=np.int64)
+        self.version = 1
+        self.started = self._last_step = time.monotonic()
+        self.words_trained = 0.0
+        self._added = 0
+        self._lock = asyncio.Lock()
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        dt = now - self._last_step
+        self._last_step = now
+        changed = min(len(self.words), int(round(self.update_rows_per_second * dt)))
+        fresh = int(round(self.new_words_per_second * dt))
+        if not changed and not fresh:
+            return
+        self.version += 1
+        if changed:
+            rows = self.rng.choice(len(self.words), changed, replace=False)
+            self.vectors[rows] += 0.05 * self.rng.standard_normal((changed, self.dim)).astype(np.float32)
+            self.counts[rows] += 1
+            self.row_version[rows] = self.version
+        if fresh:
+            new_words = [f"new{self._added + i}" for i in range(fresh)]
+            self._added += fresh
+            vecs = (self.centres[self.rng.integers(0, len(self.centres), fresh)]
+                    + 0.5 * self.rng.standard_normal((fresh, self.dim))).astype(np.float32)
+            self.words += new_words
+            self.vectors = np.concatenate([self.vectors, vecs])
+            self.keys = np.concatenate([self.keys, word_keys(new_words)])
+            self.counts = np.concatenate([self.counts, np.ones(fresh, np.int64)])
+            self.row_version = np.concatenate([self.row_version, np.full(fresh, self.version, np.int64)])
+
+    def _changes_since(self, version: int) -> ModelDelta:
+        self._step()
+        if version <= 0 or version > self.version:
+            rows = np.arange(len(self.words))
+            full = True
+        elif version == self.version:
+            return ModelDelta.unchanged(version, self.dim)
+        else:
+            rows = np.flatnonzero(self.row_version > version)
+            full = False
+        return ModelDelta(self.keys[rows], [self.words[r] for r in rows.tolist()], self.vectors[rows],
+                          self.counts[rows], self.version, full=full)
+
+    async def changes_since(self, version: int) -> ModelDelta:
+        async with self._lock:
+            return await asyncio.to_thread(self._changes_since, version)
+
+    async def stats(self) -> dict[str, Any]:
+        elapsed = time.monotonic() - self.started
+        wps = self.nominal_wps * (1.0 + 0.25 * math.sin(elapsed / 4.0) + 0.05 * float(self.rng.standard_normal()))
+        self.words_trained += wps * max(0.0, elapsed - getattr(self, "_stats_elapsed", 0.0))
+        self._stats_elapsed = elapsed
+        return {"source": "synthetic", "words_trained": int(self.words_trained), "words_per_second": round(wps, 1),
+                "vocab_size": len(self.words), "kafka_lag": int(5000 + 4000 * math.sin(elapsed / 7.0)),
+                "updated_at": time.time(), "synthetic": True}
+
+
+def create_source(settings, env: Mapping[str, str]) -> SyntheticSource:
+    """Factory for ``--source online.frontend.synthetic:create_source`` (sizes from LIVEVEC_SYNTHETIC_*)."""
+    return SyntheticSource(
+        n=env_int(env, "LIVEVEC_SYNTHETIC_WORDS", 10_000, minimum=100),
+        dim=env_int(env, "LIVEVEC_DIM", 100, minimum=1),
+        update_rows_per_second=env_float(env, "LIVEVEC_SYNTHETIC_UPDATES", 1000.0, minimum=0.0),
+        new_words_per_second=env_float(env, "LIVEVEC_SYNTHETIC_NEW_WORDS", 2.0, minimum=0.0),
+        seed=env_int(env, "LIVEVEC_SYNTHETIC_SEED", 0),
+    )
