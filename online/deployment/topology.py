@@ -192,8 +192,14 @@ class Capacity:
     dim: int = 100
     # AdaGrad keeps one float32 accumulator per float32 parameter (issue 4's optimizer).
     optimizer_floats_per_value: int = 1
-    # Per word on a server: key index entry, count, the word string, version bookkeeping.
-    server_bytes_per_word: int = 256
+    # EmbeddingShard doubles its row arrays when full, so up to 2x the rows in use are
+    # resident (np.full touches every page of the grown arrays).
+    server_row_growth: float = 2.0
+    # Per word on a server beyond the row arrays: key index, word string, count, version
+    # and push temporaries. Measured: an EmbeddingShard (dim 100, AdaGrad) holding 300k
+    # words (600k rows in a 1,048,576-row capacity, 1.75x) peaked at 3,987 B/word of RSS
+    # above the import baseline; the row arrays account for 2 x 1.75 x 824 B = 2,884 B.
+    server_bytes_per_word: int = 1100
     # Per word in a front-end replica: the normalised row is held twice during the atomic
     # swap of the index, plus the word string and dict entry.
     frontend_bytes_per_word: int = 200
@@ -209,6 +215,8 @@ class Capacity:
     # shard can transiently double part of it, and Mesos health-check helpers run inside
     # the task's resources.
     headroom: float = 1.5
+    # Servers: the growth worst case is already in the per-word figure.
+    server_headroom: float = 1.25
 
 
 def _round_up(mib: float, quantum: int = 64) -> int:
@@ -219,12 +227,12 @@ def size_resources(role: str, capacity: Capacity, servers: int) -> Resources:
     """Memory per role from the model size, so rescaling servers re-derives the limit."""
     base = capacity.baseline_mib[role]
     if role == "server":
-        floats_per_word = 2 * capacity.dim * (1 + capacity.optimizer_floats_per_value)  # syn0 + syn1neg
-        per_word = 4 * floats_per_word + capacity.server_bytes_per_word
+        row_bytes = 4 * capacity.dim * (1 + capacity.optimizer_floats_per_value) + 24  # + key, version, count
+        per_word = int(2 * capacity.server_row_growth * row_bytes + capacity.server_bytes_per_word)  # syn0 + syn1neg
         shard_mib = capacity.model_words / max(servers, 1) * per_word / 2**20
-        mem = _round_up((base + shard_mib) * capacity.headroom)
+        mem = _round_up((base + shard_mib) * capacity.server_headroom)
         basis = (f"({base} MiB baseline + {capacity.model_words:,} words / {servers} servers x "
-                 f"{per_word} B/word) x {capacity.headroom} headroom")
+                 f"{per_word} B/word at 2x row capacity) x {capacity.server_headroom} headroom")
         return Resources(1.0, mem, 1024, basis)
     if role == "worker":
         mem = _round_up((base + capacity.worker_working_set_mib) * capacity.headroom)
