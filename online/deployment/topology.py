@@ -200,14 +200,18 @@ class Capacity:
     # words (600k rows in a 1,048,576-row capacity, 1.75x) peaked at 3,987 B/word of RSS
     # above the import baseline; the row arrays account for 2 x 1.75 x 824 B = 2,884 B.
     server_bytes_per_word: int = 1100
-    # Per word in a front-end replica: the normalised row is held twice during the atomic
-    # swap of the index, plus the word string and dict entry.
-    frontend_bytes_per_word: int = 200
+    # Per word in a front-end replica: float32 copies of the row (the source's delta, the
+    # normalised index, the next index during the atomic swap, the parse buffer) plus the
+    # word string and dict entries. Measured: `livevec frontend --model` serving a 200k x 100
+    # word2vec file peaked at 366 MiB RSS against 54 MiB for a 1k-word file: 1,635 B/word.
+    frontend_float_copies: int = 4
+    frontend_bytes_per_word: int = 100
     # Measured RSS of an idle process of each role before it holds any model: Python +
     # numpy + pyzmq = 27 MiB, + numba = 91 MiB, + aiokafka = 97 MiB, aiohttp stack = 46 MiB
-    # (resource.getrusage after import on this machine); rounded up.
+    # (resource.getrusage after import on this machine); an idle front end with a 1k-word
+    # model: 54 MiB. Rounded up.
     baseline_mib: Mapping[str, int] = field(default_factory=lambda: {
-        "scheduler": 48, "server": 128, "worker": 160, "frontend": 96, "export": 128})
+        "scheduler": 48, "server": 128, "worker": 160, "frontend": 64, "export": 128})
     # Worker working set beyond the baseline: Kafka fetch buffers (1 MiB per assigned
     # partition), in-flight mini-batches with their pulled rows, and a hot-row cache.
     worker_working_set_mib: int = 256
@@ -240,11 +244,11 @@ def size_resources(role: str, capacity: Capacity, servers: int) -> Resources:
                  f"batches and row cache) x {capacity.headroom} headroom")
         return Resources(1.5, mem, 512, basis)
     if role == "frontend":
-        per_word = 4 * capacity.dim * 2 + capacity.frontend_bytes_per_word
+        per_word = 4 * capacity.dim * capacity.frontend_float_copies + capacity.frontend_bytes_per_word
         model_mib = capacity.model_words * per_word / 2**20
         mem = _round_up((base + model_mib) * capacity.headroom)
         basis = (f"({base} MiB baseline + {capacity.model_words:,} words x {per_word} B/word, "
-                 f"index double-buffered) x {capacity.headroom} headroom")
+                 f"measured with a 200k-word model) x {capacity.headroom} headroom")
         return Resources(1.0, mem, 512, basis)
     if role == "scheduler":
         mem = _round_up(base * 2 * capacity.headroom)
