@@ -6,7 +6,9 @@ change forever, so livevec keeps yskip's reservoir-updated table (Kaji & Kobayas
 2017, Algorithm 2): each time a word's weight ``count^0.75`` grows by ``F``, the running
 total ``z`` grows by ``F`` and
 
-* while the table is not full, ``round(F)`` copies of the word are appended;
+* while the table is not full, ``round(F * fill_scale)`` copies of the word are
+  appended (yskip appends ``round(F)``; livevec appends 16 per unit of weight so
+  that a word at min_count, weight 5^0.75 = 3.3, is not rounded by +-15%);
 * once it is full, ``round(F / z * size)`` entries chosen uniformly at random are
   overwritten with the word.
 
@@ -36,11 +38,13 @@ def _random_round(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 class NoiseTable:
     """Table of vocabulary slots, sampled uniformly; not thread-safe (the trainer locks it)."""
 
-    def __init__(self, size: int = DEFAULT_TABLE_SIZE, power: float = 0.75, seed: int | None = 1):
+    def __init__(self, size: int = DEFAULT_TABLE_SIZE, power: float = 0.75, seed: int | None = 1,
+                 fill_scale: float = 16.0):
         if size < 1:
             raise ValueError("noise table size must be >= 1")
         self.size = int(size)
         self.power = float(power)
+        self.fill_scale = float(fill_scale)
         self.table = np.zeros(self.size, dtype=np.int32)
         self.filled = 0
         self.z = 0.0
@@ -58,7 +62,7 @@ class NoiseTable:
         delta = self.weight(new) - np.where(old >= min_count, self.weight(old), 0.0)
         self.z += float(delta.sum())
         if self.filled < self.size:
-            n = _random_round(delta, self.rng)
+            n = _random_round(delta * self.fill_scale, self.rng)
             ids = np.repeat(slots.astype(np.int32), n)
             take = min(len(ids), self.size - self.filled)
             if take < len(ids):  # the last ones would not fit: shuffle so no slot is favoured
@@ -79,17 +83,15 @@ class NoiseTable:
         if self.z <= 0:
             self.filled = 0
             return
-        # Keep a partly-filled table at the weight scale (one entry per unit of weight)
+        # Keep a partly-filled table at the fill scale (entries per unit of weight)
         # so later ``add`` calls keep appending; cap it at the table size.
-        target = min(self.size, int(np.ceil(self.z)))
+        target = min(self.size, int(np.ceil(self.z * self.fill_scale)))
         n = _random_round(w / self.z * target, self.rng)
         ids = np.repeat(slots.astype(np.int32), n)
         self.rng.shuffle(ids)
         k = min(len(ids), self.size)
         self.table[:k] = ids[:k]
         self.filled = k
-        if k < target and k < self.size:
-            self.filled = k
 
     def active(self) -> np.ndarray:
         """The filled part of the table (a view), what samplers draw from."""

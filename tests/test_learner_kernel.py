@@ -1,0 +1,214 @@
+"""The SGNS kernels (finite differences, in-place vs gradient agreement) and EmbeddingShard."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from online.embedding_shard import EmbeddingShard
+from online.key_index import KeyIndex
+from online.param_store import LocalParamStore, ParamStore, server_range_starts
+from online.sgns_kernel import OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace
+from online.vocab import word_keys
+
+
+def _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs):
+    g_in = np.zeros_like(in_vecs)
+    g_out = np.zeros_like(out_vecs)
+    loss = batch_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, g_in, g_out)
+    return loss, g_in, g_out
+
+
+def test_batch_gradients_match_finite_differences_of_the_loss():
+    rng = np.random.default_rng(0)
+    in_vecs = rng.normal(0, 0.7, (3, 6))
+    out_vecs = rng.normal(0, 0.7, (4, 6))
+    pair_in = np.array([0, 1, 2, 0, 1])
+    pair_out = np.array([1, 2, 3, 0, 1])
+    negs = np.array([[2, 3], [0, -1], [1, 1], [3, 2], [-1, 0]])
+    loss, g_in, g_out = _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs)
+
+    def sigmoid(x):
+        return 1 / (1 + np.exp(-x))
+    direct = 0.0                                  # the loss written out, independently of the kernel
+    for p in range(len(pair_in)):
+        u = in_vecs[pair_in[p]]
+        direct -= np.log(sigmoid(u @ out_vecs[pair_out[p]]))
+        direct -= sum(np.log(sigmoid(-u @ out_vecs[n])) for n in negs[p] if n >= 0)
+    assert loss == pytest.approx(direct, rel=1e-6)
+    h = 1e-6
+    for mat, grad in ((in_vecs, g_in), (out_vecs, g_out)):
+        for idx in np.ndindex(*mat.shape):
+            saved = mat[idx]
+            mat[idx] = saved + h
+            up = _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs)[0]
+            mat[idx] = saved - h
+            down = _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs)[0]
+            mat[idx] = saved
+            assert grad[idx] == pytest.approx((up - down) / (2 * h), abs=1e-5), idx
+
+
+def _toy_batch(seed=1):
+    rng = np.random.default_rng(seed)
+    n_words = 7
+    tokens = rng.integers(0, n_words, 40).astype(np.int64)
+    starts = np.array([0, 15, 16, 40], dtype=np.int64)          # includes a one-word sentence
+    noise = rng.integers(0, n_words, 50).astype(np.int32)
+    vectors = rng.normal(0, 0.3, (2 * n_words, 8)).astype(np.float32)  # rows 0..6 input, 7..13 output
+    slot_out_row = np.arange(n_words, 2 * n_words, dtype=np.int64)
+    return n_words, tokens, starts, noise, vectors, slot_out_row
+
+
+def test_in_place_sgd_moves_along_minus_the_batch_gradient_for_a_small_step():
+    n_words, tokens, starts, noise, vectors, slot_out_row = _toy_batch()
+    window, negative, seed, eta = 3, 4, 99, 1e-4
+    pair_in, pair_out, negs = plan_pairs(tokens, starts, noise, window, negative, seed)
+    assert len(pair_in) > 50 and (negs == -1).any()
+    _, g_in, g_out = _loss_and_grads(vectors[:n_words].astype(np.float64), vectors[n_words:].astype(np.float64),
+                                     pair_in, pair_out, negs)
+    updated = vectors.copy()
+    versions = np.zeros(len(vectors), dtype=np.int64)
+    pairs = train_inplace(updated, updated, np.zeros((0, 8), np.float32), np.zeros((0, 8), np.float32),
+                          tokens, tokens + n_words, starts, noise, slot_out_row, window, negative, eta, OPT_SGD,
+                          seed, versions, 5)
+    assert pairs == len(pair_in)
+    delta = (updated - vectors).astype(np.float64)
+    expected = -eta * np.vstack([g_in, g_out])
+    np.testing.assert_allclose(delta, expected, atol=2e-3 * np.abs(expected).max())
+    assert set(np.unique(versions)) <= {0, 5} and (versions[np.unique(tokens)] == 5).all()
+
+
+def test_windows_stay_inside_sentences():
+    tokens = np.arange(10, dtype=np.int64)
+    starts = np.array([0, 4, 10], dtype=np.int64)
+    pair_in, pair_out, _ = plan_pairs(tokens, starts, np.zeros(1, np.int32), 5, 1, 3)
+    assert ((pair_in < 4) == (pair_out < 4)).all()
+    assert len(pair_in) > 0 and (np.abs(pair_in - pair_out) <= 5).all()
+
+
+@pytest.mark.parametrize("optimizer", [OPT_ADAGRAD, OPT_ROW_ADAGRAD])
+def test_in_place_adagrad_lowers_the_loss_of_its_batch(optimizer):
+    n_words, tokens, starts, noise, vectors, slot_out_row = _toy_batch(2)
+    window, negative, seed = 3, 4, 5
+    pair_in, pair_out, negs = plan_pairs(tokens, starts, noise, window, negative, seed)
+    before = _loss_and_grads(vectors[:n_words], vectors[n_words:], pair_in, pair_out, negs)[0]
+    acc = np.full((len(vectors), 8 if optimizer == OPT_ADAGRAD else 1), 1e-8, np.float32)
+    for _ in range(5):
+        train_inplace(vectors, vectors, acc, acc, tokens, tokens + n_words, starts, noise, slot_out_row, window,
+                      negative, 0.05, optimizer, seed, np.zeros(len(vectors), np.int64), 1)
+    after = _loss_and_grads(vectors[:n_words], vectors[n_words:], pair_in, pair_out, negs)[0]
+    assert after < 0.9 * before
+    assert (acc > 1e-8).any()
+
+
+def test_shard_init_is_deterministic_per_key_and_seed():
+    keys = word_keys(["the", "cat", "köln"])
+    out_keys = keys | np.uint64(1)
+    a = EmbeddingShard(dim=50, seed=3)
+    b = EmbeddingShard(dim=50, seed=3, initial_rows=16)
+    b.pull(word_keys([f"x{i}" for i in range(40)]))           # other rows first, growth in between
+    va, vb = a.pull(keys), b.pull(keys[::-1])[::-1]
+    np.testing.assert_array_equal(va, vb)
+    assert (np.abs(va) < 0.5 / 50).all() and va.std() > 0.1 / 50
+    assert not np.allclose(va[0], va[1])
+    assert (a.pull(out_keys) == 0).all()                       # output rows start at zero (word2vec.c)
+    assert not np.allclose(EmbeddingShard(dim=50, seed=4).pull(keys), va)
+
+
+def test_shard_push_applies_adagrad_and_sgd_and_tracks_versions():
+    keys = np.array([10, 12, 10], dtype=np.uint64)             # duplicate key: applied twice in order
+    grads = np.array([[1.0, -2.0], [0.5, 0.5], [1.0, 0.0]], np.float32)
+    shard = EmbeddingShard(dim=2, eta=0.1, adagrad_init=0.0)
+    before = shard.pull(keys[:2])
+    v0 = shard.version
+    v1 = shard.push(keys, grads)
+    assert v1 > v0
+    h = grads[0] ** 2
+    x = before[0] - 0.1 * grads[0] / np.sqrt(h)
+    h = h + grads[2] ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = x - np.where(h > 0, 0.1 * grads[2] / np.sqrt(h), 0)
+    np.testing.assert_allclose(shard.pull(keys[:1])[0], x, rtol=1e-6)
+    sgd = EmbeddingShard(dim=2, optimizer="sgd", eta=0.5)
+    start = sgd.pull(keys[1:2])
+    sgd.push(keys[1:2], grads[1:2])
+    np.testing.assert_allclose(sgd.pull(keys[1:2]), start - 0.5 * grads[1:2])
+    row = EmbeddingShard(dim=2, optimizer="rowadagrad", eta=0.1, adagrad_init=0.0)
+    start = row.pull(keys[1:2])
+    row.push(keys[1:2], grads[1:2])
+    np.testing.assert_allclose(row.pull(keys[1:2]), start - 0.1 * grads[1:2] / np.sqrt(0.25), rtol=1e-6)
+
+
+def test_changes_since_reports_changed_created_and_removed_keys():
+    shard = EmbeddingShard(dim=4)
+    a, b, c = (np.array([k], dtype=np.uint64) for k in (100, 200, 300))
+    shard.pull(np.concatenate([a, b]))
+    v = shard.version
+    assert set(shard.changes_since(0).changed.tolist()) == {100, 200}
+    shard.push(a, np.ones((1, 4), np.float32))
+    shard.pull(c)
+    shard.free(b)
+    ch = shard.changes_since(v)
+    assert set(ch.changed.tolist()) == {100, 300} and ch.removed.tolist() == [200] and not ch.full_resync
+    assert ch.version == shard.version and len(shard) == 2
+    assert shard.rows_for(b, create=False)[0] == -1
+    assert shard.changes_since(ch.version).changed.size == 0
+    shard.pull(b)                                              # re-created: changed, no longer removed
+    ch2 = shard.changes_since(v)
+    assert 200 in ch2.changed.tolist() and ch2.removed.size == 0
+
+
+def test_shard_words_counts_and_free_reuses_rows():
+    shard = EmbeddingShard(dim=3, initial_rows=16)
+    keys = word_keys([f"w{i}" for i in range(100)])
+    shard.set_words(keys, [f"w{i}" for i in range(100)])
+    shard.add_counts(keys, np.arange(100))
+    shard.add_counts(keys[:1], np.array([5]))
+    assert shard.words_for(keys[:2]) == ["w0", "w1"]
+    assert shard.counts_for(keys[:3]).tolist() == [5, 1, 2]
+    cap = shard.capacity
+    shard.free(keys[:50])
+    assert len(shard) == 50 and shard.words_for(keys[:1]) == [None]
+    shard.pull(word_keys([f"v{i}" for i in range(50)]))
+    assert shard.capacity == cap and len(shard) == 100
+
+
+def test_key_index_agrees_with_a_dict_under_inserts_and_deletes():
+    rng = np.random.default_rng(0)
+    index = KeyIndex(4)
+    truth: dict[int, int] = {}
+    for step in range(30):
+        new = np.setdiff1d(rng.integers(0, 1 << 63, 300, dtype=np.uint64), np.array(list(truth), np.uint64))
+        new = np.unique(new)
+        rows = np.arange(step * 1000, step * 1000 + len(new))
+        index.insert(new, rows)
+        truth.update(zip(new.tolist(), rows.tolist()))
+        gone = np.array(list(truth)[::3][:50], dtype=np.uint64)
+        assert (index.delete(gone) >= 0).all()
+        for k in gone.tolist():
+            del truth[k]
+    probe = np.concatenate([np.array(list(truth), np.uint64), np.array([1, 2, 3], np.uint64)])
+    expected = [truth.get(k, -1) for k in probe.tolist()]
+    assert index.lookup(probe).tolist() == expected and len(index) == len(truth)
+    small = KeyIndex()
+    small.insert(np.arange(5, dtype=np.uint64), np.arange(5) + 7)   # sequential keys (C++ ps-lite tests)
+    assert small.lookup(np.arange(6, dtype=np.uint64)).tolist() == [7, 8, 9, 10, 11, -1]
+
+
+def test_local_store_routes_key_ranges_like_ps_lite():
+    starts = server_range_starts(3)
+    assert starts[0] == 0 and starts[1] == (2**64 - 1) // 3
+    store = LocalParamStore(num_shards=3, dim=5)
+    assert isinstance(store, ParamStore) and store.local_shard() is None
+    keys = word_keys([f"w{i}" for i in range(300)])
+    keys = np.concatenate([keys, keys | np.uint64(1)])
+    values = store.pull(keys)
+    single = LocalParamStore(dim=5)
+    np.testing.assert_array_equal(values, single.pull(keys))
+    for i, shard in enumerate(store.shards):
+        own = shard.keys()
+        hi = starts[i + 1] if i + 1 < 3 else np.uint64(2**64 - 1)
+        assert len(own) > 50 and (own >= starts[i]).all() and (own <= hi).all()
+    store.push(keys[:10], np.ones((10, 5), np.float32))
+    assert not np.allclose(store.pull(keys[:10]), values[:10])
+    store.free(keys[:10])
+    assert sum(len(s) for s in store.shards) == len(keys) - 10

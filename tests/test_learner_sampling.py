@@ -1,0 +1,106 @@
+"""The adaptive noise table against exact unigram^0.75, and online subsampling."""
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from online.noise import NoiseTable
+from online.subsampling import keep_mask, keep_probability
+from online.vocab import OnlineVocab
+
+
+def _zipf_stream(n_tokens: int, n_types: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    ranks = rng.zipf(1.2, size=3 * n_tokens)
+    ranks = ranks[ranks <= n_types][:n_tokens]
+    return [f"w{r}" for r in ranks.tolist()]
+
+
+def _stream_into_table(tokens: list[str], table_size: int, min_count: int, batch: int = 1000):
+    vocab = OnlineVocab(capacity=100_000, min_count=min_count)
+    table = NoiseTable(table_size, seed=7)
+    for i in range(0, len(tokens), batch):
+        upd = vocab.update(tokens[i:i + batch])
+        table.add(upd.touched, upd.old_counts, upd.new_counts, vocab.min_count)
+    return vocab, table
+
+
+def _chi_square_against_exact(vocab: OnlineVocab, observed_slots: np.ndarray):
+    """Chi-square of observed slot frequencies against count^0.75 of the trainable words."""
+    slots = np.flatnonzero(vocab.trainable)
+    p = vocab.counts[slots].astype(float) ** 0.75
+    p /= p.sum()
+    n = len(observed_slots)
+    lookup = np.full(vocab.capacity, -1)
+    lookup[slots] = np.arange(len(slots))
+    idx = lookup[observed_slots]
+    assert (idx >= 0).all(), "the table holds a word that is not trainable"
+    observed = np.bincount(idx, minlength=len(slots)).astype(float)
+    expected = n * p
+    # merge the tail so that every cell expects >= 5 draws
+    order = np.argsort(-expected)
+    observed, expected = observed[order], expected[order]
+    big = expected >= 5
+    obs, exp = observed[big], expected[big]
+    if (~big).any():
+        obs = np.append(obs, observed[~big].sum())
+        exp = np.append(exp, expected[~big].sum())
+    return stats.chisquare(obs, exp), len(obs)
+
+
+def test_filling_table_matches_exact_unigram_075():
+    tokens = _zipf_stream(60_000, 400, seed=1)
+    vocab, table = _stream_into_table(tokens, table_size=1 << 20, min_count=5)
+    assert 0 < table.filled < table.size
+    draws = table.sample(40_000, np.random.default_rng(3))
+    result, cells = _chi_square_against_exact(vocab, draws)
+    assert cells > 30
+    assert result.pvalue > 1e-3, result
+
+
+def test_reservoir_updated_table_matches_exact_unigram_075_after_it_is_full():
+    tokens = _zipf_stream(200_000, 300, seed=2)
+    vocab, table = _stream_into_table(tokens, table_size=4096, min_count=5)
+    assert table.filled == table.size and table.z > 4 * table.size   # well into the replacement phase
+    result, cells = _chi_square_against_exact(vocab, table.active())
+    assert cells > 30
+    assert result.pvalue > 1e-3, result
+    # and the test can fail: the plain unigram (power 1) is rejected
+    p1 = vocab.counts[np.flatnonzero(vocab.trainable)].astype(float)
+    wrong = NoiseTable(4096, power=1.0, seed=7)
+    wrong.rebuild(np.flatnonzero(vocab.trainable), p1)
+    bad, _ = _chi_square_against_exact(vocab, wrong.active())
+    assert bad.pvalue < 1e-6
+
+
+def test_words_below_min_count_are_never_negatives_and_rebuild_is_exact():
+    vocab, table = _stream_into_table(["a"] * 50 + ["b"] * 4 + ["c"] * 10, table_size=1000, min_count=5)
+    present = set(table.active().tolist())
+    assert vocab.slot("b") not in present and {vocab.slot("a"), vocab.slot("c")} <= present
+    table.rebuild(np.array([vocab.slot("a"), vocab.slot("c")]), np.array([16, 1]))
+    share = np.mean(table.active() == vocab.slot("a"))
+    assert abs(share - 8 / 9) < 0.1
+
+
+def test_keep_probability_is_word2vec_formula():
+    total, sample = 1_000_000, 1e-3
+    counts = np.array([1, 100, 1000, 10_000, 100_000])
+    p = keep_probability(counts, total, sample)
+    t = sample * total
+    expected = np.minimum(1.0, (np.sqrt(counts / t) + 1) * t / counts)
+    np.testing.assert_allclose(p, expected)
+    assert p[0] == 1.0 and p[1] == 1.0 and p[-1] < 0.15
+    assert (np.diff(p) <= 0).all()
+    assert (keep_probability(counts, total, 0.0) == 1).all()
+
+
+def test_keep_mask_draws_at_those_rates():
+    counts = np.array([0, 5_000, 50_000, 500_000])
+    total = counts.sum()
+    slots = np.repeat(np.arange(4), 20_000)
+    kept = keep_mask(slots, counts, total, 1e-3, np.random.default_rng(5))
+    p = keep_probability(counts, total, 1e-3)
+    for s in (1, 2, 3):
+        rate = kept[slots == s].mean()
+        sd = np.sqrt(p[s] * (1 - p[s]) / 20_000)
+        assert abs(rate - p[s]) < 5 * sd + 1e-9, (s, rate, p[s])
