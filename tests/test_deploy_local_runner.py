@@ -149,7 +149,7 @@ def test_restarts_with_backoff_and_relaunches_unhealthy_tasks(tmp_path):
         {"id": "web", "cmd": 'echo ok > health && exec python3 -m http.server "$PORT_HTTP" --bind 127.0.0.1',
          "portDefinitions": [{"port": 0, "name": "http"}],
          "healthChecks": [{"protocol": "MESOS_HTTP", "path": "/health", "portIndex": 0, "gracePeriodSeconds": 30,
-                           "intervalSeconds": 1, "timeoutSeconds": 1, "maxConsecutiveFailures": 2}],
+                           "intervalSeconds": 1, "timeoutSeconds": 5, "maxConsecutiveFailures": 2}],
          "backoffSeconds": 0, "taskKillGracePeriodSeconds": 1},
     ), work_dir=tmp_path / "run")
     with runner:
