@@ -16,6 +16,7 @@ import pytest
 
 from online.deployment.local_runner import LocalRunner, flatten_group, launch_delay, start_order
 from online.deployment.marathon import GROUP_FILE
+from online.deployment.topology import default_topology
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = REPO / "deploy" / "marathon" / GROUP_FILE
@@ -230,6 +231,15 @@ def test_group_errors_are_caught_before_anything_starts(tmp_path):
     runner = LocalRunner(base, work_dir=tmp_path, instances={"server": 5})
     for app in ("scheduler", "server", "worker", "frontend"):
         assert runner.app(app)["env"]["DMLC_NUM_SERVER"] == "5"
+    # The same from the topology (what `livevec up` uses), with a per-app override.
+    runner = LocalRunner.from_topology(default_topology().with_instances(server=3, worker=4), work_dir=tmp_path,
+                                       app_env={"worker": {"LIVEVEC_BATCH_WORDS": "512"}})
+    assert runner.app("worker")["env"]["DMLC_NUM_WORKER"] == "4"
+    assert runner.app("/livevec/frontend")["env"]["DMLC_NUM_SERVER"] == "3"
+    assert runner.app("worker")["env"]["LIVEVEC_BATCH_WORDS"] == "512"
+    assert "LIVEVEC_BATCH_WORDS" not in runner.app("server")["env"]
+    assert runner.app("server")["env"]["LIVEVEC_CHECKPOINT_DIR"] == str(tmp_path / "volumes" / "mnt_mfs_livevec"
+                                                                          / "checkpoints")
 
 
 def test_start_order_and_relative_dependencies():
