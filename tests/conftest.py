@@ -1,1 +1,70 @@
 """Shared fixtures. The session-wide real Kafka broker lives here (see online.kafka_broker)."""
+
+import asyncio
+import dataclasses
+import threading
+import uuid
+
+import pytest
+
+
+def _run_coroutine_blocking(make_coro):
+    """Run a coroutine to completion from sync code, even when the calling test already runs an event loop."""
+    box = {}
+
+    def target():
+        try:
+            box["result"] = asyncio.run(make_coro())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """ONE real single-node KRaft broker for the whole session (jars fetched with Maven on first use).
+
+    Never skipped: if Java, Maven or the broker is missing, every Kafka test fails with the reason.
+    """
+    from online.kafka_broker import KafkaBroker, KafkaBrokerSettings
+
+    settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=None, state_file=None)
+    broker = KafkaBroker(settings)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker) -> str:
+    """``127.0.0.1:PORT`` of the session's broker."""
+    return kafka_broker.bootstrap
+
+
+@pytest.fixture
+def kafka_topic(kafka_bootstrap):
+    """Factory: ``kafka_topic(partitions=1, prefix="t") -> name`` creates a fresh, uniquely named topic."""
+    from online.produce import ensure_topic
+
+    def make(partitions: int = 1, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        _run_coroutine_blocking(lambda: ensure_topic(kafka_bootstrap, name, partitions))
+        return name
+
+    return make
+
+
+def pytest_collection_modifyitems(config, items):
+    # Tests that use the broker carry the `kafka` marker (`pytest -m kafka` runs just them).
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()) or "kafka_broker" in getattr(
+                item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
