@@ -1,0 +1,503 @@
+"""``livevec produce``: stream a text file (plain, .gz, .xz) or stdin into a Kafka topic.
+
+A record is UTF-8 text; each line in it is one sentence for the learner. Input lines are passed through as
+bytes (no decode/encode round trip: the consumers own validation, see ``online.stream_reader``), grouped
+``lines_per_record`` to a record. Lines longer than ``words_per_record`` words are cut into chunks of that many
+words first, like word2vec.c's 1000-word sentence cap: corpora such as wiki17m hold one whole article per line
+(~16 KB), and records of a few KB keep partitions balanced and consumer batches small enough to commit often.
+
+Python API (used by ``livevec up``, tests and benchmarks)::
+
+    stats = produce(source, bootstrap="127.0.0.1:9092", topic="text", partitions=4)      # blocking
+    stats = await produce_async(source, bootstrap=..., topic=...)                         # inside a loop
+    await ensure_topic(bootstrap, topic, partitions)                                      # create if missing
+
+``source`` is a path (``.gz``/``.xz`` recognised by their magic bytes), ``"-"`` for stdin, or any iterable of
+``str``/``bytes`` lines. Records go round-robin over the partitions and are sent without awaiting each one;
+aiokafka batches them (``linger_ms``, up to 1 MiB per partition batch). The call returns when every record is
+acknowledged (acks=all) and raises ``ProduceError`` if any record was not.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import io
+import logging
+import lzma
+import os
+import re
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from online.structured_logging import log_event
+from ps_bridge.settings import SettingError, current_env, env_str
+
+logger = logging.getLogger("livevec.produce")
+
+DEFAULT_PARTITIONS = 4
+DEFAULT_WORDS_PER_RECORD = 1000
+MAX_RECORD_BYTES = 1024 * 1024 - 512  # aiokafka's default max_request_size, less the record overhead
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_GZ_MAGIC = b"\x1f\x8b"
+_READ_SIZE = 1 << 20
+
+
+class ProduceError(RuntimeError):
+    """Some records were not acknowledged by Kafka (the message says how many and why)."""
+
+
+def validate_topic(topic: str, setting: str = "--topic") -> str:
+    if not topic or not _TOPIC_RE.match(topic) or topic in (".", ".."):
+        raise SettingError(setting, f"a Kafka topic name is 1-249 characters of [A-Za-z0-9._-], got {topic!r}")
+    return topic
+
+
+# ----------------------------------------------------------------------------- text -> records
+
+def split_long_line(line: bytes, words_per_record: int) -> list[bytes]:
+    """Cut a line into pieces of at most ``words_per_record`` whitespace-separated words (0 = never cut)."""
+    if words_per_record <= 0 or line.count(b" ") < words_per_record:
+        return [line]
+    words = line.split()
+    return [b" ".join(words[i:i + words_per_record]) for i in range(0, len(words), words_per_record)]
+
+
+class RecordBuilder:
+    """Turns lines (bytes, without the newline) into record values.
+
+    Blank lines are skipped (counted in ``blank_lines``); ``flush`` returns the last, partial record. The same
+    builder backs ``FileStream`` so that offline training sees exactly the records Kafka would carry.
+    """
+
+    def __init__(self, lines_per_record: int = 1, words_per_record: int = DEFAULT_WORDS_PER_RECORD):
+        if lines_per_record < 1:
+            raise SettingError("--lines-per-record", f"must be >= 1, got {lines_per_record}")
+        if words_per_record < 0:
+            raise SettingError("--words-per-record", f"must be >= 0 (0 = never cut lines), got {words_per_record}")
+        self.lines_per_record = lines_per_record
+        self.words_per_record = words_per_record
+        self.lines = 0
+        self.blank_lines = 0
+        self._pending: list[bytes] = []
+
+    def add(self, line: bytes) -> list[bytes]:
+        line = line.rstrip(b"\r\n")
+        if not line.strip():
+            self.blank_lines += 1
+            return []
+        self.lines += 1
+        out: list[bytes] = []
+        for piece in split_long_line(line, self.words_per_record):
+            self._pending.append(piece)
+            if len(self._pending) >= self.lines_per_record:
+                out.append(b"\n".join(self._pending))
+                self._pending = []
+        return out
+
+    def flush(self) -> list[bytes]:
+        if not self._pending:
+            return []
+        record, self._pending = b"\n".join(self._pending), []
+        return [record]
+
+
+class TextSource:
+    """A binary line source over a file (plain, gzip or xz by magic bytes), stdin, or an iterable of lines.
+
+    ``read_chunk`` returns whatever complete lines are available (one underlying ``read1``), so a slow pipe
+    on stdin still gets its lines sent promptly. ``bytes_read`` and ``total_bytes`` (compressed, on disk) drive
+    the progress bar.
+    """
+
+    def __init__(self, source: str | os.PathLike | Iterable[str | bytes]):
+        self.name = "-"
+        self.total_bytes: int | None = None
+        self._raw = None
+        self._stream = None
+        self._lines: Iterator[str | bytes] | None = None
+        self._rest = b""
+        self.eof = False
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            if path == "-":
+                self._raw = sys.stdin.buffer
+            else:
+                self.name = path
+                try:
+                    self._raw = open(path, "rb")
+                    self.total_bytes = os.fstat(self._raw.fileno()).st_size
+                except OSError as exc:
+                    raise SettingError("FILE", f"cannot read {path}: {exc.strerror or exc}") from None
+            self._stream = self._open_decompressed(self._raw)
+        else:
+            self.name = "<lines>"
+            self._lines = iter(source)
+
+    @staticmethod
+    def _open_decompressed(raw):
+        buffered = raw if hasattr(raw, "peek") else io.BufferedReader(raw)
+        magic = buffered.peek(6)[:6]
+        if magic.startswith(_XZ_MAGIC):
+            return lzma.LZMAFile(buffered)
+        if magic.startswith(_GZ_MAGIC):
+            return gzip.GzipFile(fileobj=buffered)
+        return buffered
+
+    @property
+    def bytes_read(self) -> int:
+        if self._raw is None or self._raw is sys.stdin.buffer:
+            return 0
+        try:
+            return self._raw.tell()
+        except (OSError, ValueError):
+            return 0
+
+    def read_chunk(self) -> list[bytes]:
+        """Next complete lines; [] only at end of input (then ``eof`` is True)."""
+        if self.eof:
+            return []
+        if self._lines is not None:
+            out = []
+            for item in self._lines:
+                out.append(item.encode("utf-8", "surrogateescape") if isinstance(item, str) else item)
+                if len(out) >= 1024:
+                    return out
+            self.eof = True
+            return out
+        while True:
+            try:
+                data = self._stream.read1(_READ_SIZE)
+            except (EOFError, OSError, lzma.LZMAError) as exc:
+                raise SettingError("FILE", f"{self.name}: corrupt or truncated compressed input ({exc})") from None
+            if not data:
+                self.eof = True
+                rest, self._rest = self._rest, b""
+                return [rest] if rest else []
+            data = self._rest + data
+            lines = data.split(b"\n")
+            self._rest = lines.pop()
+            if lines:
+                return lines
+
+    def close(self) -> None:
+        if self._stream is not None and self._stream is not self._raw:
+            self._stream.close()
+        if self._raw is not None and self._raw is not sys.stdin.buffer:
+            self._raw.close()
+
+
+# ----------------------------------------------------------------------------- topic admin
+
+async def ensure_topic(bootstrap: str, topic: str, partitions: int = DEFAULT_PARTITIONS,
+                       replication_factor: int = 1, timeout: float = 30.0) -> bool:
+    """Create ``topic`` unless it exists; wait until every partition has a leader. True when it was created."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    validate_topic(topic)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    await admin.start()
+    try:
+        response = await admin.create_topics([NewTopic(topic, partitions, replication_factor)])
+        _name, code, message = response.topic_errors[0][:3]
+        created = code == 0
+        if code not in (0, 36):  # 36 = TOPIC_ALREADY_EXISTS
+            raise ProduceError(f"cannot create topic {topic!r}: error {code} {message or ''}".strip())
+        deadline = time.monotonic() + timeout
+        while True:
+            described = (await admin.describe_topics([topic]))[0]
+            parts = described.get("partitions") or []
+            if described.get("error_code", 0) == 0 and parts and all(p.get("leader", -1) >= 0 for p in parts):
+                break
+            if time.monotonic() > deadline:
+                raise ProduceError(f"topic {topic!r} has no leader for every partition after {timeout:.0f} s")
+            await asyncio.sleep(0.1)
+        if not created and len(parts) != partitions:
+            log_event(logger, "topic_exists_with_other_partition_count", level=logging.WARNING, topic=topic,
+                      partitions=len(parts), requested=partitions)
+        elif created:
+            log_event(logger, "topic_created", topic=topic, partitions=partitions)
+        return created
+    finally:
+        await admin.close()
+
+
+# ----------------------------------------------------------------------------- progress
+
+class ProgressBar:
+    """One self-overwriting line on a terminal; a plain line every ``plain_every`` seconds otherwise."""
+
+    def __init__(self, stream=None, width: int = 28, plain_every: float = 10.0):
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.width = width
+        self.every = 0.2 if self.tty else plain_every
+        self._last = 0.0
+
+    def update(self, stats: "ProduceStats", done: int, total: int | None, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.every:
+            return
+        self._last = now
+        rate = stats.records_per_s
+        mbs = stats.mb_per_s
+        if total:
+            frac = min(1.0, done / total)
+            filled = int(frac * self.width)
+            bar = "[" + "#" * filled + "." * (self.width - filled) + f"] {frac * 100:5.1f}% "
+        else:
+            bar = ""
+        text = f"{bar}{stats.records:,} records  {rate:,.0f} records/s  {mbs:.1f} MB/s"
+        if self.tty:
+            self.stream.write("\r" + text + "\x1b[K")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ----------------------------------------------------------------------------- producing
+
+@dataclass
+class ProduceStats:
+    topic: str = ""
+    records: int = 0        # acknowledged by Kafka
+    lines: int = 0          # non-blank input lines
+    blank_lines: int = 0
+    bytes: int = 0          # record payload bytes acknowledged
+    oversized: int = 0      # records over max_record_bytes, skipped
+    failed: int = 0         # records Kafka did not acknowledge
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    _started: float = field(default_factory=time.monotonic, repr=False)
+
+    @property
+    def records_per_s(self) -> float:
+        elapsed = self.seconds or (time.monotonic() - self._started)
+        return self.records / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        elapsed = self.seconds or (time.monotonic() - self._started)
+        return self.bytes / 1e6 / elapsed if elapsed > 0 else 0.0
+
+    def summary(self) -> str:
+        text = (f"produced {self.records:,} records ({self.lines:,} lines, {self.bytes / 1e6:.1f} MB) to "
+                f"{self.topic} in {self.seconds:.1f} s: {self.records_per_s:,.0f} records/s, "
+                f"{self.mb_per_s:.1f} MB/s")
+        if self.oversized:
+            text += f"; skipped {self.oversized} records over the size limit"
+        if self.failed:
+            text += f"; {self.failed} records FAILED"
+        return text
+
+
+def _reader_thread(source: TextSource, builder: RecordBuilder, loop: asyncio.AbstractEventLoop,
+                   queue: asyncio.Queue, stop: threading.Event) -> None:
+    """Reads and decompresses off the event loop, so aiokafka's sender keeps running while we read."""
+    try:
+        while not stop.is_set():
+            lines = source.read_chunk()
+            records = [r for line in lines for r in builder.add(line)]
+            if source.eof:
+                records.extend(builder.flush())
+            if records:
+                asyncio.run_coroutine_threadsafe(queue.put(records), loop).result()
+            if source.eof:
+                break
+        asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
+    except BaseException as exc:  # noqa: BLE001 - handed to the async side, which re-raises it
+        if not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+
+
+async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bootstrap: str, topic: str,
+                        partitions: int = DEFAULT_PARTITIONS, rate: float | None = None,
+                        lines_per_record: int = 1, words_per_record: int = DEFAULT_WORDS_PER_RECORD,
+                        max_record_bytes: int = MAX_RECORD_BYTES, compression: str | None = None,
+                        linger_ms: int = 20, create_topic: bool = True,
+                        progress: bool | ProgressBar = False,
+                        on_progress: Callable[[ProduceStats], None] | None = None) -> ProduceStats:
+    """Stream ``source`` into ``topic``; see the module docstring. Raises ProduceError if records failed."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    validate_topic(topic)
+    if partitions < 1:
+        raise SettingError("--partitions", f"must be >= 1, got {partitions}")
+    if rate is not None and rate <= 0:
+        raise SettingError("--rate", f"must be > 0 records/s, got {rate}")
+    builder = RecordBuilder(lines_per_record, words_per_record)
+    src = TextSource(source)
+    if create_topic:
+        await ensure_topic(bootstrap, topic, partitions)
+    bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
+    stats = ProduceStats(topic=topic)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
+                                max_batch_size=1024 * 1024, max_request_size=1024 * 1024,
+                                compression_type=compression, request_timeout_ms=60000)
+    await producer.start()
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue(maxsize=8)
+    stop = threading.Event()
+    reader = threading.Thread(target=_reader_thread, args=(src, builder, loop, queue, stop),
+                              name="produce-reader", daemon=True)
+    in_flight: deque[tuple[asyncio.Future, int]] = deque()
+
+    def settle(fut: asyncio.Future, size: int) -> None:
+        exc = fut.exception()
+        if exc is None:
+            stats.records += 1
+            stats.bytes += size
+        else:
+            stats.failed += 1
+            if len(stats.errors) < 5:
+                stats.errors.append(repr(exc))
+
+    try:
+        topic_partitions = sorted(await producer.partitions_for(topic) or []) or list(range(partitions))
+        reader.start()
+        sent = 0
+        started = time.monotonic()
+        while True:
+            item = await queue.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            for value in item:
+                if len(value) > max_record_bytes:
+                    stats.oversized += 1
+                    log_event(logger, "record_oversized_skipped", level=logging.WARNING, bytes=len(value),
+                              limit=max_record_bytes)
+                    continue
+                if rate is not None:
+                    ahead = started + sent / rate - time.monotonic()
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+                partition = topic_partitions[sent % len(topic_partitions)]
+                try:
+                    fut = await producer.send(topic, value, partition=partition)
+                except KafkaError as exc:
+                    stats.failed += 1
+                    if len(stats.errors) < 5:
+                        stats.errors.append(repr(exc))
+                    continue
+                sent += 1
+                in_flight.append((fut, len(value)))
+            while in_flight and in_flight[0][0].done():
+                settle(*in_flight.popleft())
+            stats.lines, stats.blank_lines = builder.lines, builder.blank_lines
+            if bar:
+                bar.update(stats, src.bytes_read, src.total_bytes)
+            if on_progress:
+                on_progress(stats)
+        await producer.flush()
+        if in_flight:
+            await asyncio.wait([fut for fut, _ in in_flight], timeout=120)
+        for fut, size in in_flight:
+            if fut.done():
+                settle(fut, size)
+            else:
+                stats.failed += 1
+                if len(stats.errors) < 5:
+                    stats.errors.append("no acknowledgement within 120 s")
+        in_flight.clear()
+    finally:
+        stop.set()
+        # Unblock the reader if it waits on a full queue, then let it finish (a reader stuck on a silent
+        # stdin is a daemon thread and is left behind).
+        deadline = time.monotonic() + 2.0
+        while reader.is_alive() and time.monotonic() < deadline:
+            while not queue.empty():
+                queue.get_nowait()
+            await asyncio.sleep(0.01)
+        if not reader.is_alive():
+            src.close()
+        await producer.stop()
+    stats.lines, stats.blank_lines = builder.lines, builder.blank_lines
+    stats.seconds = time.monotonic() - stats._started
+    if bar:
+        bar.update(stats, src.total_bytes or 0, src.total_bytes, force=True)
+        bar.close()
+    log_event(logger, "produce_done", topic=topic, records=stats.records, lines=stats.lines,
+              bytes=stats.bytes, seconds=round(stats.seconds, 2), records_per_s=round(stats.records_per_s),
+              mb_per_s=round(stats.mb_per_s, 1), oversized=stats.oversized, failed=stats.failed)
+    if stats.failed:
+        raise ProduceError(f"{stats.failed} of {stats.failed + stats.records} records were not acknowledged "
+                           f"by Kafka, e.g. {'; '.join(stats.errors)}")
+    return stats
+
+
+def produce(source, **kwargs) -> ProduceStats:
+    """Blocking form of :func:`produce_async` (also safe to call while another event loop runs)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(produce_async(source, **kwargs))
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["stats"] = asyncio.run(produce_async(source, **kwargs))
+        except BaseException as exc:  # noqa: BLE001
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="produce")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["stats"]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE|-", help="text file (plain, .gz or .xz) or - for stdin")
+    parser.add_argument("--bootstrap", help="LIVEVEC_KAFKA_BOOTSTRAP: HOST:PORT[,HOST:PORT...]")
+    parser.add_argument("--topic", help="topic to write (default: LIVEVEC_KAFKA_TOPICS when it names one topic)")
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS,
+                        help=f"partitions when the topic is created ({DEFAULT_PARTITIONS})")
+    parser.add_argument("--rate", type=float, help="at most N records/s (default: as fast as Kafka takes them)")
+    parser.add_argument("--lines-per-record", type=int, default=1, help="lines grouped into one record (1)")
+    parser.add_argument("--words-per-record", type=int, default=DEFAULT_WORDS_PER_RECORD,
+                        help=f"cut longer lines into pieces of this many words "
+                             f"({DEFAULT_WORDS_PER_RECORD}; 0 = never)")
+    parser.add_argument("--compression", choices=("none", "gzip"), default="none",
+                        help="record batch compression (none: loopback and LAN links are not the bottleneck)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--log-level", help="LIVEVEC_LOG_LEVEL")
+
+
+def run(args: argparse.Namespace) -> int:
+    env = current_env()
+    bootstrap = args.bootstrap or env_str(env, "LIVEVEC_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        raise SettingError("--bootstrap", "is required (or set LIVEVEC_KAFKA_BOOTSTRAP)")
+    topic = args.topic
+    if not topic:
+        topics = [t for t in (env_str(env, "LIVEVEC_KAFKA_TOPICS") or "").split(",") if t.strip()]
+        if len(topics) != 1:
+            raise SettingError("--topic", "is required (or set LIVEVEC_KAFKA_TOPICS to exactly one topic)")
+        topic = topics[0].strip()
+    try:
+        stats = produce(args.file, bootstrap=bootstrap, topic=topic, partitions=args.partitions, rate=args.rate,
+                        lines_per_record=args.lines_per_record, words_per_record=args.words_per_record,
+                        compression=None if args.compression == "none" else args.compression,
+                        progress=not args.no_progress)
+    except ProduceError as exc:
+        print(f"livevec produce: {exc}", file=sys.stderr)
+        return 1
+    print(stats.summary())
+    return 0
