@@ -1,0 +1,366 @@
+"""KVWorker and KVServer (ps-lite ``kv_app.h``): sorted unique uint64 keys, float32 values.
+
+Worker side: ``push``/``pull``/``pushpull`` slice the keys across servers by key range
+(one ``np.searchsorted``, no per-key Python), send one message per involved server and
+return a timestamp at once. ``wait(ts)`` (or ``await wait_async(ts)``, or a callback)
+completes when every involved server answered; pulls return a :class:`KVPairs` whose
+``vals`` are numpy arrays over the received buffers (no copy with a single server).
+
+Server side: every request is validated (frame count, key/val/len sizes, sorted unique
+keys) before the request handle sees it; bad requests are counted and dropped, as the
+protocol has no error reply. The default handle has ps-lite's sum semantics.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ps_bridge.message import DataType, KVPairs, Message, Meta
+from ps_bridge.postoffice import Postoffice
+from ps_bridge.simple_app import SendError, SimpleApp
+
+log = logging.getLogger("ps_bridge.kv_app")
+
+_KV_TYPES = [int(DataType.UINT64), int(DataType.FLOAT)]
+_KV_TYPES_LENS = [int(DataType.UINT64), int(DataType.FLOAT), int(DataType.INT32)]
+_EMPTY = b""
+
+
+@dataclass(slots=True)
+class KVMeta:
+    """What a request handle learns about a request (ps-lite's KVMeta)."""
+
+    cmd: int
+    push: bool
+    pull: bool
+    sender: int
+    timestamp: int
+    customer_id: int
+    app_id: int = 0
+
+
+def _as_keys(keys) -> np.ndarray:
+    arr = np.asarray(keys)
+    if arr.dtype != np.uint64:
+        if arr.size and arr.dtype.kind == "i" and int(arr.min()) < 0:
+            raise ValueError("keys must be non-negative")
+        if arr.dtype.kind not in "iu" and arr.size:
+            raise TypeError(f"keys must be integers, got {arr.dtype}")
+        arr = arr.astype(np.uint64)
+    return np.ascontiguousarray(arr.reshape(-1))
+
+
+class _KVRequest:
+    __slots__ = ("keys", "pull", "waiting", "key_slices", "parts")
+
+    def __init__(self, keys: np.ndarray, pull: bool, nservers: int):
+        self.keys = keys
+        self.pull = pull
+        self.waiting: dict[int, int] = {}  # server node id -> server rank
+        self.key_slices: list[np.ndarray | None] = [None] * nservers
+        self.parts: list[tuple[np.ndarray, np.ndarray | None] | None] = [None] * nservers
+
+    def assemble(self) -> KVPairs | None:
+        if not self.pull:
+            return None
+        parts = [p for p in self.parts if p is not None]
+        if not parts:
+            return KVPairs(self.keys, np.empty(0, np.float32), None)
+        if len(parts) == 1:
+            vals, lens = parts[0]
+        else:
+            vals = np.concatenate([p[0] for p in parts])
+            lens = np.concatenate([p[1] for p in parts]) if all(p[1] is not None for p in parts) else None
+        return KVPairs(self.keys, vals, lens)
+
+
+class KVWorker(SimpleApp):
+    """``KVWorker(postoffice, app_id=0, customer_id=0)``; the Postoffice must be started."""
+
+    def __init__(self, postoffice: Postoffice, app_id: int = 0, customer_id: int = 0):
+        super().__init__(postoffice, app_id, customer_id)
+        self._bounds = np.array([r[0] for r in postoffice.server_key_ranges()]
+                                + [postoffice.server_key_ranges()[-1][1]], dtype=np.uint64)
+        self._server_ids = postoffice.server_ids()
+
+    # ------------------------------------------------------------------ API
+
+    def push(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
+             callback: Callable[[KVPairs | None], None] | None = None) -> int:
+        """Add ``vals`` to ``keys`` on the servers. Do not modify the arrays until the request completed."""
+        return self._send(keys, vals, lens, cmd, True, False, priority, callback)
+
+    def pull(self, keys, cmd: int = 0, priority: int = 0,
+             callback: Callable[[KVPairs | None], None] | None = None) -> int:
+        """Fetch the values of ``keys``; ``wait(ts)`` returns them as ``KVPairs``."""
+        return self._send(keys, None, None, cmd, False, True, priority, callback)
+
+    def pushpull(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
+                 callback: Callable[[KVPairs | None], None] | None = None) -> int:
+        """Push, then return the values after the push (one round trip)."""
+        return self._send(keys, vals, lens, cmd, True, True, priority, callback)
+
+    def wait(self, ts: int, timeout: float | None = None) -> KVPairs | None:
+        """Block until ``ts`` completed. Pulls return ``KVPairs(keys, vals[, lens])``; pushes None.
+        Raises ``RequestTimeout`` if a server did not answer in time (e.g. it died)."""
+        return self.customer.wait(ts, timeout)
+
+    async def wait_async(self, ts: int, timeout: float | None = None) -> KVPairs | None:
+        return await self.customer.wait_async(ts, timeout)
+
+    def pull_sync(self, keys, cmd: int = 0, timeout: float | None = None) -> np.ndarray:
+        """Convenience: pull and wait; returns the values."""
+        return self.wait(self.pull(keys, cmd), timeout).vals
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, keys, vals, lens, cmd: int, push: bool, pull: bool, priority: int, callback) -> int:
+        keys = _as_keys(keys)
+        n = len(keys)
+        if n > 1 and not bool((keys[1:] > keys[:-1]).all()):
+            raise ValueError("keys must be sorted ascending and unique")
+        offsets = None
+        width = 0
+        if push:
+            vals = np.ascontiguousarray(vals, dtype=np.float32).reshape(-1)
+            if lens is None:
+                if n == 0 or len(vals) % n:
+                    if n or len(vals):
+                        raise ValueError(f"{len(vals)} values do not split evenly over {n} keys")
+                width = len(vals) // n if n else 0
+            else:
+                lens = np.ascontiguousarray(lens, dtype=np.int32).reshape(-1)
+                if len(lens) != n:
+                    raise ValueError(f"lens has {len(lens)} entries for {n} keys")
+                if n and int(lens.min()) < 0:
+                    raise ValueError("lens must be non-negative")
+                offsets = np.zeros(n + 1, dtype=np.int64)
+                np.cumsum(lens, out=offsets[1:])
+                if int(offsets[-1]) != len(vals):
+                    raise ValueError(f"lens sum to {int(offsets[-1])} but there are {len(vals)} values")
+        elif lens is not None:
+            raise ValueError("lens only go with pushed values")
+        pos = np.searchsorted(keys, self._bounds).tolist()
+        if pos[-1] != n:
+            raise ValueError(f"keys >= {int(self._bounds[-1]):#x} belong to no server (ps-lite's kMaxKey range)")
+        nservers = len(self._server_ids)
+        state = _KVRequest(keys, pull, nservers)
+        involved = []
+        for rank in range(nservers):
+            a, b = pos[rank], pos[rank + 1]
+            if a < b:
+                involved.append((rank, a, b))
+                state.waiting[self._server_ids[rank]] = rank
+                state.key_slices[rank] = keys[a:b]
+        ts = self.customer.new_request(len(involved), state)
+        if callback is not None:
+            self.customer.on_complete(ts, callback)
+        dtypes = _KV_TYPES if lens is None else _KV_TYPES_LENS
+        send = self.po.van.send
+        for rank, a, b in involved:
+            if push:
+                if offsets is None:
+                    data = [keys[a:b], vals[a * width:b * width]]
+                else:
+                    data = [keys[a:b], vals[int(offsets[a]):int(offsets[b])], lens[a:b]]
+            else:
+                data = [keys[a:b], _EMPTY]
+            meta = Meta(head=cmd, app_id=self.app_id, customer_id=self.customer_id, timestamp=ts, request=True,
+                        push=push, pull=pull, priority=priority, data_type=dtypes,
+                        recver=self._server_ids[rank])
+            if send(Message(meta, data)) < 0:
+                self.customer.fail(ts, SendError(f"cannot send to server {self._server_ids[rank]}"))
+        return ts
+
+    # ------------------------------------------------------------------ responses
+
+    def _process_kv(self, msg: Message) -> None:
+        m = msg.meta
+        reject = self.po.van.reject
+        if m.request:
+            reject("kv_request_to_worker", m.sender)
+            return
+        req = self.customer.pending(m.timestamp)
+        state = req.state if req is not None else None
+        if not isinstance(state, _KVRequest):
+            reject("unknown_timestamp", m.sender, f"ts={m.timestamp}")
+            return
+        rank = state.waiting.get(m.sender)
+        if rank is None:
+            reject("unexpected_responder", m.sender, f"ts={m.timestamp}")
+            return
+        if state.pull:
+            parsed = self._parse_pull_response(msg, state.key_slices[rank])
+            if isinstance(parsed, str):
+                reject(parsed, m.sender, f"ts={m.timestamp}")
+                return
+            state.parts[rank] = parsed
+        del state.waiting[m.sender]
+        self.customer.add_response(m.timestamp, state.assemble)
+
+    @staticmethod
+    def _parse_pull_response(msg: Message, sent_keys: np.ndarray):
+        data = msg.data
+        if len(data) not in (2, 3):
+            return "bad_frame_count"
+        kb, vb = data[0], data[1]
+        if len(kb) % 8 or len(vb) % 4:
+            return "bad_data_length"
+        keys = np.frombuffer(kb, dtype=np.uint64)
+        if len(keys) != len(sent_keys) or not np.array_equal(keys, sent_keys):
+            return "response_keys_mismatch"
+        vals = np.frombuffer(vb, dtype=np.float32)
+        lens = None
+        if len(data) == 3:
+            if len(data[2]) != 4 * len(keys):
+                return "bad_lens_length"
+            lens = np.frombuffer(data[2], dtype=np.int32)
+            if len(lens) and (int(lens.min()) < 0 or int(lens.sum(dtype=np.int64)) != len(vals)):
+                return "bad_lens_sum"
+        elif len(keys) and len(vals) % len(keys):
+            return "bad_data_length"
+        return vals, lens
+
+
+RequestHandle = Callable[[KVMeta, KVPairs, "KVServer"], None]
+
+
+class KVServer(SimpleApp):
+    """``KVServer(postoffice, app_id=0, handle=None)``; ``handle(req_meta, req_data, server)`` must
+    call ``server.response(req_meta, res)`` exactly once (now or later, from any thread).
+    Handles run on the receive thread, one request at a time."""
+
+    def __init__(self, postoffice: Postoffice, app_id: int = 0, handle: RequestHandle | None = None):
+        super().__init__(postoffice, app_id, app_id)
+        self.request_handle: RequestHandle = handle if handle is not None else KVServerDefaultHandle()
+
+    def set_request_handle(self, handle: RequestHandle) -> None:  # KV requests (SimpleApp: set_simple_...)
+        self.request_handle = handle
+
+    def response(self, req: KVMeta, res: KVPairs | None = None) -> None:  # type: ignore[override]
+        """Answer a KV request; a pull must return the requested keys and their values."""
+        if isinstance(req, KVMeta):
+            data: list = []
+            dtypes: list[int] = []
+            if res is not None and len(res.keys):
+                keys = np.ascontiguousarray(res.keys, dtype=np.uint64)
+                vals = np.ascontiguousarray(res.vals, dtype=np.float32).reshape(-1)
+                data = [keys, vals]
+                dtypes = _KV_TYPES
+                if res.lens is not None and len(res.lens):
+                    data.append(np.ascontiguousarray(res.lens, dtype=np.int32))
+                    dtypes = _KV_TYPES_LENS
+            self.po.van.send(Message(Meta(head=req.cmd, app_id=self.app_id, customer_id=req.customer_id,
+                                          timestamp=req.timestamp, request=False, push=req.push, pull=req.pull,
+                                          data_type=dtypes, recver=req.sender), data), block=False)
+        else:  # a SimpleData request: the SimpleApp response
+            SimpleApp.response(self, req, res if res is not None else b"")
+
+    def _process_kv(self, msg: Message) -> None:
+        m = msg.meta
+        reject = self.po.van.reject
+        if not m.request:
+            reject("kv_response_to_server", m.sender)
+            return
+        parsed = _parse_request(msg)
+        if isinstance(parsed, str):
+            reject(parsed, m.sender, f"ts={m.timestamp} frames={len(msg.data)}")
+            return
+        req = KVMeta(m.head, m.push, m.pull, m.sender, m.timestamp, m.customer_id, m.app_id)
+        try:
+            self.request_handle(req, parsed, self)
+        except Exception as exc:
+            reject("handle_error", m.sender, f"{type(exc).__name__}: {exc}")
+            log.exception("KV request handle failed")
+
+
+def _parse_request(msg: Message) -> KVPairs | str:
+    data = msg.data
+    m = msg.meta
+    if not m.push and not m.pull:
+        return "neither_push_nor_pull"
+    if len(data) == 0:
+        return KVPairs(np.empty(0, np.uint64), np.empty(0, np.float32), None)
+    if len(data) not in (2, 3):
+        return "bad_frame_count"
+    kb, vb = data[0], data[1]
+    if len(kb) % 8 or len(vb) % 4:
+        return "bad_data_length"
+    keys = np.frombuffer(kb, dtype=np.uint64)
+    vals = np.frombuffer(vb, dtype=np.float32)
+    n = len(keys)
+    if n > 1 and not bool((keys[1:] > keys[:-1]).all()):
+        return "unsorted_keys"
+    lens = None
+    if len(data) == 3:
+        if len(data[2]) != 4 * n:
+            return "bad_lens_length"
+        lens = np.frombuffer(data[2], dtype=np.int32)
+        if n and (int(lens.min()) < 0 or int(lens.sum(dtype=np.int64)) != len(vals)):
+            return "bad_lens_sum"
+    elif m.push and (len(vals) == 0 if n else len(vals) != 0):
+        return "bad_data_length"
+    elif n and len(vals) % n:
+        return "bad_data_length"
+    return KVPairs(keys, vals, lens)
+
+
+class KVServerDefaultHandle:
+    """ps-lite's KVServerDefaultHandle: ``store[k] += v`` on push, return ``store[k]`` on pull
+    (read after the push, so pushpull returns the new value); absent keys start at 0.
+
+    Generalised from ps-lite's one value per key to a fixed width per key (the first push
+    sets it; a pull before any push assumes 1, as ps-lite). The store is a sorted key array
+    plus a value matrix, updated with vectorised numpy (no per-key Python).
+    """
+
+    def __init__(self) -> None:
+        self.keys = np.empty(0, dtype=np.uint64)
+        self.vals: np.ndarray | None = None
+        self.width: int | None = None
+
+    def _rows(self, keys: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(self.keys, keys)
+        if len(self.keys):
+            found = self.keys[np.minimum(pos, len(self.keys) - 1)] == keys
+        else:
+            found = np.zeros(len(keys), dtype=bool)
+        if not found.all():
+            merged = np.concatenate([self.keys, keys[~found]])
+            order = np.argsort(merged, kind="stable")
+            self.keys = merged[order]
+            self.vals = np.concatenate([self.vals, np.zeros((int((~found).sum()), self.width), np.float32)])[order]
+            pos = np.searchsorted(self.keys, keys)
+        return pos
+
+    def __call__(self, req: KVMeta, data: KVPairs, server: KVServer) -> None:
+        n = len(data.keys)
+        if n and self.width is None:
+            self.width = len(data.vals) // n if req.push else 1
+            self.vals = np.zeros((0, self.width), np.float32)
+        if req.push and n and len(data.vals) != n * self.width:
+            raise ValueError(f"push of {len(data.vals)} values for {n} keys; this store holds "
+                             f"{self.width} per key")
+        rows = self._rows(data.keys) if n else np.empty(0, np.intp)
+        if req.push and n:
+            self.vals[rows] += data.vals.reshape(n, self.width)
+        if req.pull:
+            out = self.vals[rows].reshape(-1) if n else np.empty(0, np.float32)
+            server.response(req, KVPairs(data.keys, out))
+        else:
+            server.response(req)
+
+    def get(self, keys) -> np.ndarray:
+        """Current values of ``keys`` (zeros for absent ones), for tests and inspection."""
+        keys = _as_keys(keys)
+        if self.width is None:
+            return np.zeros((len(keys), 1), np.float32)
+        pos = np.searchsorted(self.keys, keys)
+        out = np.zeros((len(keys), self.width), np.float32)
+        ok = pos < len(self.keys)
+        ok[ok] = self.keys[pos[ok]] == keys[ok]
+        out[ok] = self.vals[pos[ok]]
+        return out
