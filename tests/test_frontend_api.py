@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestServer
 from online.frontend.app import create_app
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta, Word2VecFileSource
-from online.frontend.word2vec_format import write_word2vec
 from online.vocab import word_key
+from online.word2vec_format import write_binary, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 16
@@ -48,7 +48,7 @@ def planted_model(seed: int = 7):
 def model_file(tmp_path):
     words, vectors = planted_model()
     path = tmp_path / "vectors.bin"
-    write_word2vec(path, words, vectors, binary=True)
+    write_binary(path, words, vectors)
     counts = tmp_path / "vocab.txt"
     counts.write_text("".join(f"{w} {1000 - i}\n" for i, w in enumerate(words)), encoding="utf-8")
     return path, counts, words, vectors
@@ -376,7 +376,7 @@ async def test_model_file_replaced_on_disk_is_reloaded_and_a_broken_one_is_not(m
             # the export job finishes with an atomic rename: the new model is served
             new_words = words + ["newword"]
             new_vectors = np.concatenate([vectors, vectors[words.index("paris")][None] * 1.01])
-            write_word2vec(path, new_words, new_vectors, binary=False)
+            write_text(path, new_words, new_vectors)
             for _ in range(200):
                 status, _, body = await get(session, base + "/v1/similar?word=newword&k=1")
                 if status == 200:

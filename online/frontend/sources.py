@@ -200,6 +200,19 @@ class EmbeddingShardSource:
         return out
 
 
+def trainer_source(trainer) -> EmbeddingShardSource:
+    """A source over an in-process ``online.trainer.Trainer`` (its ``LocalParamStore`` shards)."""
+    started = time.monotonic()
+
+    def stats() -> dict[str, Any]:
+        totals = trainer.totals
+        elapsed = max(time.monotonic() - started, 1e-9)
+        return {"words_trained": int(totals.tokens), "effective_words": int(totals.kept),
+                "vocab_size": int(trainer.vocab.num_trainable()), "average_words_per_second": totals.tokens / elapsed}
+
+    return EmbeddingShardSource(trainer.store.shards, stats_fn=stats)
+
+
 def _read_input_rows(shard: "EmbeddingShard", keys: np.ndarray):
     """Keys, words, vectors and counts of the rows of ``keys`` that still exist and have a word.
 

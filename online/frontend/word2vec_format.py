@@ -1,8 +1,9 @@
-"""Reading and writing word vectors in the word2vec file formats.
+"""Reading word vectors in the word2vec file formats (``online.word2vec_format`` writes them).
 
 Exported vectors are the lingua franca between word2vec.c, gensim, fastText and every
-downstream consumer, so the front end can serve any such file and the tests can check
-it against gensim's writer. Both formats start with a header line ``"<count> <dim>\\n"``:
+downstream consumer, so the front end can serve any such file; the tests check the
+reader against gensim's writer and livevec's own. Both formats start with a header
+line ``"<count> <dim>\\n"``:
 
 text
     one line per word: ``word v1 v2 ... vdim``, space separated. A file without the
@@ -178,21 +179,3 @@ def read_vocab_counts(path: str | os.PathLike) -> dict[str, int]:
             raise Word2VecFormatError(
                 f"{os.fspath(path)}: line {lineno}: the count {parts[1]!r} is not an integer") from None
     return counts
-
-
-def write_word2vec(path: str | os.PathLike, words: list[str], vectors: np.ndarray, *, binary: bool) -> None:
-    """Write a word2vec file atomically (a reader never sees half of it): temp file + rename."""
-    vectors = np.ascontiguousarray(vectors, dtype="<f4")
-    if vectors.ndim != 2 or vectors.shape[0] != len(words):
-        raise ValueError("vectors must be [len(words), dim]")
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(f"{len(words)} {vectors.shape[1]}\n".encode())
-        if binary:
-            for word, row in zip(words, vectors):
-                fh.write(word.encode("utf-8") + b" " + row.tobytes() + b"\n")
-        else:
-            for word, row in zip(words, vectors):
-                fh.write((word + " " + " ".join(map(repr, row.tolist())) + "\n").encode("utf-8"))
-    os.replace(tmp, path)
