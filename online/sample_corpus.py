@@ -24,11 +24,19 @@ TOPICS: dict[str, list[str]] = {
     "space": ["planet", "orbit", "rocket", "astronaut", "galaxy", "comet", "telescope", "moon", "mars", "nasa"],
 }
 
-# Pairs that always occur together; each is the other's nearest neighbour after training.
-PLANTED_PAIRS: list[tuple[str, str]] = [
-    ("paris", "france"), ("berlin", "germany"), ("tokyo", "japan"), ("rome", "italy"),
-    ("madrid", "spain"), ("lisbon", "portugal"), ("oslo", "norway"), ("cairo", "egypt"),
-]
+# Pairs that always occur together, each with context words of its own: the two words of
+# a pair predict the same contexts, so each is the other's nearest neighbour after training.
+PLANTED_CONTEXTS: dict[tuple[str, str], list[str]] = {
+    ("paris", "france"): ["seine", "louvre", "eiffel"],
+    ("berlin", "germany"): ["spree", "bundestag", "brandenburg"],
+    ("tokyo", "japan"): ["shinjuku", "sumida", "yen"],
+    ("rome", "italy"): ["tiber", "colosseum", "vatican"],
+    ("madrid", "spain"): ["prado", "castile", "peseta"],
+    ("lisbon", "portugal"): ["tagus", "alfama", "escudo"],
+    ("oslo", "norway"): ["fjord", "krone", "storting"],
+    ("cairo", "egypt"): ["nile", "giza", "pharaoh"],
+}
+PLANTED_PAIRS: list[tuple[str, str]] = list(PLANTED_CONTEXTS)
 
 FUNCTION_WORDS = ["the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "on",
                   "by", "at", "from", "this", "be", "are", "or", "an", "which", "one", "two", "three", "new",
@@ -47,10 +55,12 @@ def iter_sentences(seed: int = 1) -> Iterator[str]:
     fw_weights = _zipf_weights(len(FUNCTION_WORDS))
     while True:
         if rng.random() < 0.25:
-            city, country = rng.choice(PLANTED_PAIRS)
-            words = rng.choices(FUNCTION_WORDS, fw_weights, k=rng.randint(3, 7))
+            pair = rng.choice(PLANTED_PAIRS)
+            words = rng.choices(FUNCTION_WORDS, fw_weights, k=rng.randint(2, 5))
             at = rng.randint(0, len(words))
-            words[at:at] = [city, country] if rng.random() < 0.5 else [country, city]
+            words[at:at] = [pair[0], pair[1]] if rng.random() < 0.5 else [pair[1], pair[0]]
+            for context in rng.sample(PLANTED_CONTEXTS[pair], 2):
+                words.insert(rng.randint(0, len(words)), context)
         else:
             topic = rng.choice(topics)
             content = rng.sample(topic, rng.randint(2, 4))
@@ -58,6 +68,12 @@ def iter_sentences(seed: int = 1) -> Iterator[str]:
             words = content + filler
             rng.shuffle(words)
         yield " ".join(words)
+
+
+def planted_groups() -> list[list[str]]:
+    """Each planted pair with its context words: after training, a word's nearest
+    neighbours are the other members of its group."""
+    return [[a, b, *ctx] for (a, b), ctx in PLANTED_CONTEXTS.items()]
 
 
 def generate_lines(n: int, seed: int = 1) -> list[str]:

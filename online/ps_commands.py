@@ -1,0 +1,113 @@
+"""livevec's commands on top of ps-lite, and the byte layouts of their payloads.
+
+ps-lite gives two channels: KV requests, whose ``cmd`` travels in the meta's ``head``,
+and SimpleApp requests with a ``head`` and a ``body``. livevec keeps the bulk numeric
+traffic (rows, gradients, counts) on the KV channel, where keys and values are raw
+little-endian frames sent without copies, and uses SimpleApp for the rarer control
+traffic (word strings, the front end's incremental sync, stats, checkpoints).
+
+KV commands (``cmd``), keys sorted and unique as ps-lite requires:
+
+* ``CMD_ROWS`` (0, ps-lite's default): pull returns ``dim`` floats per key; push carries
+  SGNS loss gradients that the server's optimizer applies. A stock ps-lite worker that
+  pushes and pulls with cmd 0 therefore still talks to a livevec server.
+* ``CMD_COUNTS``: push, one float per key: occurrence counts to add to words.
+* ``CMD_FREE``: push, one (ignored) float per key: delete the rows (evicted words).
+
+SimpleApp heads:
+
+* ``HEAD_SET_WORDS``: body = ``encode_words(keys, words)``; the strings of input keys.
+* ``HEAD_CHANGES``: body = orjson ``{"since": v, "epoch": e}``; the answer is
+  ``encode_changes(...)``: the input rows changed after version ``v`` of that server.
+  ``epoch`` is a random number a server draws at start (and on every reload), so a
+  caller that asks a restarted server with an old version gets everything.
+* ``HEAD_STATS``: answer = orjson dict of the server's counters.
+* ``HEAD_CHECKPOINT_*``: coordinated checkpoints (``online.checkpoint``).
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import orjson
+
+CMD_ROWS = 0
+CMD_COUNTS = 1
+CMD_FREE = 2
+
+HEAD_SET_WORDS = 100
+HEAD_CHANGES = 101
+HEAD_STATS = 102
+HEAD_CHECKPOINT_PAUSE = 110     # to workers: finish in-flight batches, pause, report offsets
+HEAD_CHECKPOINT_SAVE = 111      # to servers: write your shard for checkpoint id
+HEAD_CHECKPOINT_RESUME = 112    # to workers: go on
+HEAD_ROLLBACK_LOAD = 113        # to servers: reload checkpoint id
+HEAD_ROLLBACK_SEEK = 114        # to workers: drop in-flight work, seek to the checkpoint's offsets
+HEAD_CHECKPOINT_REQUEST = 115   # to the scheduler's coordinator: take a checkpoint now
+
+_SEP = b"\x00"   # tokens never contain NUL (tokenizers split on whitespace and control bytes)
+
+
+class PayloadError(ValueError):
+    """A body does not have the layout its head promises."""
+
+
+def encode_words(keys: np.ndarray, words: list[str]) -> bytes:
+    keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    if len(keys) != len(words):
+        raise ValueError("one word per key")
+    return struct.pack("<I", len(keys)) + keys.tobytes() + _SEP.join(w.encode("utf-8") for w in words)
+
+
+def decode_words(body: bytes) -> tuple[np.ndarray, list[str]]:
+    if len(body) < 4:
+        raise PayloadError("words body shorter than its header")
+    (n,) = struct.unpack_from("<I", body)
+    end = 4 + 8 * n
+    if len(body) < end:
+        raise PayloadError(f"words body announces {n} keys but is {len(body)} bytes")
+    keys = np.frombuffer(body, dtype=np.uint64, count=n, offset=4)
+    words = body[end:].split(_SEP) if n else []
+    if len(words) != n:
+        raise PayloadError(f"{n} keys but {len(words)} words")
+    try:
+        return keys, [w.decode("utf-8") for w in words]
+    except UnicodeDecodeError as exc:
+        raise PayloadError(f"word is not UTF-8: {exc}") from None
+
+
+def encode_changes(*, epoch: int, version: int, full: bool, keys: np.ndarray, words: list[str],
+                   vectors: np.ndarray, counts: np.ndarray, removed: np.ndarray) -> bytes:
+    n, dim = (vectors.shape if vectors.ndim == 2 else (0, 0))
+    header = orjson.dumps({"epoch": epoch, "version": version, "full": full, "n": int(n), "dim": int(dim),
+                           "removed": int(len(removed))})
+    parts = [struct.pack("<I", len(header)), header,
+             np.ascontiguousarray(keys, dtype=np.uint64).tobytes(),
+             np.ascontiguousarray(vectors, dtype=np.float32).tobytes(),
+             np.ascontiguousarray(counts, dtype=np.int64).tobytes(),
+             np.ascontiguousarray(removed, dtype=np.uint64).tobytes(),
+             _SEP.join(w.encode("utf-8") for w in words)]
+    return b"".join(parts)
+
+
+def decode_changes(body: bytes) -> dict:
+    """The fields of ``encode_changes`` as numpy arrays (views over ``body``)."""
+    try:
+        (hlen,) = struct.unpack_from("<I", body)
+        header = orjson.loads(body[4:4 + hlen])
+        n, dim, m = int(header["n"]), int(header["dim"]), int(header["removed"])
+        off = 4 + hlen
+        keys = np.frombuffer(body, np.uint64, n, off)
+        off += 8 * n
+        vectors = np.frombuffer(body, np.float32, n * dim, off).reshape(n, dim)
+        off += 4 * n * dim
+        counts = np.frombuffer(body, np.int64, n, off)
+        off += 8 * n
+        removed = np.frombuffer(body, np.uint64, m, off)
+        off += 8 * m
+        words = [w.decode("utf-8") for w in body[off:].split(_SEP)] if n else []
+    except (struct.error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise PayloadError(f"malformed changes body: {exc}") from None
+    if len(words) != n:
+        raise PayloadError(f"{n} rows but {len(words)} words")
+    return {**header, "keys": keys, "vectors": vectors, "counts": counts, "removed": removed, "words": words}
