@@ -24,6 +24,7 @@ from online.word2vec_format import write_binary, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 16
+CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)   # a hung request fails the test quickly
 
 
 def planted_model(seed: int = 7):
@@ -77,7 +78,7 @@ async def api(model_file):
                                 sync_interval=0.05, max_k=50, max_batch_words=8).validate()
     server = await start(create_app(settings, Word2VecFileSource(path, counts_path=counts)))
     base = str(server.make_url("")).rstrip("/")
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
         await wait_ready(session, base)
         yield session, base, words, vectors
     await server.close()
@@ -283,7 +284,7 @@ async def test_not_ready_until_a_model_is_loaded():
     server = await start(create_app(settings, NeverReadySource()))
     base = str(server.make_url("")).rstrip("/")
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
             await asyncio.sleep(0.2)
             status, _, body = await get(session, base + "/ready")
             assert status == 503 and body == {"ready": False}
@@ -326,7 +327,7 @@ async def test_source_down_keeps_answering_from_the_last_copy_and_says_so():
     server = await start(create_app(settings, source))
     base = str(server.make_url("")).rstrip("/")
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
             await wait_ready(session, base)
             source.up = False
             await asyncio.sleep(0.3)
@@ -359,7 +360,7 @@ async def test_model_file_replaced_on_disk_is_reloaded_and_a_broken_one_is_not(m
     server = await start(create_app(settings, Word2VecFileSource(path)))
     base = str(server.make_url("")).rstrip("/")
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
             await wait_ready(session, base)
             status, _, body = await get(session, base + "/v1/similar?word=paris&k=1")
             first_version = body["version"]
@@ -425,7 +426,7 @@ def test_cli_serves_a_word2vec_file_and_stops_on_sigterm(model_file):
         url = line.split()[-1]
 
         async def check():
-            async with aiohttp.ClientSession() as session:
+            async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
                 await wait_ready(session, url.rstrip("/"))
                 return await get(session, url + "v1/similar?word=tokyo&k=1")
 

@@ -298,10 +298,15 @@ async def _background(app: web.Application):
     tasks = [asyncio.create_task(sync.run(), name="model-sync"),
              asyncio.create_task(sync.run_stats(), name="source-stats")]
     yield
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    engine.stop()
+    sync.stop()
+    for _ in range(10):       # a cancel can be lost if it lands as an await completes: ask again
+        for task in tasks:
+            task.cancel()
+        done, pending = await asyncio.wait(tasks, timeout=1.0)
+        if not pending:
+            break
+        tasks = list(pending)
+    await asyncio.to_thread(engine.stop)
     close = getattr(source, "close", None)
     if close is not None:
         try:

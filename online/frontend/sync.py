@@ -53,6 +53,7 @@ class ModelSync:
         self.last_stats_error: str | None = None
         self.history: collections.deque = collections.deque(maxlen=HISTORY_POINTS)
         self._prev_words: tuple[float, float] | None = None
+        self._stopping = False
         registry = registry or Registry()
         self._m_syncs = registry.counter("livevec_frontend_syncs_total", "successful model syncs")
         self._m_errors = registry.counter("livevec_frontend_sync_errors_total",
@@ -73,8 +74,8 @@ class ModelSync:
         started = time.perf_counter()
         current = self.holder.current
         try:
-            delta = await asyncio.wait_for(
-                self.source.changes_since(current.version if self.holder.loaded else 0), self.timeout)
+            async with asyncio.timeout(self.timeout):   # not wait_for: on 3.11 it can swallow a cancel
+                delta = await self.source.changes_since(current.version if self.holder.loaded else 0)
             if delta.full or len(delta) or len(delta.removed) or delta.version != current.version:
                 index = await asyncio.to_thread(current.apply, delta)
                 if self.holder.current is not current:
@@ -109,8 +110,11 @@ class ModelSync:
                       full=delta.full, vocab=self.holder.current.n, ms=round(elapsed * 1e3, 1))
         return True
 
+    def stop(self) -> None:
+        self._stopping = True
+
     async def run(self) -> None:
-        while True:
+        while not self._stopping:
             ok = await self.sync_once()
             delay = self.interval if ok else min(self.max_backoff, self.interval * 2 ** min(self.consecutive_errors, 10))
             await asyncio.sleep(delay)
@@ -118,7 +122,8 @@ class ModelSync:
     # ------------------------------------------------------------------ stats
     async def stats_once(self) -> bool:
         try:
-            stats = await asyncio.wait_for(self.source.stats(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                stats = await self.source.stats()
             if not isinstance(stats, dict):
                 raise TypeError(f"stats() returned {type(stats).__name__}, not dict")
         except asyncio.CancelledError:
@@ -149,7 +154,7 @@ class ModelSync:
         return True
 
     async def run_stats(self) -> None:
-        while True:
+        while not self._stopping:
             await self.stats_once()
             await asyncio.sleep(self.stats_interval)
 
