@@ -22,6 +22,8 @@ SimpleApp heads:
   ``epoch`` is a random number a server draws at start (and on every reload), so a
   caller that asks a restarted server with an old version gets everything.
 * ``HEAD_STATS``: answer = orjson dict of the server's counters.
+* ``HEAD_WORKER_REPORT``: a worker's Kafka lag and words/s (orjson), kept by server 0
+  for ``HEAD_STATS`` so the front end can show the whole pipeline's figures.
 * ``HEAD_CHECKPOINT_*``: coordinated checkpoints (``online.checkpoint``).
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ CMD_FREE = 2
 HEAD_SET_WORDS = 100
 HEAD_CHANGES = 101
 HEAD_STATS = 102
+HEAD_WORKER_REPORT = 103     # worker -> server 0: its lag and rate (orjson), for the front end's stats
 HEAD_CHECKPOINT_PAUSE = 110     # to workers: finish in-flight batches, pause, report offsets
 HEAD_CHECKPOINT_SAVE = 111      # to servers: write your shard for checkpoint id
 HEAD_CHECKPOINT_RESUME = 112    # to workers: go on

@@ -78,6 +78,7 @@ class ShardService:
         self.shard = shard
         self.epoch = secrets.randbits(62)
         self.c = _Counters()
+        self.worker_reports: dict[int, tuple[float, dict]] = {}   # node id -> (received, report)
         r = registry
         self.m_requests = {name: r.counter("livevec_server_requests_total", "KV and control requests served",
                                            kind=name)
@@ -152,6 +153,12 @@ class ShardService:
                 since = int(ask.get("since", 0)) if ask.get("epoch") == self.epoch else 0
                 self.m_requests["changes"].inc()
                 app.response(req, self.changes_body(since))
+            elif req.head == pc.HEAD_WORKER_REPORT:
+                report = orjson.loads(req.body)
+                if not isinstance(report, dict):
+                    raise ValueError("worker report must be a JSON object")
+                self.worker_reports[req.sender] = (time.monotonic(), report)
+                app.response(req)
             elif req.head == pc.HEAD_STATS:
                 self.m_requests["stats"].inc()
                 app.response(req, orjson.dumps(self.stats()))
@@ -186,9 +193,15 @@ class ShardService:
         return pc.encode_changes(epoch=self.epoch, version=changes.version, full=full, keys=keys, words=words,
                                  vectors=vectors, counts=counts, removed=removed)
 
+    REPORT_TTL = 15.0   # seconds a worker's report counts (it reports every few seconds)
+
     def stats(self) -> dict:
         c = self.c
-        return {"epoch": self.epoch, "version": self.shard.version, "rows": len(self.shard),
+        now = time.monotonic()
+        live = [r for t, r in self.worker_reports.values() if now - t < self.REPORT_TTL]
+        return {"workers_reporting": len(live), "kafka_lag": sum(int(r.get("lag", 0)) for r in live),
+                "workers_words_per_second": sum(float(r.get("words_per_second", 0.0)) for r in live),
+                "epoch": self.epoch, "version": self.shard.version, "rows": len(self.shard),
                 "words": len(self.shard.words), "pulls": c.pulls, "pushes": c.pushes,
                 "keys_pulled": c.keys_pulled, "keys_pushed": c.keys_pushed,
                 "tokens_counted": c.tokens_counted, "rejected": c.rejected, "started": c.started}

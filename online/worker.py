@@ -1,0 +1,230 @@
+"""``livevec worker``: consume Kafka as a consumer-group member, train SGNS mini-batches, push
+to the parameter servers, and commit offsets only for what the servers acknowledged.
+
+Flow per batch of records: ``KafkaStream.next_batch`` -> ``Trainer.train_records`` (one pull,
+the kernel, one push; in a thread, so the event loop keeps the consumer alive) ->
+``stream.mark_processed``. At most ``max_inflight`` batches are being trained at once: a
+slow server therefore slows consumption instead of growing memory (backpressure).
+
+Failures: a batch whose pull or push is not acknowledged (a server died) is retried with
+backoff until the servers answer again; its offsets stay uncommitted meanwhile, so if
+this worker dies too, the records are redelivered to the partition's next owner. Kafka
+delivery is therefore at least once; ``online.checkpoint`` adds exactly-once relative to
+a checkpoint by rolling back.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from online import ps_commands as pc
+from online.learner_settings import add_learner_arguments, learner_config_from_args
+from online.metrics import Registry
+from online.ps_param_store import PSParamStore
+from online.stream_reader import KafkaStream, StreamSettings, add_stream_arguments, stream_settings_from_args
+from online.structured_logging import log_event
+from online.trainer import LearnerConfig, Trainer
+from ps_bridge.customer import RequestTimeout
+from ps_bridge.kv_app import KVWorker
+from ps_bridge.roles import serve_metrics, start_worker
+from ps_bridge.settings import NodeSettings, current_env, env_float, env_int
+from ps_bridge.simple_app import SendError
+
+log = logging.getLogger("livevec.worker")
+
+
+@dataclass
+class WorkerSettings:
+    node: NodeSettings
+    stream: StreamSettings
+    learner: LearnerConfig
+    max_inflight: int = 2
+    request_timeout: float = 30.0
+    report_interval: float = 2.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env=None) -> "WorkerSettings":
+        env = current_env() if env is None else env
+        return cls(
+            node=NodeSettings.from_args(args, env, role="worker"),
+            stream=stream_settings_from_args(args, env),
+            learner=learner_config_from_args(args, env),
+            max_inflight=args.max_inflight if args.max_inflight is not None else
+            env_int(env, "LIVEVEC_MAX_INFLIGHT", 2, minimum=1, maximum=64),
+            request_timeout=args.request_timeout if args.request_timeout is not None else
+            env_float(env, "LIVEVEC_REQUEST_TIMEOUT", 30.0, minimum=0.1),
+        )
+
+
+class WorkerMetrics:
+    def __init__(self, registry: Registry):
+        r = registry
+        self.batches = r.counter("livevec_worker_batches_total", "mini-batches trained and acknowledged")
+        self.records = r.counter("livevec_worker_records_total", "Kafka records trained")
+        self.tokens = r.counter("livevec_worker_tokens_total", "tokens read")
+        self.words = r.counter("livevec_worker_words_trained_total", "tokens trained after subsampling")
+        self.pairs = r.counter("livevec_worker_pairs_total", "(centre, context) pairs trained")
+        self.errors = r.counter("livevec_worker_batch_errors_total", "batch attempts that failed (retried)")
+        self.batch_seconds = r.histogram("livevec_worker_batch_seconds", "pull + kernel + push time of a batch")
+        self.lag = r.gauge("livevec_worker_kafka_lag", "records behind the high watermark, summed over partitions")
+        self.inflight = r.gauge("livevec_worker_inflight_batches", "batches being trained now")
+        self.words_per_second = r.gauge("livevec_worker_words_per_second", "tokens read per second (recent)")
+
+
+class StreamingWorker:
+    """One worker process: the Kafka stream, the trainer and the ps-lite node."""
+
+    def __init__(self, settings: WorkerSettings, kv: KVWorker, stream, registry: Registry):
+        self.settings = settings
+        self.kv = kv
+        self.stream = stream
+        self.metrics = WorkerMetrics(registry)
+        self.trainer = Trainer(settings.learner, PSParamStore(kv, settings.learner.dim, settings.request_timeout))
+        self.stopping = asyncio.Event()
+        self.paused = asyncio.Event()   # set while a checkpoint holds the stream
+        self._inflight: collections.deque = collections.deque()
+        self._rate_window: collections.deque = collections.deque(maxlen=10_000)
+
+    # -------------------------------------------------------------- training
+    def _train_blocking(self, texts: list[str]):
+        backoff = 0.2
+        while True:
+            try:
+                return self.trainer.train_records(texts)
+            except (RequestTimeout, SendError) as exc:
+                self.metrics.errors.inc()
+                log_event(log, "batch_retry", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
+                          backoff=round(backoff, 2))
+                if self.stopping.is_set():
+                    raise
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _finish_oldest(self) -> None:
+        batch, task = self._inflight.popleft()
+        self.metrics.inflight.set(len(self._inflight))
+        try:
+            stats = await task
+        except Exception as exc:   # the batch is not marked processed: it will be read again
+            log_event(log, "batch_failed", logging.ERROR, error=f"{type(exc).__name__}: {exc}", records=len(batch))
+            return
+        await self.stream.mark_processed(batch)
+        m = self.metrics
+        m.batches.inc()
+        m.records.inc(len(batch))
+        m.tokens.inc(stats.tokens)
+        m.words.inc(stats.kept)
+        m.pairs.inc(stats.pairs)
+        m.batch_seconds.observe(stats.seconds)
+        self._rate_window.append((time.monotonic(), stats.tokens))
+
+    async def drain(self) -> None:
+        """Finish every batch in flight (used at shutdown and by checkpoints)."""
+        while self._inflight:
+            await self._finish_oldest()
+
+    async def run(self) -> None:
+        report = asyncio.create_task(self._report_loop())
+        try:
+            while not self.stopping.is_set():
+                if self.paused.is_set():
+                    await self.drain()
+                    await asyncio.sleep(0.05)
+                    continue
+                batch = await self.stream.next_batch(timeout=0.5)
+                if batch is not None and len(batch):
+                    task = asyncio.create_task(asyncio.to_thread(self._train_blocking, batch.texts))
+                    self._inflight.append((batch, task))
+                    self.metrics.inflight.set(len(self._inflight))
+                while self._inflight and (self._inflight[0][1].done()
+                                          or len(self._inflight) >= self.settings.max_inflight):
+                    await self._finish_oldest()
+            await self.drain()
+        finally:
+            report.cancel()
+
+    # ------------------------------------------------------------ reporting
+    RATE_WINDOW = 10.0   # seconds of batches that words/s is averaged over
+
+    def words_per_second(self) -> float:
+        """Tokens per second over the last ``RATE_WINDOW`` seconds (0 when idle)."""
+        now = time.monotonic()
+        recent = [n for t, n in self._rate_window if now - t <= self.RATE_WINDOW]
+        return sum(recent) / self.RATE_WINDOW
+
+    async def _report_loop(self) -> None:
+        """Tell server 0 this worker's lag and rate, so the front end can show them."""
+        server0 = self.kv.po.server_ids()[0]
+        while True:
+            await asyncio.sleep(self.settings.report_interval)
+            lag = sum(self.stream.lag().values())
+            wps = self.words_per_second()
+            self.metrics.lag.set(lag)
+            self.metrics.words_per_second.set(wps)
+            body = orjson.dumps({"node": self.kv.po.node_id, "lag": lag, "words_per_second": wps,
+                                 "tokens": self.trainer.totals.tokens, "time": time.time()})
+            try:
+                ts = self.kv.request(pc.HEAD_WORKER_REPORT, body, server0)
+                await self.kv.wait_async(ts, 5.0)
+            except (RequestTimeout, SendError) as exc:
+                log_event(log, "report_failed", logging.DEBUG, error=str(exc))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from ps_bridge.settings import add_node_arguments
+    add_node_arguments(parser, role="worker")
+    add_stream_arguments(parser)
+    add_learner_arguments(parser)
+    g = parser.add_argument_group("worker")
+    g.add_argument("--max-inflight", type=int, help="LIVEVEC_MAX_INFLIGHT: batches trained at once (2)")
+    g.add_argument("--request-timeout", type=float,
+                   help="LIVEVEC_REQUEST_TIMEOUT: seconds to wait for the servers before retrying (30)")
+
+
+async def _main(settings: WorkerSettings) -> int:
+    registry = Registry({"role": "worker"})
+    kv = await asyncio.to_thread(start_worker, settings.node, registry=registry)
+    serve_metrics(kv.po, settings.node.metrics_port)
+    stream = KafkaStream(settings.stream, metrics=registry)
+    await stream.start()
+    worker = StreamingWorker(settings, kv, stream, registry)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stopping.set)
+    hooks = _checkpoint_hooks(worker)
+    log_event(log, "worker_ready", node_id=kv.po.node_id, pid=os.getpid(), topics=",".join(settings.stream.topics),
+              group=settings.stream.group)
+    try:
+        await worker.run()
+    finally:
+        if hooks is not None:
+            hooks.close()
+        await stream.stop()
+        t = worker.trainer.totals
+        log_event(log, "worker_stopping", node_id=kv.po.node_id, tokens=t.tokens, words=t.kept, pairs=t.pairs)
+        if kv.po.elastic:
+            await asyncio.to_thread(kv.po.leave)
+        else:
+            kv.po.stop()
+    return 0
+
+
+def _checkpoint_hooks(worker: StreamingWorker):
+    try:
+        from online.checkpoint import WorkerCheckpointing
+    except ImportError:
+        return None
+    return WorkerCheckpointing(worker)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = WorkerSettings.from_args(args)
+    return asyncio.run(_main(settings))
