@@ -195,11 +195,13 @@ class ModelIndex:
         """Up to ``limit`` words starting with ``prefix``, most frequent first (then alphabetical)."""
         lo = bisect.bisect_left(self.alpha_words, prefix)
         hi = bisect.bisect_left(self.alpha_words, prefix + _HIGHEST_CHAR, lo)
-        rows = self.alpha_rows[lo:hi]
+        rows = self.alpha_rows[lo:hi]               # alphabetical
         if len(rows) > limit:
             c = self.counts[rows]
-            top = np.argpartition(-c, limit - 1)[:limit]
-            rows = rows[top]
+            threshold = np.partition(c, len(c) - limit)[len(c) - limit]    # the limit-th largest count
+            above = rows[c > threshold]
+            tied = rows[c == threshold][:limit - len(above)]              # ties: alphabetical order wins
+            rows = np.concatenate([above, tied])
         order = sorted(rows.tolist(), key=lambda r: (-int(self.counts[r]), self.words[r]))
         return [(self.words[r], int(self.counts[r])) for r in order]
 

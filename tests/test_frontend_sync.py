@@ -1,0 +1,315 @@
+"""Sync atomicity and the index's correctness under deltas.
+
+The atomicity test serves a model in which every vector of version v carries v's
+signature. Each row has a "version part" B * (cos psi_v, sin psi_v) and the query word's
+vector has minus that, so any row of another version scores higher than every row of
+version v and jumps into the top k; the ranking of the words is also shifted by v. A query
+that mixed two versions (rows from two syncs, or the query vector from one and the rows
+from another) therefore returns different words or scores than the exact answer for the
+version it reports. Readers hammer the live HTTP server while syncs swap in a new version
+every few milliseconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+
+from online.frontend.app import create_app
+from online.frontend.model_index import ModelIndex
+from online.frontend.query_engine import QueryEngine
+from online.frontend.settings import FrontendSettings
+from online.frontend.sources import ModelDelta
+from online.metrics import Registry
+from online.vocab import word_key, word_keys
+
+N = 2000
+DIM = 8
+SHIFT = 7
+K = 10
+
+
+B = 2.0                      # weight of the version part (see the module docstring)
+GOLDEN = math.pi * (3 - math.sqrt(5))
+
+
+def psi(v: int) -> float:
+    return (GOLDEN * v) % (2 * math.pi)
+
+
+def target_score(rank: int) -> float:
+    """Cosine of the word of this rank with q, in q's own version."""
+    return (0.9 - 0.4 * rank / N - B * B) / (1 + B * B)
+
+
+def expected_top(v: int, k: int = K) -> list[tuple[str, float]]:
+    return [(f"s{(r - SHIFT * v) % N}", target_score(r)) for r in range(k)]
+
+
+def query_vector(v: int) -> list[float]:
+    return [1.0, 0.0, -B * math.cos(psi(v)), -B * math.sin(psi(v))] + [0.0] * (DIM - 4)
+
+
+def version_model(v: int):
+    """Words s0..s{N-1}, the query word q and the marker x{v}, all signed with version v."""
+    ranks = (np.arange(N) + SHIFT * v) % N
+    theta = np.arccos(0.9 - 0.4 * ranks / N)
+    vectors = np.zeros((N + 2, DIM), dtype=np.float64)
+    vectors[:N, 0] = np.cos(theta)
+    vectors[:N, 1] = np.sin(theta)
+    vectors[:, 2] = B * math.cos(psi(v))
+    vectors[:, 3] = B * math.sin(psi(v))
+    vectors[N] = query_vector(v)                                             # q
+    vectors[N + 1, 0] = -1.0                                                 # x{v}: last in every ranking
+    words = [f"s{i}" for i in range(N)] + ["q", f"x{v}"]
+    return words, vectors.astype(np.float32)
+
+
+class SignatureSource:
+    """Every call makes a new version in which every row changed; the previous marker word is removed."""
+
+    def __init__(self):
+        self.version = 0
+        self.calls = 0
+
+    async def changes_since(self, version: int) -> ModelDelta:
+        self.calls += 1
+        self.version += 1
+        v = self.version
+        words, vectors = version_model(v)
+        full = version == 0 or v % 5 == 0
+        removed = np.zeros(0, np.uint64) if full else np.array([word_key(f"x{version}")], dtype=np.uint64)
+        order = np.random.default_rng(v).permutation(len(words))     # rows arrive in any order
+        return ModelDelta(word_keys([words[i] for i in order]), [words[i] for i in order], vectors[order],
+                          np.full(len(words), v, np.int64), v, full=full, removed=removed)
+
+    async def stats(self):
+        return {"words_trained": self.version}
+
+
+def check_neighbours(version: int, neighbours: list[dict], problems: list, what: str) -> None:
+    want = expected_top(version, len(neighbours))
+    got = [(n["word"], n["score"]) for n in neighbours]
+    if len(got) != K or [w for w, _ in got] != [w for w, _ in want] or \
+            any(abs(a - b) > 5e-6 for (_, a), (_, b) in zip(got, want)):
+        problems.append((what, version, got[:3], want[:3]))
+
+
+async def reader(session: aiohttp.ClientSession, base: str, until: float, seen: set, problems: list, seed: int):
+    rnd = random.Random(seed)
+    loop = asyncio.get_running_loop()
+    last = 0
+    requests = 0
+    while loop.time() < until:
+        kind = rnd.randrange(6)
+        if kind == 0:
+            async with session.get(f"{base}/v1/similar?word=q&k={K}") as r:
+                body = await r.json()
+            check_neighbours(body["version"], body["neighbours"], problems, "similar")
+            v = body["version"]
+        elif kind == 1:
+            async with session.post(f"{base}/v1/similar", json={"words": ["q", "s3", "q"], "k": K}) as r:
+                body = await r.json()
+            for res in (body["results"][0], body["results"][2]):
+                check_neighbours(res["version"], res["neighbours"], problems, "batch")
+            v = min(res["version"] for res in body["results"])
+        elif kind == 2:
+            async with session.get(f"{base}/v1/analogy?positive=q&k={K}") as r:
+                body = await r.json()
+            check_neighbours(body["version"], body["neighbours"], problems, "analogy")
+            v = body["version"]
+        elif kind == 3:
+            async with session.get(f"{base}/v1/vector/q") as r:
+                body = await r.json()
+            v = body["version"]
+            want = query_vector(v)
+            if not np.allclose(body["vector"], want, atol=1e-6):
+                problems.append(("vector", v, body["vector"][:4], want[:4]))
+        elif kind == 4:
+            async with session.get(f"{base}/v1/vocab?prefix=x") as r:
+                body = await r.json()
+            v = body["version"]
+            if [w["word"] for w in body["words"]] != [f"x{v}"] or body["total"] != 1:
+                problems.append(("vocab-marker", v, body["words"], f"x{v}"))
+        else:
+            async with session.get(f"{base}/v1/vocab?prefix=s&limit=5") as r:
+                body = await r.json()
+            v = body["version"]
+            if body["total"] != N or any(w["count"] != v for w in body["words"]):
+                problems.append(("vocab-counts", v, body["words"][:2], v))
+        if v < last:
+            problems.append(("went-back", v, last, None))
+        last = v
+        seen.add(v)
+        requests += 1
+    return requests
+
+
+async def test_queries_never_see_half_a_sync():
+    settings = FrontendSettings(source="test", sync_interval=0.01, query_batch=16).validate()
+    source = SignatureSource()
+    server = TestServer(create_app(settings, source), host="127.0.0.1")
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            for _ in range(500):
+                async with session.get(base + "/ready") as r:
+                    if r.status == 200:
+                        break
+                await asyncio.sleep(0.01)
+            until = asyncio.get_running_loop().time() + 3.0
+            seen: set[int] = set()
+            problems: list = []
+            counts = await asyncio.gather(*(reader(session, base, until, seen, problems, seed) for seed in range(12)))
+    finally:
+        await server.close()
+    assert not problems, problems[:5]
+    assert sum(counts) > 200
+    assert len(seen) >= 20, f"only {len(seen)} versions were observed; the syncs did not overlap the queries"
+
+
+def test_signature_model_is_what_the_check_expects():
+    """The checker itself: a correct index passes, a mixed one fails (so the test above can fail)."""
+    words, vectors = version_model(4)
+    index = ModelIndex.from_arrays(4, word_keys(words), words, vectors)
+    got = [{"word": n.word, "score": n.score} for n in index.most_similar(["q"], k=K)]
+    problems: list = []
+    check_neighbours(4, got, problems, "correct")
+    assert not problems
+    # half of version 5's rows on top of version 4: the answer no longer matches either version
+    words5, vectors5 = version_model(5)
+    mixed_vectors = vectors.copy()
+    mixed_vectors[: N // 2] = vectors5[: N // 2]
+    mixed = ModelIndex.from_arrays(4, word_keys(words), words, mixed_vectors)
+    got = [{"word": n.word, "score": n.score} for n in mixed.most_similar(["q"], k=K)]
+    check_neighbours(4, got, problems, "mixed-4")
+    check_neighbours(5, got, problems, "mixed-5")
+    assert len(problems) == 2
+    # the query vector of version 5 against the rows of version 4
+    problems.clear()
+    q5 = vectors5[N] / np.linalg.norm(vectors5[N])
+    got = [{"word": n.word, "score": n.score}
+           for n in index.top_k(q5[None, :], [[index.row("q")]], [K])[0]]
+    check_neighbours(4, got, problems, "q-from-5")
+    check_neighbours(5, got, problems, "q-from-5")
+    assert len(problems) == 2
+
+
+# ----------------------------------------------------------------- index deltas
+def reference(model: dict[str, tuple[np.ndarray, int]], positive: str, k: int):
+    words = sorted(model)
+    m = np.array([model[w][0] for w in words], dtype=np.float64)
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    unit = m / np.where(norms == 0, 1, norms)
+    q = unit[words.index(positive)]
+    scores = unit @ q
+    scores[words.index(positive)] = -np.inf
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [words[i] for i in order], scores[order]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_incremental_deltas_equal_a_full_rebuild(seed):
+    """Random adds, updates, removals, duplicate keys and NaN rows applied as deltas give the same
+    index as building the final model from scratch."""
+    rng = np.random.default_rng(seed)
+    dim = 5
+    model: dict[str, tuple[np.ndarray, int]] = {}
+    index = ModelIndex.empty()
+    pool = [f"{random.Random(seed * 1000 + i).choice(['ab', 'abc', 'b', 'ba', 'zz'])}{i}" for i in range(300)]
+    version = 0
+    for step in range(40):
+        version += 1
+        present = list(model)
+        n_upd = int(rng.integers(0, min(len(present), 30) + 1))
+        upd = list(rng.choice(present, n_upd, replace=False)) if n_upd else []
+        fresh = [w for w in rng.choice(pool, 20, replace=False) if w not in model][:int(rng.integers(0, 15))]
+        gone = [w for w in present if w not in upd and rng.random() < 0.05]
+        words = upd + fresh
+        vectors = rng.standard_normal((len(words), dim)).astype(np.float32)
+        counts = rng.integers(0, 1000, len(words))
+        if len(words) > 2 and step % 7 == 3:                       # a duplicate key: the last one wins
+            words.append(words[0])
+            vectors = np.concatenate([vectors, rng.standard_normal((1, dim)).astype(np.float32)])
+            counts = np.append(counts, 5)
+        if len(words) and step % 11 == 5:                          # a NaN row is served as a zero vector
+            vectors[-1, 0] = np.nan
+        full = step % 13 == 12
+        if full:
+            words = [w for w in dict.fromkeys(list(model) + words) if w not in gone]
+            new = rng.standard_normal((len(words), dim)).astype(np.float32)
+            cnt = rng.integers(0, 1000, len(words))
+            delta = ModelDelta(word_keys(words), words, new, cnt, version, full=True)
+            model = {w: (new[i], int(cnt[i])) for i, w in enumerate(words)}
+        else:
+            delta = ModelDelta(word_keys(words), words, vectors, counts, version,
+                               removed=word_keys(gone) if gone else np.zeros(0, np.uint64))
+            for w in gone:
+                del model[w]
+            for i, w in enumerate(words):
+                v = vectors[i].copy()
+                if not np.isfinite(v).all():
+                    v[:] = 0
+                model[w] = (v, int(counts[i]))
+        index = index.apply(delta)
+        assert index.version == version
+        assert sorted(index.words) == sorted(model)
+        for w, (v, c) in model.items():
+            r = index.row(w)
+            assert index.words[r] == w and int(index.keys[r]) == word_key(w)
+            assert np.array_equal(index.vectors[r], v) and index.counts[r] == c
+        assert index.alpha_words == sorted(model)
+        for prefix in ("a", "ab", "b", "zz", "q", ""):
+            matching = sorted((w for w in model if w.startswith(prefix)), key=lambda w: (-model[w][1], w))
+            assert index.prefix(prefix, 7) == [(w, model[w][1]) for w in matching[:7]]
+            assert index.prefix_total(prefix) == len(matching)
+        if len(model) > 3:
+            probe = sorted(model)[len(model) // 2]
+            if np.linalg.norm(model[probe][0]) > 0:
+                want_words, want_scores = reference(model, probe, 3)
+                got = index.most_similar([probe], k=3)
+                assert np.allclose([n.score for n in got], want_scores, atol=1e-5)
+
+
+def test_dimension_mismatch_and_shape_errors_are_rejected():
+    index = ModelIndex.from_arrays(1, word_keys(["a", "b"]), ["a", "b"], np.ones((2, 3), np.float32))
+    from online.frontend.model_index import ModelDeltaError
+    with pytest.raises(ModelDeltaError, match="dimension"):
+        index.apply(ModelDelta(word_keys(["c"]), ["c"], np.ones((1, 4), np.float32), np.zeros(1, np.int64), 2))
+    with pytest.raises(ModelDeltaError, match="must match"):
+        index.apply(ModelDelta(word_keys(["c", "d"]), ["c"], np.ones((2, 3), np.float32), np.zeros(2, np.int64), 2))
+    assert index.n == 2 and index.version == 1          # the old snapshot is untouched
+
+
+async def test_batched_engine_answers_equal_single_queries():
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(3000)]
+    index = ModelIndex.from_arrays(1, word_keys(words), words, rng.standard_normal((3000, 20)).astype(np.float32))
+
+    class Holder:
+        current = index
+        loaded = True
+
+    registry = Registry()
+    engine = QueryEngine(Holder(), max_batch=32, registry=registry)
+    engine.start()
+    try:
+        probes = [words[i] for i in rng.choice(3000, 200, replace=False)]
+        results = await asyncio.gather(*(engine.query([w], [], 7) for w in probes),
+                                       engine.query(["w1", "w2"], ["w3"], 5), engine.query(["nope"], [], 5))
+    finally:
+        engine.stop()
+    for w, res in zip(probes, results):
+        assert [n.word for n in res.neighbours] == [n.word for n in index.most_similar([w], k=7)]
+    assert [n.word for n in results[-2].neighbours] == [n.word for n in index.most_similar(["w1", "w2"], ["w3"], 5)]
+    assert results[-1].unknown == ["nope"] and results[-1].neighbours == []
+    text = registry.render()
+    batches = float(next(line.split()[-1] for line in text.splitlines()
+                         if line.startswith("livevec_frontend_query_batch_size_count")))
+    assert batches < 202, "202 concurrent queries should have been fused into fewer matrix products"
