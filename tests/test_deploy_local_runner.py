@@ -118,7 +118,8 @@ def test_committed_group_runs_with_marathon_env(stand_in_bin, tmp_path):
             ports_seen |= {env["PORT0"], env["PORT1"]}
         assert len(ports_seen) == 6  # every task got its own ports
         assert worker["env"]["DMLC_ROLE"] == "worker" and worker["env"]["LIVEVEC_ELASTIC_WORKERS"] == "1"
-        assert frontend["env"]["LIVEVEC_HTTP_PORT"] == frontend["env"]["PORT_HTTP"]
+        assert frontend["env"]["LIVEVEC_HTTP_PORT"] == frontend["env"]["PORT_HTTP"] == frontend["env"]["PORT0"]
+        assert frontend["env"]["PORT"] == frontend["env"]["PORT_PS"] == frontend["env"]["PORT1"]
         assert (shared / "checkpoints").parent.is_dir()
 
         # A server that dies is relaunched after backoffSeconds, with new ports (a new task).
@@ -231,6 +232,11 @@ def test_group_errors_are_caught_before_anything_starts(tmp_path):
     runner = LocalRunner(base, work_dir=tmp_path, instances={"server": 5})
     for app in ("scheduler", "server", "worker", "frontend"):
         assert runner.app(app)["env"]["DMLC_NUM_SERVER"] == "5"
+    # A volume may be mapped through a parent directory; a mapping that matches nothing is an error.
+    runner = LocalRunner(base, work_dir=tmp_path, volumes={"/mnt/mfs": tmp_path / "mfs"})
+    assert runner.app("server")["env"]["LIVEVEC_CHECKPOINT_DIR"] == str(tmp_path / "mfs" / "livevec" / "checkpoints")
+    with pytest.raises(ValueError, match="match no containerPath"):
+        LocalRunner(base, work_dir=tmp_path, volumes={"/data": tmp_path})
     # The same from the topology (what `livevec up` uses), with a per-app override.
     runner = LocalRunner.from_topology(default_topology().with_instances(server=3, worker=4), work_dir=tmp_path,
                                        app_env={"worker": {"LIVEVEC_BATCH_WORDS": "512"}})

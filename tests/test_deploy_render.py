@@ -123,7 +123,9 @@ def test_workers_are_elastic_and_frontend_has_a_readiness_check():
     fe = apps["frontend"]
     assert fe["readinessChecks"][0]["path"] == "/ready"
     assert fe["readinessChecks"][0]["portName"] == "http"
-    assert fe["cmd"] == 'LIVEVEC_HTTP_PORT="$PORT_HTTP" exec livevec frontend'
+    # It joins the ps-lite cluster as an elastic worker node to read the model.
+    assert fe["cmd"] == 'DMLC_NODE_HOST="$HOST" LIVEVEC_HTTP_PORT="$PORT_HTTP" PORT="$PORT_PS" exec livevec frontend'
+    assert [p["name"] for p in fe["portDefinitions"]] == ["http", "ps"]
     assert fe["env"]["LIVEVEC_HTTP_HOST"] == "0.0.0.0"
     assert apps["producer-example"]["instances"] == 0
 

@@ -290,14 +290,26 @@ class LocalRunner:
         return fixed
 
     def _map_volumes(self, specs: dict[str, dict], volumes: dict[str, str | Path]) -> dict[str, Path]:
+        """containerPath -> local directory. A ``volumes`` key may be the container path or
+        a parent of it ({"/mnt/mfs": d} maps /mnt/mfs/livevec to d/livevec)."""
         mapping: dict[str, Path] = {}
+        used: set[str] = set()
         for spec in specs.values():
             for vol in (spec.get("container") or {}).get("volumes", []):
                 cpath = vol.get("containerPath")
                 if not cpath or cpath in mapping:
                     continue
-                local = volumes.get(cpath) or self.work_dir / "volumes" / cpath.strip("/").replace("/", "_")
-                mapping[cpath] = Path(local)
+                parents = [k for k in volumes if cpath == k.rstrip("/") or cpath.startswith(k.rstrip("/") + "/")]
+                if parents:
+                    key = max(parents, key=len)
+                    used.add(key)
+                    mapping[cpath] = Path(volumes[key]) / cpath[len(key.rstrip("/")):].lstrip("/")
+                else:
+                    mapping[cpath] = self.work_dir / "volumes" / cpath.strip("/").replace("/", "_")
+        unused = set(volumes) - used
+        if unused:
+            raise ValueError(f"volumes {sorted(unused)} match no containerPath of the group "
+                             f"(have {sorted(mapping)})")
         return mapping
 
     def _rewrite(self, spec: dict, dns: Mapping[str, str]) -> None:

@@ -457,10 +457,15 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
     frontend = Role(
         name="frontend", command="livevec frontend", instances=frontends, workload="replicated",
         resources=size_resources("frontend", capacity, servers),
+        # The front end reads the model by joining the ps-lite cluster as an (elastic)
+        # worker node (online.ps_model_source), so it needs a ps port and an address the
+        # servers can reach, like a worker.
         ports=(Port("http", container_port=8080, service_port=10080,
-                    labels={"VIP_0": "/livevec-frontend:8080"}),),
+                    labels={"VIP_0": "/livevec-frontend:8080"}),
+               Port("ps", container_port=9092)),
         env={"LIVEVEC_HTTP_HOST": "0.0.0.0"},
-        port_env={"LIVEVEC_HTTP_PORT": "http"},
+        port_env={"LIVEVEC_HTTP_PORT": "http", "PORT": "ps"},
+        host_env=("DMLC_NODE_HOST",),
         health=Check("http", "http", "/health", grace_period_seconds=300, interval_seconds=20,
                      timeout_seconds=5, max_consecutive_failures=3, delay_seconds=10),
         readiness=Check("http", "http", "/ready", interval_seconds=10, timeout_seconds=5),
