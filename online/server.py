@@ -255,5 +255,9 @@ def _checkpoint_hooks(settings: ServerSettings, po: Postoffice, server: KVServer
     """Checkpoint save/restore on this server, when a checkpoint directory is configured."""
     if not settings.checkpoint_dir:
         return None
-    from online.checkpoint import ServerCheckpointing
+    try:
+        from online.checkpoint import ServerCheckpointing
+    except ImportError:
+        log_event(log, "checkpoints_unavailable", logging.WARNING, dir=settings.checkpoint_dir)
+        return None
     return ServerCheckpointing(settings.checkpoint_dir, po, server, service)

@@ -1,0 +1,152 @@
+"""``livevec up``: the whole system on one machine, from the deployment files themselves.
+
+It starts a real Kafka broker (``online.kafka_broker``), creates the topic, brings up the
+Marathon group (scheduler, servers, workers, front end) through the local Marathon-like
+runner (``online.deployment.local_runner``) so that what runs here is what the cluster
+runs, and streams a corpus into the topic at a steady rate. The default corpus is the
+generated one of ``online.sample_corpus`` (endless, with planted topics, so neighbours of
+``king`` or ``paris`` are meaningful within seconds on any machine); ``--corpus FILE``
+streams a text file (plain, .gz or .xz) instead. Ctrl-C stops everything cleanly.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from online.deployment.local_runner import LocalRunner
+from online.deployment.topology import default_topology
+from online.kafka_broker import KafkaBroker, KafkaBrokerSettings
+from online.produce import produce_async
+from online.sample_corpus import iter_sentences
+from online.structured_logging import log_event
+from ps_bridge.settings import SettingError
+
+log = logging.getLogger("livevec.up")
+TOPIC = "livevec-text"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", help="text file to stream (plain/.gz/.xz); default: the generated sample corpus")
+    parser.add_argument("--loop", action="store_true", help="stream --corpus again and again")
+    parser.add_argument("--servers", type=int, default=1, help="parameter servers (1)")
+    parser.add_argument("--workers", type=int, default=2, help="training workers (2)")
+    parser.add_argument("--rate", type=float, default=2000.0, help="lines per second streamed into Kafka (2000)")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of the topic (4)")
+    parser.add_argument("--dim", type=int, default=100, help="vector size (100)")
+    parser.add_argument("--min-count", type=int, default=5, help="min_count (5)")
+    parser.add_argument("--work-dir", help="logs, sandboxes and checkpoints (default: a new temporary directory)")
+    parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0 = until Ctrl-C)")
+    parser.add_argument("--log-level", default=None)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.servers < 1:
+        raise SettingError("--servers", "must be >= 1")
+    if args.workers < 1:
+        raise SettingError("--workers", "must be >= 1")
+    if args.rate <= 0:
+        raise SettingError("--rate", "must be > 0 lines/s")
+    if args.corpus and not Path(args.corpus).is_file():
+        raise SettingError("--corpus", f"no such file: {args.corpus}")
+
+
+def _corpus_lines(args: argparse.Namespace):
+    if not args.corpus:
+        yield from iter_sentences(seed=1)
+        return
+    from online.produce import TextSource
+    while True:
+        source = TextSource(args.corpus)
+        try:
+            while chunk := source.read_chunk():
+                yield from chunk
+        finally:
+            source.close()
+        if not args.loop:
+            return
+
+
+class _Producer(threading.Thread):
+    """Streams the corpus into the topic from its own event loop, until stopped."""
+
+    def __init__(self, args: argparse.Namespace, bootstrap: str):
+        super().__init__(name="producer", daemon=True)
+        self.args, self.bootstrap = args, bootstrap
+        self.stats = None
+        self.error: BaseException | None = None
+        self.loop = asyncio.new_event_loop()
+        self._task = None
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._task = self.loop.create_task(produce_async(
+            _corpus_lines(self.args), bootstrap=self.bootstrap, topic=TOPIC, partitions=self.args.partitions,
+            rate=self.args.rate / 10, lines_per_record=10, create_topic=True))
+        try:
+            self.stats = self.loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:
+            self.error = exc
+            log_event(log, "producer_failed", logging.ERROR, error=f"{type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self.loop.call_soon_threadsafe(self._task.cancel)
+        self.join(timeout=10)
+
+
+def run(args: argparse.Namespace) -> int:
+    _validate(args)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="livevec-up-"))
+    work.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    t0 = time.monotonic()
+    print(f"livevec up: starting Kafka (work dir {work})", file=sys.stderr, flush=True)
+    broker = KafkaBroker(KafkaBrokerSettings.from_env())
+    broker.start()
+    runner = producer = None
+    try:
+        topology = default_topology(servers=args.servers, workers=args.workers, frontends=1)
+        runner = LocalRunner.from_topology(
+            topology, work_dir=work,
+            env={"LIVEVEC_KAFKA_BOOTSTRAP": broker.bootstrap, "LIVEVEC_KAFKA_TOPICS": TOPIC,
+                 "LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count),
+                 "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10"},
+            app_env={"frontend": {"LIVEVEC_HTTP_HOST": "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
+            instances={"server": args.servers, "worker": args.workers, "frontend": 1, "producer-example": 0},
+            volumes={"/mnt/mfs": work / "shared"})
+        print("livevec up: starting scheduler, servers, workers and front end", file=sys.stderr, flush=True)
+        runner.start()
+        producer = _Producer(args, broker.bootstrap)
+        producer.start()
+        runner.wait_healthy(timeout=120)
+        url = runner.url("frontend", "http", "/")
+        print(f"\nlivevec is up in {time.monotonic() - t0:.0f} s\n"
+              f"  page:     {url}\n"
+              f"  API:      {url}v1/similar?word=king&k=10   {url}v1/stats   {url}openapi.json\n"
+              f"  Kafka:    {broker.bootstrap} topic {TOPIC} ({args.partitions} partitions, "
+              f"{args.rate:g} lines/s)\n"
+              f"  logs:     {runner.log_dir}/  (Kafka: {broker.log_path})\n"
+              f"Ctrl-C stops everything.", flush=True)
+        deadline = time.monotonic() + args.duration if args.duration > 0 else None
+        while not stop.wait(1.0):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    finally:
+        print("livevec up: stopping", file=sys.stderr, flush=True)
+        if producer is not None:
+            producer.stop()
+        if runner is not None:
+            runner.stop()
+        broker.stop()
+    return 0
