@@ -310,12 +310,6 @@ class EmbeddingShard:
         with self._lock:
             return self._stamp(np.asarray(rows, dtype=np.int64))
 
-    def next_version(self) -> int:
-        """A new version for an in-place kernel to stamp the rows it writes with."""
-        with self._lock:
-            self.version += 1
-            return self.version
-
     def _stamp(self, rows: np.ndarray) -> int:
         self.version += 1
         self.row_version[rows] = self.version

@@ -129,6 +129,7 @@ class Trainer:
         self.noise = NoiseTable(config.noise_table_size, seed=config.seed)
         self._rng = np.random.default_rng(config.seed)
         self._lock = threading.Lock()
+        self._local = threading.local()
         if self.shard is not None:
             self.eta = self.shard.eta if config.eta is None else config.eta
             self._opt = {"adagrad": OPT_ADAGRAD, "rowadagrad": OPT_ROW_ADAGRAD, "sgd": OPT_SGD}[self.shard.optimizer]
@@ -157,6 +158,13 @@ class Trainer:
             counts = self.vocab.counts[slots].copy()
         vectors = self.store.pull(keys) if len(keys) else np.zeros((0, self.config.dim), np.float32)
         return words, vectors, counts
+
+    def _touched_mask(self, capacity: int) -> np.ndarray:
+        """This thread's uint8 mask of rows written by its kernel (see ``train_inplace``)."""
+        mask = getattr(self._local, "touched", None)
+        if mask is None or len(mask) < capacity:
+            mask = self._local.touched = np.zeros(capacity, dtype=np.uint8)
+        return mask
 
     # -------------------------------------------------------------- stages
     def prepare(self, sentences: list[list[str]], update_vocab: bool = True) -> _Prepared:
@@ -249,12 +257,14 @@ class Trainer:
         if self.shard is not None:
             if len(p.in_rows) > 1:
                 shard = self.shard
-                version = shard.next_version()
                 with shard.training():
+                    touched = self._touched_mask(shard.capacity)
                     stats.pairs = train_inplace(shard.vectors, shard.vectors, shard.accum, shard.accum,
                                                 p.in_rows, p.out_rows, p.starts, p.noise, self.slot_out_row,
-                                                cfg.window, cfg.negative, p.eta, self._opt, p.seed,
-                                                shard.row_version, version)
+                                                cfg.window, cfg.negative, p.eta, self._opt, p.seed, touched)
+                rows = np.flatnonzero(touched)
+                touched[rows] = 0
+                shard.mark_changed(rows)
         elif p.keys is not None and len(p.pair_in):
             values = self.store.pull(p.keys)
             in_vecs, out_vecs = values[:p.n_in], values[p.n_in:]

@@ -66,15 +66,16 @@ def test_in_place_sgd_moves_along_minus_the_batch_gradient_for_a_small_step():
     _, g_in, g_out = _loss_and_grads(vectors[:n_words].astype(np.float64), vectors[n_words:].astype(np.float64),
                                      pair_in, pair_out, negs)
     updated = vectors.copy()
-    versions = np.zeros(len(vectors), dtype=np.int64)
+    touched = np.zeros(len(vectors), dtype=np.uint8)
     pairs = train_inplace(updated, updated, np.zeros((0, 8), np.float32), np.zeros((0, 8), np.float32),
                           tokens, tokens + n_words, starts, noise, slot_out_row, window, negative, eta, OPT_SGD,
-                          seed, versions, 5)
+                          seed, touched)
     assert pairs == len(pair_in)
     delta = (updated - vectors).astype(np.float64)
     expected = -eta * np.vstack([g_in, g_out])
     np.testing.assert_allclose(delta, expected, atol=2e-3 * np.abs(expected).max())
-    assert set(np.unique(versions)) <= {0, 5} and (versions[np.unique(tokens)] == 5).all()
+    changed = np.flatnonzero(np.any(updated != vectors, axis=1))
+    assert np.flatnonzero(touched).tolist() == changed.tolist()
 
 
 def test_windows_stay_inside_sentences():
@@ -94,7 +95,7 @@ def test_in_place_adagrad_lowers_the_loss_of_its_batch(optimizer):
     acc = np.full((len(vectors), 8 if optimizer == OPT_ADAGRAD else 1), 1e-8, np.float32)
     for _ in range(5):
         train_inplace(vectors, vectors, acc, acc, tokens, tokens + n_words, starts, noise, slot_out_row, window,
-                      negative, 0.05, optimizer, seed, np.zeros(len(vectors), np.int64), 1)
+                      negative, 0.05, optimizer, seed, np.zeros(len(vectors), np.uint8))
     after = _loss_and_grads(vectors[:n_words], vectors[n_words:], pair_in, pair_out, negs)[0]
     assert after < 0.9 * before
     assert (acc > 1e-8).any()
