@@ -318,7 +318,10 @@ async def _background(app: web.Application):
 def create_app(settings: FrontendSettings, source: ModelSource, registry: Registry | None = None) -> web.Application:
     """The application serving ``source`` with ``settings`` (already validated)."""
     registry = registry or Registry(const_labels={"role": "frontend"})
-    app = web.Application(middlewares=[error_middleware], client_max_size=4 * 1024 * 1024)
+    # Long request lines are answered by our own JSON 400s (parameter limits), not by the
+    # HTTP parser's plain-text 400 at its default 8 KB.
+    app = web.Application(middlewares=[error_middleware], client_max_size=4 * 1024 * 1024,
+                          handler_args={"max_line_size": 128 * 1024, "max_field_size": 32 * 1024})
     holder = ModelHolder()
     app[SETTINGS] = settings
     app[SOURCE] = source
