@@ -353,7 +353,8 @@ class KafkaBroker:
     once the broker answers metadata requests (``start_seconds`` says how long that took). ``stop()`` sends
     SIGTERM (a clean KRaft shutdown), escalates to SIGKILL after ``grace`` seconds and removes the data directory
     if this object created it. ``die_with_parent=True`` (the default) makes the kernel stop the broker when the
-    Python process dies, so a killed test run leaves no JVM behind; ``livevec kafka start`` turns it off.
+    Python process dies, so a killed test run leaves no JVM behind (when ``start`` runs on the main thread);
+    ``livevec kafka start`` turns it off.
     """
 
     def __init__(self, settings: KafkaBrokerSettings | None = None, *, die_with_parent: bool = True):
@@ -437,7 +438,10 @@ class KafkaBroker:
         self.process = subprocess.Popen(
             [*base, "kafka.Kafka", str(config)], stdin=subprocess.DEVNULL, stdout=self._log_file,
             stderr=subprocess.STDOUT, cwd=self.data_dir, start_new_session=True,
-            preexec_fn=_set_parent_death_signal if self.die_with_parent else None)
+            # The kernel's parent-death signal fires when the *thread* that forked exits, so it is only safe
+            # from the main thread (which lives as long as the process).
+            preexec_fn=_set_parent_death_signal if self.die_with_parent and
+            threading.current_thread() is threading.main_thread() else None)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.settings.start_timeout

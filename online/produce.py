@@ -33,7 +33,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from online.structured_logging import log_event
 from ps_bridge.settings import SettingError, current_env, env_str

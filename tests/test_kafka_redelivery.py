@@ -6,7 +6,6 @@ nothing is lost.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
