@@ -1,0 +1,122 @@
+"""Real livevec processes on 127.0.0.1 for integration tests: scheduler, servers, workers.
+
+Each role is started as ``python -m online.cli <role>`` with the ``DMLC_*``/``LIVEVEC_*``
+environment a deployment would give it, logs to a file in the test's tmp dir, and can be
+killed with SIGKILL. ``read_model()`` joins the cluster as an extra (elastic) node and
+reads the whole model back from the servers through the same path the front end uses.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, tmp: Path, *, servers: int, workers: int, env: dict[str, str]):
+        self.tmp = Path(tmp)
+        self.root_port = free_port()
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LIVEVEC_", "PS_", "PORT"))},
+            "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(self.root_port),
+            "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), "DMLC_NODE_HOST": "127.0.0.1",
+            "LIVEVEC_ELASTIC_WORKERS": "1", "PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "4",
+            "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000", "PYTHONUNBUFFERED": "1", **env}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.metrics_ports: dict[str, int] = {}
+
+    def start(self, name: str, role: str, **extra: str) -> subprocess.Popen:
+        port = free_port()
+        env = {**self.env, "DMLC_ROLE": role, "LIVEVEC_METRICS_PORT": str(port), **extra}
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "online.cli", role], env=env, cwd=REPO,
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        self.metrics_ports[name] = port
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+
+    def metric(self, name: str, metric: str) -> float:
+        """Sum of a metric's samples on a process's /metrics (0 when absent)."""
+        url = f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:   # not listening yet (still starting); a dead process is an error
+            proc = self.procs[name]
+            assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}"
+            return 0.0
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(metric + " ") or line.startswith(metric + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def assert_alive(self) -> None:
+        dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+        assert not dead, f"processes exited: {dead}\n" + "\n".join(
+            f"--- {n}\n{self.log(n)[-3000:]}" for n in dead)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def read_model(cluster: Cluster, timeout: float = 30.0):
+    """The whole model as the servers hold it: a ``ModelDelta`` (keys, words, vectors, counts)."""
+    from online.ps_model_source import ParameterServerSource
+    from ps_bridge.settings import NodeSettings
+
+    async def fetch():
+        source = ParameterServerSource(NodeSettings.from_env(cluster.env, role="worker"))
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    return await source.changes_since(0), await source.stats()
+                except ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+        finally:
+            await source.close()
+
+    return asyncio.run(fetch())
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.5, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")

@@ -1,0 +1,100 @@
+"""Kafka -> workers -> parameter servers, with real processes and the real broker (issue 5)."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from online.produce import produce
+from online.sample_corpus import generate_lines, planted_groups
+from tests.cluster_harness import Cluster, read_model, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def planted_hits(words: list[str], vectors: np.ndarray) -> float:
+    """Share of planted group members found among each member's nearest neighbours."""
+    v = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+    index = {w: i for i, w in enumerate(words)}
+    hits = total = 0
+    for group in planted_groups():
+        for w in group:
+            total += len(group) - 1
+            if w not in index:
+                continue
+            sims = v @ v[index[w]]
+            sims[index[w]] = -np.inf
+            top = {words[j] for j in np.argsort(-sims)[:len(group) - 1]}
+            hits += len(top & set(group))
+    return hits / total
+
+
+def produced_counts(lines: list[str]) -> collections.Counter:
+    return collections.Counter(tok for line in lines for tok in line.split())
+
+
+def server_counts(model) -> dict[str, int]:
+    return dict(zip(model.words, model.counts.tolist()))
+
+
+def cluster_env(bootstrap: str, topic: str, group: str) -> dict[str, str]:
+    return {"LIVEVEC_KAFKA_BOOTSTRAP": bootstrap, "LIVEVEC_KAFKA_TOPICS": topic, "LIVEVEC_KAFKA_GROUP": group,
+            "LIVEVEC_DIM": "32", "LIVEVEC_MIN_COUNT": "3", "LIVEVEC_KAFKA_BATCH_RECORDS": "50"}
+
+
+def test_planted_pairs_become_neighbours_on_the_servers(tmp_path, kafka_bootstrap, kafka_topic):
+    topic = kafka_topic(4)
+    lines = generate_lines(30_000, seed=7)
+    produce(lines, bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, create_topic=False)
+    cluster = Cluster(tmp_path, servers=2, workers=2, env=cluster_env(kafka_bootstrap, topic, "g-planted"))
+    try:
+        cluster.start("scheduler", "scheduler")
+        for i in range(2):
+            cluster.start(f"server{i}", "server")
+        for i in range(2):
+            cluster.start(f"worker{i}", "worker")
+        expected = sum(produced_counts(lines).values())
+        wait_until(lambda: sum(cluster.metric(f"worker{i}", "livevec_worker_tokens_total") for i in range(2))
+                   >= expected, 120, message="all produced tokens trained")
+        cluster.assert_alive()
+        model, stats = read_model(cluster)
+        # Both servers hold part of the model: keys are split by range.
+        per_server = [s for s in (cluster.metric(f"server{i}", "livevec_server_words") for i in range(2))]
+        assert all(n > 0 for n in per_server), per_server
+        assert stats["servers"] == 2
+        assert planted_hits(model.words, model.vectors) >= 0.9
+    finally:
+        cluster.stop()
+
+
+def test_worker_killed_and_added_mid_stream_loses_nothing(tmp_path, kafka_bootstrap, kafka_topic):
+    topic = kafka_topic(4)
+    lines = generate_lines(40_000, seed=11)
+    cluster = Cluster(tmp_path, servers=1, workers=2, env=cluster_env(kafka_bootstrap, topic, "g-kill"))
+    try:
+        cluster.start("scheduler", "scheduler")
+        cluster.start("server0", "server")
+        cluster.start("worker0", "worker")
+        cluster.start("worker1", "worker")
+        # First half now; the rest arrives while the workers change.
+        produce(lines[:20_000], bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, create_topic=False)
+        wait_until(lambda: cluster.metric("worker1", "livevec_worker_records_total") > 50, 120,
+                   message="worker1 training")
+        cluster.kill("worker1")                       # kill -9 mid-stream
+        cluster.start("worker2", "worker")            # a third worker joins the running cluster
+        produce(lines[20_000:], bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, create_topic=False)
+        wait_until(lambda: cluster.metric("worker2", "livevec_worker_records_total") > 0, 120,
+                   message="the new worker receives partitions and trains")
+        expected = produced_counts(lines)
+        total = sum(expected.values())
+        wait_until(lambda: cluster.metric("server0", "livevec_server_tokens_counted") >= total, 120,
+                   message="every produced token counted on the server")
+        model, _ = read_model(cluster)
+        counts = server_counts(model)
+        missing = {w: (n, counts.get(w, 0)) for w, n in expected.items() if counts.get(w, 0) < n}
+        assert not missing, f"words counted fewer times than produced: {list(missing.items())[:10]}"
+        assert cluster.metric("worker2", "livevec_worker_tokens_total") > 0
+        assert planted_hits(model.words, model.vectors) >= 0.9
+    finally:
+        cluster.stop()
