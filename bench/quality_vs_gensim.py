@@ -80,7 +80,8 @@ def run_livevec(path: Path, epochs: int, workers: int, seed: int, out_dir: Path,
     from online.trainer import LearnerConfig
     learner = LearnerConfig(**HYPER, seed=seed, **options.get("learner", {}))
     settings = TrainSettings(input=str(path), out=str(out_dir), epochs=epochs, workers=workers,
-                             batch_words=options.get("batch_words", 10_000), progress=False, learner=learner)
+                             batch_words=options.get("batch_words", 10_000), shards=options.get("shards", 1),
+                             progress=False, learner=learner)
     settings.validate()
     _, result = train_file(settings)
     kv = KeyedVectors.load_word2vec_format(result.files["binary"], binary=True)
@@ -96,7 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--systems", default="gensim,livevec")
-    ap.add_argument("--optimizer", default="adagrad")
+    ap.add_argument("--optimizer", default="rowadagrad")
+    ap.add_argument("--shards", type=int, default=1, help=">1: livevec's pull/push path over that many shards")
     ap.add_argument("--eta", type=float, default=None)
     ap.add_argument("--adagrad-init", type=float, default=None)
     ap.add_argument("--batch-words", type=int, default=10_000)
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
                 row["gensim"] = run_gensim(corpus, epochs, args.workers, args.seed)
                 print(f"gensim  passes={epochs}: {row['gensim']}", file=sys.stderr, flush=True)
             if "livevec" in systems:
-                opts = {"learner": dict(learner), "batch_words": args.batch_words}
+                opts = {"learner": dict(learner), "batch_words": args.batch_words, "shards": args.shards}
                 if args.sgd_decay:
                     opts["learner"].update(optimizer="sgd", sgd_decay_words=tokens * epochs)
                 row["livevec"] = run_livevec(corpus, epochs, args.workers, args.seed, Path(tmp) / f"lv{epochs}", opts)
@@ -145,7 +147,8 @@ def main(argv=None) -> int:
         if "ratios" in row:
             print(f"{row['passes']:>6} {'ratio':>8} {row['ratios']}")
     print(json.dumps({"corpus": os.path.basename(args.corpus), "tokens": tokens, "workers": args.workers,
-                      "learner": learner, "batch_words": args.batch_words, "results": rows}))
+                      "learner": learner, "batch_words": args.batch_words, "shards": args.shards,
+                      "results": rows}))
     return 0
 
 

@@ -157,7 +157,7 @@ class EmbeddingShard:
 
     REMOVAL_LOG_LIMIT = 1 << 20   # removed keys remembered for changes_since before a full resync
 
-    def __init__(self, dim: int = 100, *, optimizer: str = "adagrad", eta: float | None = None,
+    def __init__(self, dim: int = 100, *, optimizer: str = "rowadagrad", eta: float | None = None,
                  adagrad_init: float = 1e-8, seed: int = 0, initial_rows: int = 1024):
         if dim < 1:
             raise ValueError("dim must be >= 1")

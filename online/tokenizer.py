@@ -80,8 +80,12 @@ class Tokenizer:
     def tokens(self, text: str) -> list[str]:
         return self._tokens(text)
 
-    def sentences(self, record: str | bytes) -> list[list[str]]:
-        """The sentences of one record; empty sentences are dropped."""
+    def sentences(self, record: str | bytes | None) -> list[list[str]]:
+        """The sentences of one record; empty sentences are dropped. Undecodable bytes
+        become U+FFFD (a token boundary) and a None record (a Kafka tombstone) is empty,
+        so no record can stop a worker."""
+        if record is None:
+            return []
         if isinstance(record, (bytes, bytearray, memoryview)):
             record = bytes(record).decode("utf-8", errors="replace")
         pieces = _SENTENCE_END_RE.split(record) if self.split_sentences else [record]

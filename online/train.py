@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from online.param_store import LocalParamStore
 from online.structured_logging import log_event
 from online.trainer import LearnerConfig, Trainer
 from online.word2vec_format import write_binary, write_text
@@ -44,6 +45,7 @@ class TrainSettings:
     workers: int = 1
     batch_words: int = DEFAULT_BATCH_WORDS
     max_tokens: int = 0                     # 0 = whole file; else stop each pass after this many tokens
+    shards: int = 1                         # >1: the pull/push path over that many in-process shards
     progress: bool = True
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 
@@ -56,6 +58,8 @@ class TrainSettings:
             raise SettingError("--workers", "must be >= 1")
         if self.batch_words < 1:
             raise SettingError("--batch-words / LIVEVEC_BATCH_WORDS", "must be >= 1")
+        if self.shards < 1:
+            raise SettingError("--shards", "must be >= 1")
         if self.max_tokens < 0:
             raise SettingError("--max-tokens", "must be >= 0")
         try:
@@ -90,7 +94,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-words", type=int, help=f"tokens per mini-batch (LIVEVEC_BATCH_WORDS, "
                                                         f"default {DEFAULT_BATCH_WORDS})")
     parser.add_argument("--tokenizer", choices=("text8", "unicode"), default="text8")
-    parser.add_argument("--optimizer", choices=("adagrad", "rowadagrad", "sgd"), default="adagrad")
+    parser.add_argument("--optimizer", choices=("rowadagrad", "adagrad", "sgd"), default="rowadagrad",
+                        help="row-wise AdaGrad (default), per-coordinate AdaGrad, or constant-rate SGD")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="1 (default): update one in-process shard in place; N>1: pull/push mini-batches "
+                             "against N in-process shards split by key range, as against parameter servers")
     parser.add_argument("--eta", type=float, help="initial learning rate (AdaGrad 0.1, SGD 0.025)")
     parser.add_argument("--vocab-capacity", type=int, default=1_000_000, help="max words counted at once")
     parser.add_argument("--max-tokens", type=int, default=0, help="stop each pass after this many tokens")
@@ -116,7 +124,7 @@ def settings_from_args(args: argparse.Namespace, env=None) -> TrainSettings:
     settings = TrainSettings(
         input=args.input, out=args.out, epochs=args.epochs, workers=args.workers,
         batch_words=pick(args.batch_words, "LIVEVEC_BATCH_WORDS", env_int, DEFAULT_BATCH_WORDS, minimum=1),
-        max_tokens=args.max_tokens, progress=not args.no_progress, learner=learner)
+        max_tokens=args.max_tokens, shards=args.shards, progress=not args.no_progress, learner=learner)
     settings.validate()
     return settings
 
@@ -175,7 +183,11 @@ class _Progress:
 
 def train_file(settings: TrainSettings, trainer: Trainer | None = None) -> tuple[Trainer, TrainResult]:
     """Train on ``settings.input`` for ``settings.epochs`` passes and write the output files."""
-    trainer = trainer or Trainer(settings.learner)
+    if trainer is None:
+        cfg = settings.learner
+        store = LocalParamStore(num_shards=settings.shards, dim=cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta,
+                                adagrad_init=cfg.adagrad_init, seed=cfg.seed)
+        trainer = Trainer(cfg, store)
     progress = _Progress(settings.progress, settings.epochs)
     t0 = time.perf_counter()
     for pass_no in range(1, settings.epochs + 1):
@@ -196,7 +208,7 @@ def train_file(settings: TrainSettings, trainer: Trainer | None = None) -> tuple
                          effective_words_per_second=t.kept / seconds, files=files)
     with open(files["stats"], "w") as f:
         json.dump({**asdict(result), "learner": asdict(settings.learner), "workers": settings.workers,
-                   "batch_words": settings.batch_words}, f, indent=2)
+                   "batch_words": settings.batch_words, "shards": settings.shards}, f, indent=2)
     log_event(logger, "train_done", seconds=round(seconds, 2), words=t.tokens, effective=t.kept,
               vocabulary=len(words), words_per_s=round(result.words_per_second))
     return trainer, result

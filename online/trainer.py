@@ -55,8 +55,8 @@ class LearnerConfig:
     sample: float = 1e-3
     vocab_capacity: int = 1_000_000
     noise_table_size: int = DEFAULT_TABLE_SIZE
-    optimizer: str = "adagrad"          # "adagrad" (streams) or "sgd" (comparisons)
-    eta: float | None = None            # None: 0.1 for AdaGrad, 0.025 for SGD
+    optimizer: str = "rowadagrad"       # "rowadagrad", "adagrad" (per coordinate) or "sgd" (comparisons)
+    eta: float | None = None            # None: 0.1 for the AdaGrads, 0.025 for SGD
     adagrad_init: float = 1e-8          # initial accumulator (yskip: 1e-8)
     sgd_decay_words: int = 0            # SGD only: decay eta linearly to 0 over this many tokens (needs a corpus length)
     tokenizer: str = "text8"

@@ -118,7 +118,7 @@ def test_shard_init_is_deterministic_per_key_and_seed():
 def test_shard_push_applies_adagrad_and_sgd_and_tracks_versions():
     keys = np.array([10, 12, 10], dtype=np.uint64)             # duplicate key: applied twice in order
     grads = np.array([[1.0, -2.0], [0.5, 0.5], [1.0, 0.0]], np.float32)
-    shard = EmbeddingShard(dim=2, eta=0.1, adagrad_init=0.0)
+    shard = EmbeddingShard(dim=2, optimizer="adagrad", eta=0.1, adagrad_init=0.0)
     before = shard.pull(keys[:2])
     v0 = shard.version
     v1 = shard.push(keys, grads)

@@ -27,6 +27,8 @@ def test_records_are_split_into_sentences_and_long_ones_chunked():
     assert tok.sentences("One two. Three four five six!\nSeven") == [
         ["one", "two"], ["three", "four", "five"], ["six"], ["seven"]]
     assert Tokenizer().sentences(b"a b\n\nc") == [["a", "b"], ["c"]]
+    assert Tokenizer().sentences(b"caf\xe9 \xff\xfeok") == [["caf", "ok"]]       # invalid UTF-8 splits, never raises
+    assert Tokenizer("unicode").sentences(None) == [] and Tokenizer().sentences_of(["a", None, ""]) == [["a"]]
     with pytest.raises(ValueError):
         Tokenizer("whitespace")
 
