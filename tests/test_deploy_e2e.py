@@ -1,0 +1,106 @@
+"""The committed Marathon group, brought up by the local runner with the real roles, trains
+from a real Kafka broker and serves the planted neighbours through the front end.
+
+This is the deploy files' end-to-end test: the commands, env, ports, Mesos-DNS name,
+dependencies and health checks in deploy/marathon/livevec-group.json are what run here;
+only Kafka's address, the shared directory and a few sizes are overridden.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from online.deployment.local_runner import LocalRunner, describe
+from online.deployment.marathon import GROUP_FILE
+from online.produce import produce
+from online.sample_corpus import generate_lines, planted_groups
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        body = resp.read()
+    return json.loads(body) if body[:1] in (b"{", b"[") else body.decode()
+
+
+def _metric(runner: LocalRunner, app: str, index: int, name: str) -> float:
+    text = _get(runner.url(app, "metrics", "/metrics", index))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def _wait(predicate, timeout: float, what: str, runner: LocalRunner):
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except OSError as exc:  # a process restarting, a port not yet open
+            last_error = exc
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_error})\n{describe(runner.status())}")
+
+
+def _planted_hits(frontend_url: str) -> float:
+    hits = total = 0
+    for group in planted_groups():
+        for word in group:
+            total += len(group) - 1
+            try:
+                found = _get(f"{frontend_url}/v1/similar?word={word}&k={len(group) - 1}")
+            except urllib.error.HTTPError:  # not in the vocabulary yet
+                continue
+            hits += len({n["word"] for n in found["neighbours"]} & set(group))
+    return hits / total
+
+
+def test_marathon_group_trains_and_serves_through_the_local_runner(tmp_path, kafka_bootstrap, kafka_topic):
+    topic = kafka_topic(4)
+    lines = generate_lines(30_000, seed=7)
+    produce(lines, bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, create_topic=False)
+    expected_tokens = sum(collections.Counter(t for line in lines for t in line.split()).values())
+    runner = LocalRunner.from_file(
+        REPO / "deploy" / "marathon" / GROUP_FILE, work_dir=tmp_path / "run",
+        instances={"server": 2, "worker": 2, "frontend": 1},
+        env={"LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+             "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "32", "LIVEVEC_MIN_COUNT": "3",
+             "LIVEVEC_KAFKA_BATCH_RECORDS": "50", "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10"},
+        app_env={"frontend": {"LIVEVEC_HTTP_HOST": "127.0.0.1"}},
+        volumes={"/mnt/mfs/livevec": tmp_path / "mfs"}, dependency_timeout=90)
+    with runner:
+        assert runner.wait_healthy(timeout=120), describe(runner.status())
+        _wait(lambda: sum(_metric(runner, "worker", i, "livevec_worker_tokens_total") for i in range(2))
+              >= expected_tokens, 180, "every produced token to be trained", runner)
+        assert all(_metric(runner, "server", i, "livevec_server_words") > 0 for i in range(2))
+        frontend = runner.url("frontend", "http")
+        _wait(lambda: _get(f"{frontend}/ready") and _planted_hits(frontend) >= 0.9, 60,
+              "the front end to serve the planted neighbours", runner)
+        stats = _get(f"{frontend}/v1/stats")
+        assert stats["words_trained"] > 0 and stats["vocab_size"] > 0
+
+        # A worker killed with SIGKILL is relaunched by the runner (Marathon's job) and rejoins.
+        worker = next(s for s in runner.status() if s.app == "worker" and s.index == 0)
+        runner.kill_task("worker", 0, signal.SIGKILL)
+        _wait(lambda: next(s for s in runner.status() if s.app == "worker" and s.index == 0).launches
+              == worker.launches + 1, 30, "the worker to be relaunched", runner)
+        assert runner.wait_healthy(["worker"], timeout=120), describe(runner.status())
+        assert all(s.launches == 1 for s in runner.status() if s.app != "worker")
+        pids = [s.pid for s in runner.status() if s.pid]
+    gone = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                gone.append(f.read().split(")")[-1].split()[0] == "Z")
+        except FileNotFoundError:
+            gone.append(True)
+    assert all(gone), "tasks left running after stop()"
