@@ -206,14 +206,15 @@ class Capacity:
     # word2vec file peaked at 366 MiB RSS against 54 MiB for a 1k-word file: 1,635 B/word.
     frontend_float_copies: int = 4
     frontend_bytes_per_word: int = 100
-    # Measured RSS of an idle process of each role before it holds any model: Python +
-    # numpy + pyzmq = 27 MiB, + numba = 91 MiB, + aiokafka = 97 MiB, aiohttp stack = 46 MiB
-    # (resource.getrusage after import on this machine); an idle front end with a 1k-word
-    # model: 54 MiB. Rounded up.
+    # Baselines: peak RSS (VmHWM) of the real roles started from the committed group by the
+    # local runner, training 20k lines (dim 100, 170 words, so almost no model): scheduler
+    # 40 MiB, server 164 MiB, worker 268 MiB (numba + aiokafka + batches), front end
+    # (ps source) 57 MiB. Rounded up. Imports alone: numpy + pyzmq 27 MiB, + numba 91 MiB.
     baseline_mib: Mapping[str, int] = field(default_factory=lambda: {
-        "scheduler": 48, "server": 128, "worker": 160, "frontend": 64, "export": 128})
+        "scheduler": 48, "server": 176, "worker": 160, "frontend": 64, "export": 128})
     # Worker working set beyond the baseline: Kafka fetch buffers (1 MiB per assigned
-    # partition), in-flight mini-batches with their pulled rows, and a hot-row cache.
+    # partition), in-flight mini-batches with their pulled rows, the online vocabulary and
+    # noise table (the measured 268 MiB peak is baseline + ~110 MiB of this).
     worker_working_set_mib: int = 256
     # Limits are hard cgroup limits on Marathon (OOM kill): checkpoint serialisation of a
     # shard can transiently double part of it, and Mesos health-check helpers run inside
