@@ -35,7 +35,8 @@ The interface (both classes; the streaming worker builds on it)::
 
 Counters (``stream.counters``): records, bytes, malformed by reason (``invalid_utf8``, ``empty``, ``too_large``),
 batches, commits, commit_failures, rebalances, stale_batches, redelivered (records handed out but revoked
-before completion). ``stream.lag()`` is ``{(topic, partition): high watermark - processed frontier}``. Pass a
+before completion), fetch_errors. ``stream.lag()`` is ``{(topic, partition): high watermark - processed
+frontier}``. A topic that does not exist yet is picked up within seconds of its creation. Pass a
 ``online.metrics.Registry`` as ``metrics=`` to export all of them (``livevec_stream_*``).
 
 Malformed records (not UTF-8, empty or blank, over ``max_record_bytes``) are counted, logged (rate limited)
@@ -188,6 +189,7 @@ class StreamCounters:
     rebalances: int = 0
     stale_batches: int = 0
     redelivered: int = 0
+    fetch_errors: int = 0
 
     @property
     def malformed_total(self) -> int:
@@ -498,15 +500,18 @@ class KafkaStream(_TextStreamBase):
             client_id=self.settings.client_id, enable_auto_commit=False,
             auto_offset_reset=self.settings.offset_reset, session_timeout_ms=self.settings.session_timeout_ms,
             heartbeat_interval_ms=max(1000, self.settings.session_timeout_ms // 3),
-            max_poll_records=self.settings.batch_records, metadata_max_age_ms=10000,
+            max_poll_records=self.settings.batch_records, metadata_max_age_ms=5000,
             # Read records past the size limit too: they are skipped as malformed instead of stalling the
             # partition (a consumer that cannot fetch the next record would never move past it).
             max_partition_fetch_bytes=max(1024 * 1024, self.settings.max_record_bytes + 4096),
         )
         options.update(self._consumer_options)
         self._consumer = AIOKafkaConsumer(**options)
-        self._consumer.subscribe(list(self.settings.topics), listener=_RebalanceListener(self))
+        # Subscribe after start: AIOKafkaConsumer.start() with a subscription fails when a topic does not exist
+        # yet, while a worker may well start before anything was produced. The group picks the topic up on the
+        # next metadata refresh (metadata_max_age_ms) once it exists.
         await self._consumer.start()
+        self._consumer.subscribe(list(self.settings.topics), listener=_RebalanceListener(self))
         self._started = True
         log_event(logger, "stream_started", bootstrap=self.settings.bootstrap, topics=",".join(self.settings.topics),
                   group=self.settings.group)
@@ -534,6 +539,12 @@ class KafkaStream(_TextStreamBase):
                 fetched = await self._consumer.getmany(timeout_ms=int(remaining * 1000),
                                                        max_records=max_records or self.batch_records)
             except ConsumerStoppedError:
+                return None
+            except KafkaError as exc:  # the broker away for a moment: report, back off, let the worker go on
+                self.counters.fetch_errors += 1
+                log_event(logger, "fetch_failed", level=logging.WARNING, error=type(exc).__name__,
+                          detail=str(exc)[:200])
+                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                 return None
             raw = [(tp.topic, tp.partition, r.offset, r.value) for tp, records in fetched.items() for r in records]
             if raw:

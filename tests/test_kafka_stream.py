@@ -183,3 +183,15 @@ async def _poll(stream: KafkaStream):
         batch = await stream.next_batch(timeout=0.2)
         if batch is not None:
             await stream.mark_processed(batch)
+
+
+async def test_a_worker_started_before_its_topic_exists_waits_for_it(kafka_bootstrap):
+    topic = f"late-{uuid.uuid4().hex[:8]}"
+    stream = KafkaStream(settings(kafka_bootstrap, topic, f"late-{uuid.uuid4().hex[:8]}"))
+    await stream.start()  # must not fail although the topic is missing
+    collector = Collector(stream)
+    await asyncio.sleep(0.5)
+    await produce_async(["early bird", "second"], bootstrap=kafka_bootstrap, topic=topic, partitions=2)
+    await until(lambda: len(collector.records) == 2, 30, "records of the topic created after the stream started")
+    await collector.stop()
+    assert sorted(r.text for r in collector.records) == ["early bird", "second"]
