@@ -12,7 +12,6 @@ details of `docker build`.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil

@@ -9,17 +9,13 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 
+from online.deployment.local_runner import flatten_group
 from online.deployment.topology import mesos_dns_name
 
 # Plain Mesos agents offer ports [31000-32000] unless started with --resources=ports:[...]
 # (docs/docs/host-port.md); a fixed port outside it is never offered.
 MESOS_OFFERED_PORTS = range(31000, 32001)
 _DNS_NAME = re.compile(r"(?<![\w.-])[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.marathon\.mesos(?![\w.-])")
-
-
-def _flatten(group: Mapping, parent: str = "/") -> list[dict]:
-    from online.deployment.local_runner import flatten_group
-    return flatten_group(group, parent)
 
 
 def _fixed_ports(app: Mapping) -> list[int]:
@@ -36,7 +32,7 @@ def _port_names(app: Mapping) -> list[str | None]:
 
 
 def marathon_problems(group: Mapping) -> list[str]:
-    apps = _flatten(group)
+    apps = flatten_group(group)
     problems: list[str] = []
     dns_names = {mesos_dns_name(a["id"]) for a in apps}
     role_totals = {"server": 0, "worker": 0}
