@@ -228,6 +228,8 @@ def test_group_errors_are_caught_before_anything_starts(tmp_path):
         LocalRunner(broken, work_dir=tmp_path)
     with pytest.raises(KeyError):
         LocalRunner(base, work_dir=tmp_path, instances={"servers": 2})
+    with pytest.raises(KeyError):
+        LocalRunner(base, work_dir=tmp_path, app_env={"front-end": {"LIVEVEC_HTTP_HOST": "127.0.0.1"}})
     # Overriding the count instead keeps DMLC_NUM_SERVER consistent in every app.
     runner = LocalRunner(base, work_dir=tmp_path, instances={"server": 5})
     for app in ("scheduler", "server", "worker", "frontend"):

@@ -209,6 +209,9 @@ class LocalRunner:
         self._fixed_ports = self._remap_fixed_ports(specs, remap_fixed_ports)
         self._volume_dirs = self._map_volumes(specs, dict(volumes or {}))
         dns = {mesos_dns_name(app_id): app_id for app_id in specs}
+        unknown = set(app_env or {}) - {a.rsplit("/", 1)[-1] for a in specs} - set(specs)
+        if unknown:
+            raise KeyError(f"app_env for unknown apps {sorted(unknown)}")
         for app_id, spec in specs.items():
             self._rewrite(spec, dns)
             overrides = {**dict(env or {}), **dict(self._lookup(app_env or {}, app_id) or {})}
