@@ -343,6 +343,33 @@ class EmbeddingShard:
         with self._lock:
             return self._index.items()[0]
 
+    # ------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        """Everything needed to rebuild this shard: arrays aligned on ``keys`` plus settings."""
+        with self._lock:
+            keys, rows = self._index.items()
+            order = np.argsort(keys)
+            keys, rows = keys[order], rows[order]
+            return {"dim": self.dim, "optimizer": self.optimizer, "eta": self.eta,
+                    "adagrad_init": self.adagrad_init, "seed": self.seed, "version": self.version,
+                    "keys": keys, "vectors": self.vectors[rows],
+                    "accum": self.accum[rows] if self.accum.shape[0] else None,
+                    "counts": self.counts[rows], "words": self.words_for(keys)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "EmbeddingShard":
+        shard = cls(state["dim"], optimizer=state["optimizer"], eta=state["eta"],
+                    adagrad_init=state["adagrad_init"], seed=state["seed"], initial_rows=max(16, len(state["keys"])))
+        keys = np.asarray(state["keys"], dtype=np.uint64)
+        if len(keys):
+            shard.assign(keys, state["vectors"], state.get("accum"))
+            shard.add_counts(keys, state["counts"])
+            named = [(k, w) for k, w in zip(keys.tolist(), state["words"]) if w is not None]
+            if named:
+                shard.set_words(np.array([k for k, _ in named], dtype=np.uint64), [w for _, w in named])
+        shard.version = max(shard.version, int(state["version"]))
+        return shard
+
     # --------------------------------------------------------------- versions
     def changes_since(self, version: int) -> ShardChanges:
         """Keys changed and removed after ``version`` (0 = everything)."""

@@ -125,3 +125,29 @@ def test_pull_push_path_over_two_shards_learns_the_planted_pairs(tmp_path):
     shard = store.shards[int(key >= store._starts[1])]
     assert shard.words_for(np.array([key]))[0] == "paris"
     assert shard.counts_for(np.array([key]))[0] == trainer.vocab.count("paris")
+
+
+def test_train_file_reads_plain_and_gzip_and_stops_at_max_tokens(tmp_path):
+    import gzip
+
+    from online.train import TrainSettings, train_file
+    lines = planted_corpus(500, seed=5)
+    plain = tmp_path / "c.txt"
+    plain.write_text("\n".join(lines) + "\n")
+    packed = tmp_path / "c.txt.gz"
+    with gzip.open(packed, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    total = sum(len(line.split()) for line in lines)
+    results = []
+    for path in (plain, packed):
+        settings = TrainSettings(input=str(path), out=str(tmp_path / f"out-{path.name}"), epochs=2, progress=False,
+                                 learner=LearnerConfig(dim=8))
+        settings.validate()
+        trainer, result = train_file(settings)
+        assert result.raw_words == 2 * total and trainer.vocab.total_tokens == total   # counted in pass 1 only
+        results.append(KeyedVectors.load_word2vec_format(result.files["binary"], binary=True))
+    np.testing.assert_array_equal(results[0].vectors, results[1].vectors)     # same text, same seed, 1 worker
+    settings = TrainSettings(input=str(packed), out=str(tmp_path / "cut"), max_tokens=1000, progress=False,
+                             learner=LearnerConfig(dim=8))
+    _, result = train_file(settings)
+    assert result.raw_words == 1000

@@ -213,3 +213,17 @@ def test_local_store_routes_key_ranges_like_ps_lite():
     assert not np.allclose(store.pull(keys[:10]), values[:10])
     store.free(keys[:10])
     assert sum(len(s) for s in store.shards) == len(keys) - 10
+
+
+def test_shard_state_round_trips():
+    shard = EmbeddingShard(dim=4, optimizer="adagrad")
+    keys = word_keys(["a", "b", "c"])
+    shard.push(keys, np.ones((3, 4), np.float32))
+    shard.set_words(keys[:2], ["a", "b"])
+    shard.add_counts(keys, np.array([3, 2, 1]))
+    state = shard.state()
+    copy = EmbeddingShard.from_state(state)
+    np.testing.assert_array_equal(copy.pull(keys), shard.pull(keys))
+    np.testing.assert_array_equal(copy.state()["accum"], state["accum"])
+    assert copy.words_for(keys) == ["a", "b", None] and copy.counts_for(keys).tolist() == [3, 2, 1]
+    assert copy.version >= state["version"] and copy.optimizer == "adagrad"
