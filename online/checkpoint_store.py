@@ -1,0 +1,368 @@
+"""Checkpoints on disk: one directory per checkpoint, shard files, and a manifest written last.
+
+Layout under ``LIVEVEC_CHECKPOINT_DIR`` (local, or a shared file system such as MooseFS/NFS)::
+
+    ckpt-00000007/server-0.npz     one file per server rank (numpy .npz, no pickles)
+    ckpt-00000007/server-1.npz
+    ckpt-00000007/manifest.json    written LAST: ids, Kafka offsets, file sizes and SHA-256
+    requests/<name>.json           on-demand requests from ``livevec checkpoint now``
+
+Why a manifest written last: a checkpoint is complete exactly when its manifest exists and
+every file it lists has the listed size and SHA-256. A crash at any point leaves either the
+previous complete checkpoint or a directory without a (valid) manifest, which readers skip
+with a log line saying why. Every file (shards and manifest) is written to a temporary name,
+fsynced, renamed, and the directory fsynced, so a reader never sees half a file and a power
+loss cannot leave a manifest pointing at data that is not on disk.
+
+A shard file holds the live rows of one server (keys, vectors, optimizer state, counts), the
+word strings, and a JSON ``meta`` entry (shape, optimizer, key range, the server's counters
+and its batch ledger). Loading filters rows to the loading server's key range, so a
+checkpoint written by N servers can be loaded by M.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from online.structured_logging import log_event
+
+if TYPE_CHECKING:   # imported lazily: the scheduler and the CLI need no numba
+    from online.embedding_shard import EmbeddingShard
+
+log = logging.getLogger("livevec.checkpoint")
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+_DIR_RE = re.compile(r"^ckpt-(\d{8,})$")
+_SEP = b"\x00"
+
+Offsets = dict[str, dict[str, int]]   # topic -> partition (as str, JSON keys) -> next offset to train
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be used (missing, partial, corrupt or incompatible); the message says which and why."""
+
+
+# ----------------------------------------------------------------------------- atomic files
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:   # some file systems refuse fsync on directories; the rename is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(fileobj)`` into a temporary file next to ``path``, fsync, rename, fsync the directory."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- shard state
+
+@dataclass
+class ShardState:
+    """An in-memory copy of what one server checkpoints (taken while training is paused)."""
+
+    keys: np.ndarray            # uint64 [n]
+    vectors: np.ndarray         # float32 [n, dim]
+    accum: np.ndarray           # float32 [n, a] (a = dim, 1) or [0, dim] for SGD
+    counts: np.ndarray          # int64 [n]
+    word_keys: np.ndarray       # uint64 [m]
+    words: list[str]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.vectors.nbytes + self.accum.nbytes + self.counts.nbytes
+                   + self.word_keys.nbytes + sum(len(w) + 1 for w in self.words))
+
+
+def snapshot_shard(shard: "EmbeddingShard", meta: dict | None = None) -> ShardState:
+    """Copy the live rows of ``shard`` (callers make sure no push runs at the same time)."""
+    with shard._lock:
+        keys = shard.keys()
+        order = np.argsort(keys)
+        keys = keys[order]
+        rows = shard.rows_for(keys, create=False)
+        vectors = shard.vectors[rows]
+        accum = shard.accum[rows] if shard.accum.shape[0] else np.zeros((0, shard.dim), np.float32)
+        counts = shard.counts[rows].copy()
+        items = sorted(shard.words.items())
+    word_keys = np.fromiter((k for k, _ in items), dtype=np.uint64, count=len(items))
+    base = {"dim": shard.dim, "optimizer": shard.optimizer, "eta": shard.eta, "adagrad_init": shard.adagrad_init,
+            "seed": shard.seed, "rows": int(len(keys)), "words": len(items)}
+    return ShardState(keys, vectors, accum, counts, word_keys, [w for _, w in items], {**base, **(meta or {})})
+
+
+def write_shard_file(path: Path, state: ShardState) -> dict:
+    """Write ``state`` atomically; returns the manifest entry ``{"bytes", "sha256", "rows", "words"}``."""
+    blob = np.frombuffer(_SEP.join(w.encode("utf-8") for w in state.words), dtype=np.uint8)
+    meta = np.frombuffer(json.dumps(state.meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+
+    def write(fh):
+        np.savez(fh, keys=state.keys, vectors=state.vectors, accum=state.accum, counts=state.counts,
+                 word_keys=state.word_keys, words=blob, meta=meta)
+
+    atomic_write(path, write)
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path), "rows": int(len(state.keys)),
+            "words": len(state.words)}
+
+
+def read_shard_file(path: Path) -> ShardState:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+            blob = bytes(z["words"])
+            word_keys = z["word_keys"].astype(np.uint64, copy=False)
+            words = [w.decode("utf-8") for w in blob.split(_SEP)] if len(word_keys) else []
+            state = ShardState(z["keys"].astype(np.uint64, copy=False), z["vectors"], z["accum"],
+                               z["counts"].astype(np.int64, copy=False), word_keys, words, meta)
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: unreadable shard file ({type(exc).__name__}: {exc})") from None
+    n = len(state.keys)
+    if state.vectors.shape[0] != n or state.counts.shape[0] != n or len(state.words) != len(state.word_keys) \
+            or (state.accum.shape[0] not in (0, n)):
+        raise CheckpointError(f"{path}: inconsistent array lengths")
+    return state
+
+
+def restore_shard(states: list[ShardState], *, dim: int, optimizer: str, eta: float | None, seed: int,
+                  key_range: tuple[int, int] | None = None, adagrad_init: float = 1e-8) -> "EmbeddingShard":
+    """A new ``EmbeddingShard`` holding the rows of ``states`` that fall in ``key_range`` ([lo, hi))."""
+    from online.embedding_shard import EmbeddingShard
+    keep_parts = []
+    total = 0
+    for st in states:
+        if st.meta.get("dim", dim) != dim or st.vectors.shape[1:] != (dim,):
+            raise CheckpointError(f"checkpoint has dim {st.meta.get('dim')}, this server runs with dim {dim} "
+                                  f"(LIVEVEC_DIM must match)")
+        mask = np.ones(len(st.keys), dtype=bool)
+        wmask = np.ones(len(st.word_keys), dtype=bool)
+        if key_range is not None:
+            lo, hi = np.uint64(key_range[0]), np.uint64(key_range[1])
+            mask = (st.keys >= lo) & (st.keys < hi)
+            wmask = (st.word_keys >= lo) & (st.word_keys < hi)
+        keep_parts.append((st, mask, wmask))
+        total += int(mask.sum())
+    shard = EmbeddingShard(dim, optimizer=optimizer, eta=eta, seed=seed, adagrad_init=adagrad_init,
+                           initial_rows=max(1024, total))
+    for st, mask, wmask in keep_parts:
+        keys = st.keys[mask]
+        if len(keys):
+            rows = shard.rows_for(keys, create=True)
+            shard.vectors[rows] = st.vectors[mask]
+            if shard.accum.shape[0] and st.accum.shape[0]:
+                acc = st.accum[mask]
+                if acc.shape[1] == shard.accum.shape[1]:
+                    shard.accum[rows] = acc
+                elif shard.accum.shape[1] == 1:          # per-coordinate -> per-row: mean of the squares
+                    shard.accum[rows] = acc.mean(axis=1, keepdims=True)
+                else:                                    # per-row -> per-coordinate: broadcast
+                    shard.accum[rows] = np.broadcast_to(acc[:, :1], (len(keys), shard.accum.shape[1]))
+            shard.counts[rows] = st.counts[mask]
+            shard.mark_changed(rows)
+        if wmask.any():
+            idx = np.flatnonzero(wmask)
+            shard.set_words(st.word_keys[idx], [st.words[i] for i in idx.tolist()])
+    return shard
+
+
+# ----------------------------------------------------------------------------- manifests
+
+@dataclass
+class Checkpoint:
+    """A complete, verified checkpoint."""
+
+    id: int
+    path: Path
+    manifest: dict
+
+    @property
+    def offsets(self) -> Offsets:
+        return self.manifest.get("offsets", {})
+
+    @property
+    def num_servers(self) -> int:
+        return int(self.manifest["num_servers"])
+
+    def shard_path(self, rank: int) -> Path:
+        return self.path / f"server-{rank}.npz"
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(f["bytes"]) for f in self.manifest["files"].values())
+
+
+def _manifest_digest(body: dict) -> str:
+    rest = {k: v for k, v in body.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class CheckpointStore:
+    """The checkpoint directory: ids, atomic manifests, verification, fallback, pruning."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path_of(self, ckpt_id: int) -> Path:
+        return self.root / f"ckpt-{ckpt_id:08d}"
+
+    def ids(self) -> list[int]:
+        """Ids of every checkpoint directory, complete or not, ascending."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _DIR_RE.match(p.name)
+            if m and p.is_dir():
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def next_id(self) -> int:
+        ids = self.ids()
+        return (ids[-1] + 1) if ids else 1
+
+    def prepare(self, ckpt_id: int) -> Path:
+        path = self.path_of(ckpt_id)
+        path.mkdir(parents=True, exist_ok=True)
+        fsync_dir(self.root)
+        return path
+
+    def write_manifest(self, ckpt_id: int, manifest: dict) -> Checkpoint:
+        body = {"format": FORMAT, "id": ckpt_id, **manifest}
+        body["sha256"] = _manifest_digest(body)
+        path = self.path_of(ckpt_id)
+        data = json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
+        atomic_write(path / MANIFEST, lambda fh: fh.write(data))
+        return Checkpoint(ckpt_id, path, body)
+
+    def verify(self, ckpt_id: int, check_data: bool = True) -> Checkpoint:
+        """The checkpoint if it is complete and intact; else ``CheckpointError`` saying why."""
+        path = self.path_of(ckpt_id)
+        mpath = path / MANIFEST
+        if not mpath.is_file():
+            raise CheckpointError(f"{path.name}: no manifest (partial checkpoint: a writer stopped before the end)")
+        try:
+            body = json.loads(mpath.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path.name}: unreadable manifest ({exc})") from None
+        if not isinstance(body, dict) or body.get("sha256") != _manifest_digest(body):
+            raise CheckpointError(f"{path.name}: manifest checksum mismatch (corrupt manifest)")
+        if body.get("format") != FORMAT or body.get("id") != ckpt_id:
+            raise CheckpointError(f"{path.name}: manifest format {body.get('format')} id {body.get('id')} unexpected")
+        files = body.get("files") or {}
+        if len(files) != int(body.get("num_servers", -1)):
+            raise CheckpointError(f"{path.name}: manifest lists {len(files)} files for {body.get('num_servers')} servers")
+        for name, entry in files.items():
+            fpath = path / name
+            if not fpath.is_file():
+                raise CheckpointError(f"{path.name}: {name} is missing")
+            size = fpath.stat().st_size
+            if size != int(entry["bytes"]):
+                raise CheckpointError(f"{path.name}: {name} has {size} bytes, manifest says {entry['bytes']}")
+            if check_data:
+                digest = sha256_file(fpath)
+                if digest != entry["sha256"]:
+                    raise CheckpointError(f"{path.name}: {name} checksum mismatch (corrupt data)")
+        return Checkpoint(ckpt_id, path, body)
+
+    def latest_complete(self, check_data: bool = True, before: int | None = None) -> Checkpoint | None:
+        """The newest complete checkpoint; damaged or partial ones are skipped with a WARNING naming why."""
+        for ckpt_id in reversed(self.ids()):
+            if before is not None and ckpt_id >= before:
+                continue
+            try:
+                return self.verify(ckpt_id, check_data)
+            except CheckpointError as exc:
+                log_event(log, "checkpoint_skipped", logging.WARNING, id=ckpt_id, reason=str(exc),
+                          action="falling back to the previous checkpoint")
+        return None
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete all but the newest ``keep`` complete checkpoints (and anything older than them)."""
+        complete = []
+        for ckpt_id in reversed(self.ids()):
+            if (self.path_of(ckpt_id) / MANIFEST).is_file():
+                complete.append(ckpt_id)
+            if len(complete) >= keep:
+                break
+        if len(complete) < keep:
+            return []
+        oldest_kept = complete[-1]
+        removed = []
+        for ckpt_id in self.ids():
+            if ckpt_id < oldest_kept:
+                shutil.rmtree(self.path_of(ckpt_id), ignore_errors=True)
+                removed.append(ckpt_id)
+        return removed
+
+    # -- on-demand requests (``livevec checkpoint now``): files, so they work on a shared file system
+    @property
+    def requests_dir(self) -> Path:
+        return self.root / "requests"
+
+    def add_request(self, reason: str = "cli") -> Path:
+        self.requests_dir.mkdir(parents=True, exist_ok=True)
+        path = self.requests_dir / f"{time.time_ns()}-{os.getpid()}.json"
+        data = json.dumps({"reason": reason, "time": time.time()}).encode()
+        atomic_write(path, lambda fh: fh.write(data))
+        return path
+
+    def pending_requests(self) -> list[Path]:
+        if not self.requests_dir.is_dir():
+            return []
+        return sorted(p for p in self.requests_dir.glob("*.json") if not p.name.endswith(".done.json"))
+
+    def answer_request(self, path: Path, answer: dict) -> None:
+        data = json.dumps(answer).encode()
+        atomic_write(path.with_name(path.name[:-5] + ".done.json"), lambda fh: fh.write(data))
+        path.unlink(missing_ok=True)
+
+
+def offsets_to_json(offsets: dict[tuple[str, int], int]) -> Offsets:
+    out: Offsets = {}
+    for (topic, partition), off in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = int(off)
+    return out
+
+
+def offsets_from_json(offsets: Offsets) -> dict[tuple[str, int], int]:
+    return {(topic, int(p)): int(off) for topic, parts in (offsets or {}).items() for p, off in parts.items()}
