@@ -11,14 +11,21 @@ offsets, so the records are read again (at-least-once) instead of being lost.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from online import ps_commands as pc
+from online.metrics import Registry
 from ps_bridge.kv_app import KVWorker
 
 
 class PSParamStore:
-    def __init__(self, worker: KVWorker, dim: int, timeout: float = 30.0):
+    def __init__(self, worker: KVWorker, dim: int, timeout: float = 30.0, registry: Registry | None = None):
+        registry = registry or Registry()
+        self.pull_seconds = registry.histogram("livevec_worker_pull_seconds", "round trip of a mini-batch's pull")
+        self.push_seconds = registry.histogram("livevec_worker_push_seconds", "round trip of a mini-batch's push")
+        self.keys_pulled = registry.counter("livevec_worker_keys_pulled_total", "rows pulled from the servers")
         self.worker = worker
         self.dim = int(dim)
         self.timeout = timeout
@@ -29,11 +36,21 @@ class PSParamStore:
     def pull(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.uint64)
         uniq, inverse = np.unique(keys, return_inverse=True)
+        t0 = time.perf_counter()
         res = self.worker.wait(self.worker.pull(uniq, pc.CMD_ROWS), self.timeout)
+        self.pull_seconds.observe(time.perf_counter() - t0)
+        self.keys_pulled.inc(len(uniq))
         vals = np.asarray(res.vals, dtype=np.float32).reshape(len(uniq), self.dim)
         return vals if len(uniq) == len(keys) and np.array_equal(uniq, keys) else vals[inverse]
 
     def push(self, keys: np.ndarray, grads: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._push_rows(keys, grads)
+        finally:
+            self.push_seconds.observe(time.perf_counter() - t0)
+
+    def _push_rows(self, keys: np.ndarray, grads: np.ndarray) -> None:
         keys = np.asarray(keys, dtype=np.uint64)
         grads = np.asarray(grads, dtype=np.float32).reshape(len(keys), self.dim)
         order = np.argsort(keys, kind="stable")

@@ -103,6 +103,19 @@ class _Producer(threading.Thread):
         self.join(timeout=10)
 
 
+def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, workers: int, frontend: bool = True,
+                  env: dict[str, str] | None = None) -> LocalRunner:
+    """The production Marathon group, pointed at a local broker, with this machine's counts."""
+    topology = default_topology(servers=servers, workers=workers, frontends=1)
+    return LocalRunner.from_topology(
+        topology, work_dir=work_dir,
+        env={"LIVEVEC_KAFKA_BOOTSTRAP": bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+             "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10", **(env or {})},
+        app_env={"frontend": {"LIVEVEC_HTTP_HOST": "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
+        instances={"server": servers, "worker": workers, "frontend": 1 if frontend else 0, "producer-example": 0},
+        volumes={"/mnt/mfs": Path(work_dir) / "shared"})
+
+
 def run(args: argparse.Namespace) -> int:
     _validate(args)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="livevec-up-"))
@@ -116,15 +129,8 @@ def run(args: argparse.Namespace) -> int:
     broker.start()
     runner = producer = None
     try:
-        topology = default_topology(servers=args.servers, workers=args.workers, frontends=1)
-        runner = LocalRunner.from_topology(
-            topology, work_dir=work,
-            env={"LIVEVEC_KAFKA_BOOTSTRAP": broker.bootstrap, "LIVEVEC_KAFKA_TOPICS": TOPIC,
-                 "LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count),
-                 "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10"},
-            app_env={"frontend": {"LIVEVEC_HTTP_HOST": "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
-            instances={"server": args.servers, "worker": args.workers, "frontend": 1, "producer-example": 0},
-            volumes={"/mnt/mfs": work / "shared"})
+        runner = local_cluster(work, broker.bootstrap, TOPIC, servers=args.servers, workers=args.workers,
+                               env={"LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count)})
         print("livevec up: starting scheduler, servers, workers and front end", file=sys.stderr, flush=True)
         runner.start()
         producer = _Producer(args, broker.bootstrap)

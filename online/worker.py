@@ -20,6 +20,7 @@ import collections
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -64,6 +65,10 @@ class WorkerSettings:
         )
 
 
+class BatchAbandoned(Exception):
+    """A rollback (``online.checkpoint``) dropped this batch: it is not retried and not committed."""
+
+
 class WorkerMetrics:
     def __init__(self, registry: Registry):
         r = registry
@@ -87,9 +92,18 @@ class StreamingWorker:
         self.kv = kv
         self.stream = stream
         self.metrics = WorkerMetrics(registry)
-        self.trainer = Trainer(settings.learner, PSParamStore(kv, settings.learner.dim, settings.request_timeout))
+        store = PSParamStore(kv, settings.learner.dim, settings.request_timeout, registry)
+        self.trainer = Trainer(settings.learner, store)
         self.stopping = asyncio.Event()
         self.paused = asyncio.Event()   # set while a checkpoint holds the stream
+        self.idle = asyncio.Event()     # set by run() once paused with nothing in flight
+        # Hooks of online.checkpoint: ``abandon`` makes batches in flight give up instead of
+        # retrying (a rollback); ``batch_done_hook(batch, stats)`` runs after a batch's pushes
+        # were acknowledged and before its offsets are committed (False: do not commit it);
+        # ``batch_retry_hook(exc)`` is told, from the training thread, that a batch is retried.
+        self.abandon = threading.Event()
+        self.batch_done_hook = None
+        self.batch_retry_hook = None
         self._inflight: collections.deque = collections.deque()
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
 
@@ -97,14 +111,20 @@ class StreamingWorker:
     def _train_blocking(self, texts: list[str]):
         backoff = 0.2
         while True:
+            if self.abandon.is_set():
+                raise BatchAbandoned("rollback in progress")
             try:
                 return self.trainer.train_records(texts)
             except (RequestTimeout, SendError) as exc:
+                if self.abandon.is_set():
+                    raise BatchAbandoned("rollback in progress") from exc
                 self.metrics.errors.inc()
                 log_event(log, "batch_retry", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
                           backoff=round(backoff, 2))
                 if self.stopping.is_set():
                     raise
+                if self.batch_retry_hook is not None:
+                    self.batch_retry_hook(exc)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -113,8 +133,12 @@ class StreamingWorker:
         self.metrics.inflight.set(len(self._inflight))
         try:
             stats = await task
+        except BatchAbandoned:
+            return
         except Exception as exc:   # the batch is not marked processed: it will be read again
             log_event(log, "batch_failed", logging.ERROR, error=f"{type(exc).__name__}: {exc}", records=len(batch))
+            return
+        if self.batch_done_hook is not None and not await self.batch_done_hook(batch, stats):
             return
         await self.stream.mark_processed(batch)
         m = self.metrics
@@ -137,8 +161,10 @@ class StreamingWorker:
             while not self.stopping.is_set():
                 if self.paused.is_set():
                     await self.drain()
+                    self.idle.set()
                     await asyncio.sleep(0.05)
                     continue
+                self.idle.clear()
                 batch = await self.stream.next_batch(timeout=0.5)
                 if batch is not None and len(batch):
                     task = asyncio.create_task(asyncio.to_thread(self._train_blocking, batch.texts))
