@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 import pytest
@@ -77,13 +78,18 @@ def test_worker_killed_and_added_mid_stream_loses_nothing(tmp_path, kafka_bootst
         cluster.start("server0", "server")
         cluster.start("worker0", "worker")
         cluster.start("worker1", "worker")
-        # First half now; the rest arrives while the workers change.
-        produce(lines[:20_000], bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, create_topic=False)
-        wait_until(lambda: cluster.metric("worker1", "livevec_worker_records_total") > 50, 120,
+        # The stream keeps flowing (100 records/s) while the workers change, so every member of the
+        # group always has something to read, whatever order the processes start in.
+        first = threading.Thread(target=produce, args=(lines[:20_000],), kwargs=dict(
+            bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, rate=100, create_topic=False))
+        first.start()
+        wait_until(lambda: cluster.metric("worker1", "livevec_worker_records_total") > 20, 120,
                    message="worker1 training")
         cluster.kill("worker1")                       # kill -9 mid-stream
         cluster.start("worker2", "worker")            # a third worker joins the running cluster
-        produce(lines[20_000:], bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, create_topic=False)
+        first.join()
+        produce(lines[20_000:], bootstrap=kafka_bootstrap, topic=topic, lines_per_record=20, rate=100,
+                create_topic=False)
         wait_until(lambda: cluster.metric("worker2", "livevec_worker_records_total") > 0, 120,
                    message="the new worker receives partitions and trains")
         expected = produced_counts(lines)
