@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ from aiohttp import web
 
 from online.frontend.blas_threads import set_blas_threads
 from online.frontend.http_metrics import HttpMetrics
-from online.frontend.model_index import ModelHolder
+from online.frontend.model_index import ModelHolder, warm_up
 from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_PREFIX_LENGTH, MAX_VOCAB_LIMIT,
                                      MAX_WORD_LENGTH, build_openapi)
 from online.frontend.query_engine import QueryEngine
@@ -293,6 +294,10 @@ async def _background(app: web.Application):
     if settings.blas_threads:
         changed = await asyncio.to_thread(set_blas_threads, settings.blas_threads)
         log_event(log, "blas_threads_set", threads=settings.blas_threads, libraries=len(changed))
+    await asyncio.to_thread(warm_up)        # numba: 2.5 s on a cold cache, not on the first query
+    # The query thread re-takes the GIL after every numpy/numba call; with the default 5 ms
+    # switch interval each of those waits can cost up to 5 ms while the loop parses requests.
+    sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
     engine, sync = app[ENGINE], app[SYNC]
     engine.start()
     tasks = [asyncio.create_task(sync.run(), name="model-sync"),

@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from online.frontend.sources import ModelDelta
+from online.vocab import word_key
 
 _HIGHEST_CHAR = "\U0010ffff"
 
@@ -67,14 +69,80 @@ def _check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, 
     return keys, words, np.ascontiguousarray(vectors), counts, removed, int(bad.sum())
 
 
+@njit(nogil=True, cache=True)
+def _select_top_k(scores, exclude_ptr, exclude_rows, k, out_rows, out_scores):
+    """Best ``k`` columns of each row of ``scores`` (best first; ties: lower column first).
+
+    A size-k min-heap per row, in one compiled call that holds no GIL: the event loop
+    keeps serving while a batch is ranked, and a 100k-column row costs about one pass of
+    comparisons (most scores lose against the heap's root), less than ``argpartition``.
+    Excluded columns (the query words) are set to -inf first; unfilled slots get -1.
+    """
+    b, n = scores.shape
+    for i in range(b):
+        for j in range(exclude_ptr[i], exclude_ptr[i + 1]):
+            scores[i, exclude_rows[j]] = -np.inf
+        heap_v = np.empty(k, dtype=np.float32)
+        heap_r = np.empty(k, dtype=np.int64)
+        size = 0
+        for col in range(n):
+            v = scores[i, col]
+            if size < k:                                   # sift up
+                pos = size
+                size += 1
+                while pos > 0:
+                    parent = (pos - 1) // 2
+                    pv, pr = heap_v[parent], heap_r[parent]
+                    if pv < v or (pv == v and pr < col):  # the root is the worst element
+                        break
+                    heap_v[pos], heap_r[pos] = pv, pr
+                    pos = parent
+                heap_v[pos], heap_r[pos] = v, col
+            elif v > heap_v[0]:                            # replace the worst, sift down
+                pos = 0
+                while True:
+                    child = 2 * pos + 1
+                    if child >= k:
+                        break
+                    if child + 1 < k:
+                        cv, cr = heap_v[child], heap_r[child]
+                        dv, dr = heap_v[child + 1], heap_r[child + 1]
+                        if dv < cv or (dv == cv and dr > cr):
+                            child += 1
+                    cv, cr = heap_v[child], heap_r[child]
+                    if v < cv or (v == cv and col > cr):
+                        break
+                    heap_v[pos], heap_r[pos] = cv, cr
+                    pos = child
+                heap_v[pos], heap_r[pos] = v, col
+        order = np.argsort(heap_r[:size])                  # ties: lower column first ...
+        order = order[np.argsort(-heap_v[:size][order], kind="mergesort")]   # ... then best score first
+        for t in range(size):
+            out_rows[i, t] = heap_r[order[t]]
+            out_scores[i, t] = heap_v[order[t]]
+        for t in range(size, k):
+            out_rows[i, t] = -1
+            out_scores[i, t] = -np.inf
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the top-k kernel before the first query needs it."""
+    _select_top_k(np.zeros((1, 3), np.float32), np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
+                  np.empty((1, 2), np.int64), np.empty((1, 2), np.float32))
+
+
 class ModelIndex:
-    """One immutable version of the model, with what queries need precomputed."""
+    """One immutable version of the model, with what queries need precomputed.
+
+    Words are found through their keys: ``word_key(word)`` then a binary search in the
+    sorted key array, so no per-word dict has to be copied at every sync (copying two
+    100k-entry dicts holds the GIL, and so stalls the event loop, for several ms).
+    """
 
     def __init__(self, version: int, keys: np.ndarray, words: list[str], counts: np.ndarray,
-                 vectors: np.ndarray, unit: np.ndarray, alpha_rows: np.ndarray | None = None,
-                 updated_at: float | None = None, bad_rows: int = 0, *,
-                 row_of_key: dict[int, int] | None = None, row_of_word: dict[str, int] | None = None,
-                 alpha_words: list[str] | None = None):
+                 vectors: np.ndarray, unit: np.ndarray, *, alpha_rows: np.ndarray | None = None,
+                 alpha_words: list[str] | None = None, key_order: np.ndarray | None = None,
+                 updated_at: float | None = None, bad_rows: int = 0):
         self.version = int(version)
         self.keys = keys
         self.words = words
@@ -83,15 +151,17 @@ class ModelIndex:
         self.unit = unit
         self.updated_at = time.time() if updated_at is None else updated_at
         self.bad_rows = bad_rows
-        self.row_of_key: dict[int, int] = (dict(zip(keys.tolist(), range(len(keys))))
-                                           if row_of_key is None else row_of_key)
-        self.row_of_word: dict[str, int] = dict(zip(words, range(len(words)))) if row_of_word is None else row_of_word
+        if key_order is None:
+            key_order = np.argsort(keys, kind="stable")
+        self.key_order = key_order                       # rows in key order
+        self.sorted_keys = keys[key_order]
         if alpha_rows is None:
             alpha_rows = np.asarray(sorted(range(len(words)), key=words.__getitem__), dtype=np.int64)
             alpha_words = None
-        self.alpha_rows = alpha_rows
+        self.alpha_rows = alpha_rows                     # rows in alphabetical order of their words
         self.alpha_words = [words[r] for r in alpha_rows.tolist()] if alpha_words is None else alpha_words
-        for a in (self.keys, self.counts, self.vectors, self.unit, self.alpha_rows):
+        for a in (self.keys, self.counts, self.vectors, self.unit, self.alpha_rows, self.key_order,
+                  self.sorted_keys):
             a.flags.writeable = False
 
     # ---------------------------------------------------------------- building
@@ -107,6 +177,15 @@ class ModelIndex:
                                             np.asarray(vectors, np.float32), np.asarray(counts, np.int64),
                                             version, full=True))
 
+    def rows_of_keys(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key, -1 where absent (vectorised binary search)."""
+        keys = np.asarray(keys, dtype=np.uint64)
+        if len(self.sorted_keys) == 0 or len(keys) == 0:
+            return np.full(len(keys), -1, dtype=np.int64)
+        pos = np.searchsorted(self.sorted_keys, keys)
+        pos[pos == len(self.sorted_keys)] = 0
+        return np.where(self.sorted_keys[pos] == keys, self.key_order[pos], -1)
+
     def apply(self, delta: ModelDelta) -> "ModelIndex":
         """The snapshot after ``delta`` (this one is left untouched)."""
         keys, words, vectors, counts, removed, bad = _check_delta(delta)
@@ -114,13 +193,12 @@ class ModelIndex:
             return ModelIndex(delta.version, keys, words, counts, vectors.copy(), _normalise(vectors), bad_rows=bad)
         if len(keys) == 0 and len(removed) == 0:
             return ModelIndex(delta.version, self.keys, self.words, self.counts, self.vectors, self.unit,
-                              self.alpha_rows, bad_rows=self.bad_rows, row_of_key=self.row_of_key,
-                              row_of_word=self.row_of_word, alpha_words=self.alpha_words)
+                              alpha_rows=self.alpha_rows, alpha_words=self.alpha_words, key_order=self.key_order,
+                              bad_rows=self.bad_rows)
         dim = self.dim if self.n else vectors.shape[1]
         if len(keys) and vectors.shape[1] != dim:
             raise ModelDeltaError(f"delta has dimension {vectors.shape[1]}, the model has {dim}")
-        get = self.row_of_key.get
-        rows = np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=len(keys))
+        rows = self.rows_of_keys(keys)
         is_new = rows < 0
         n_old, n_new = self.n, int(is_new.sum())
         rows[is_new] = np.arange(n_old, n_old + n_new)
@@ -134,7 +212,8 @@ class ModelIndex:
         new_unit[rows] = _normalise(vectors)
         new_counts = np.concatenate([self.counts, np.zeros(n_new, np.int64)])
         new_counts[rows] = counts
-        new_keys = np.concatenate([self.keys, keys[is_new]])
+        fresh_keys, fresh_rows = keys[is_new], rows[is_new]
+        new_keys = np.concatenate([self.keys, fresh_keys])
         new_words = self.words + [w for w, fresh in zip(words, is_new.tolist()) if fresh]
         renamed = False
         for r, w, fresh in zip(rows.tolist(), words, is_new.tolist()):
@@ -142,38 +221,46 @@ class ModelIndex:
                 new_words[r] = w
                 renamed = True
 
-        drop_rows = [self.row_of_key.get(k, -1) for k in removed.tolist()] if len(removed) else []
-        if drop_rows:
-            changed = set(keys.tolist())
-            drop_rows = [r for r, k in zip(drop_rows, removed.tolist()) if r >= 0 and k not in changed]
-        # alphabetical order: the old order (still sorted) followed by the new rows; timsort merges the two runs.
-        if n_new or renamed:
-            alpha = self.alpha_rows.tolist() + rows[is_new].tolist()
-            alpha.sort(key=new_words.__getitem__)
-            alpha_rows, alpha_words = np.asarray(alpha, dtype=np.int64), None
+        # key order: insert the new keys into the sorted array (no full sort)
+        by_key = np.argsort(fresh_keys, kind="stable")
+        at = np.searchsorted(self.sorted_keys, fresh_keys[by_key])
+        key_order = np.insert(self.key_order, at, fresh_rows[by_key]) if n_new else self.key_order
+        # alphabetical order: likewise, the few new words go in by binary search
+        if renamed:
+            alpha_rows, alpha_words = None, None
+        elif n_new:
+            fresh_words = [new_words[r] for r in fresh_rows.tolist()]
+            by_word = sorted(range(n_new), key=fresh_words.__getitem__)
+            sorted_fresh = [fresh_words[i] for i in by_word]
+            at_words = [bisect.bisect_left(self.alpha_words, w) for w in sorted_fresh]
+            alpha_rows = np.insert(self.alpha_rows, at_words, fresh_rows[by_word])
+            alpha_words, prev = [], 0
+            for pos, w in zip(at_words, sorted_fresh):
+                alpha_words.extend(self.alpha_words[prev:pos])
+                alpha_words.append(w)
+                prev = pos
+            alpha_words.extend(self.alpha_words[prev:])
         else:
             alpha_rows, alpha_words = self.alpha_rows, self.alpha_words
-        if drop_rows:
+
+        drop_rows = self.rows_of_keys(removed) if len(removed) else np.zeros(0, np.int64)
+        if len(drop_rows):
+            drop_rows = drop_rows[(drop_rows >= 0) & ~np.isin(removed, keys)]   # changed again: keep
+        if len(drop_rows):
             keep = np.ones(len(new_keys), dtype=bool)
             keep[drop_rows] = False
             remap = np.cumsum(keep) - 1
-            alpha_rows = remap[alpha_rows[keep[alpha_rows]]]
+            if alpha_rows is not None:
+                kept_alpha = keep[alpha_rows]
+                alpha_words = [w for w, k in zip(alpha_words, kept_alpha.tolist()) if k]
+                alpha_rows = remap[alpha_rows[kept_alpha]]
             new_vectors, new_unit = new_vectors[keep], new_unit[keep]
             new_counts, new_keys = new_counts[keep], new_keys[keep]
             new_words = [w for w, k in zip(new_words, keep.tolist()) if k]
-            return ModelIndex(delta.version, new_keys, new_words, new_counts, new_vectors, new_unit,
-                              alpha_rows.astype(np.int64, copy=False), bad_rows=self.bad_rows + bad)
-        # no row moved: extend copies of the lookup tables instead of rebuilding them
-        row_of_key = self.row_of_key.copy()
-        row_of_key.update(zip(keys[is_new].tolist(), rows[is_new].tolist()))
-        row_of_word = self.row_of_word.copy()
-        if renamed:
-            row_of_word = dict(zip(new_words, range(len(new_words))))
-        else:
-            row_of_word.update((new_words[r], r) for r in rows[is_new].tolist())
-        return ModelIndex(delta.version, new_keys, new_words, new_counts, new_vectors, new_unit, alpha_rows,
-                          bad_rows=self.bad_rows + bad, row_of_key=row_of_key, row_of_word=row_of_word,
-                          alpha_words=alpha_words)
+            key_order = None
+        return ModelIndex(delta.version, new_keys, new_words, new_counts, new_vectors, new_unit,
+                          alpha_rows=alpha_rows, alpha_words=alpha_words, key_order=key_order,
+                          bad_rows=self.bad_rows + bad)
 
     # ----------------------------------------------------------------- reading
     @property
@@ -184,11 +271,19 @@ class ModelIndex:
     def dim(self) -> int:
         return int(self.vectors.shape[1])
 
+    def _row_of_word(self, word: str) -> int:
+        if not self.n:
+            return -1
+        r = int(self.rows_of_keys(np.array([word_key(word)], dtype=np.uint64))[0])
+        return r if r >= 0 and self.words[r] == word else -1
+
     def row(self, word: str) -> int:
         """Row of ``word`` (exact, else its lower-case form), or -1."""
-        r = self.row_of_word.get(word)
-        if r is None:
-            r = self.row_of_word.get(word.lower(), -1)
+        r = self._row_of_word(word)
+        if r < 0:
+            lower = word.lower()
+            if lower != word:
+                r = self._row_of_word(lower)
         return r
 
     def prefix(self, prefix: str, limit: int) -> list[tuple[str, int]]:
@@ -223,24 +318,19 @@ class ModelIndex:
         if n == 0 or b == 0:
             return [[] for _ in range(b)]
         scores = queries @ self.unit.T                       # [b, n], one BLAS call for the whole batch
-        for i, rows in enumerate(exclude):
-            if rows:
-                scores[i, rows] = -np.inf
         kk = min(max(ks), n)
-        if kk < n:
-            cand = np.argpartition(scores, n - kk, axis=1)[:, n - kk:]
-        else:
-            cand = np.broadcast_to(np.arange(n), (b, n))
-        cand_scores = np.take_along_axis(scores, cand, axis=1)
-        order = np.argsort(-cand_scores, axis=1, kind="stable")
-        top = np.take_along_axis(cand, order, axis=1)
-        top_scores = np.take_along_axis(cand_scores, order, axis=1)
+        ptr = np.zeros(b + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(rows) for rows in exclude])
+        flat = np.fromiter((r for rows in exclude for r in rows), dtype=np.int64, count=int(ptr[-1]))
+        top = np.empty((b, kk), dtype=np.int64)
+        top_scores = np.empty((b, kk), dtype=np.float32)
+        _select_top_k(scores, ptr, flat, kk, top, top_scores)
         words = self.words
         out = []
         for i, k in enumerate(ks):
             row_scores = top_scores[i, :k].tolist()
             out.append([Neighbour(words[r], round(s, 6)) for r, s in zip(top[i, :k].tolist(), row_scores)
-                        if s != -np.inf])
+                        if r >= 0 and s != -np.inf])
         return out
 
     def most_similar(self, positive: list[str], negative: list[str] = (), k: int = 10) -> list[Neighbour]:
