@@ -10,9 +10,11 @@ Both are evaluated with gensim's own code on the sets bundled in its wheel:
 ``questions-words.txt`` (restrict_vocab=30000), ``wordsim353.tsv`` and ``simlex999.txt``;
 livevec's vectors are read back from the ``vectors.bin`` file ``livevec train`` writes.
 
-Throughput: gensim's rate is its ``train()`` call alone (vocabulary scan excluded), while
+Throughput: gensim's rate is its ``train()`` calls alone (vocabulary scan excluded), while
 livevec's covers everything (it counts the vocabulary while it trains), so the ratio is
-conservative. "raw" rates count every token read, "effective" rates the tokens that were
+conservative. The two systems alternate pass by pass, so that both see the same load from
+other jobs on a shared machine; CPU seconds are reported too (words per CPU-second are
+less sensitive to that load than words per wall-clock second). "raw" rates count every token read, "effective" rates the tokens that were
 trained after min_count and subsampling (what gensim logs as effective words/s).
 Prints a table, then one JSON line.
 """
@@ -60,33 +62,78 @@ def evaluate(kv) -> dict:
             "vocabulary": len(kv.index_to_key)}
 
 
-def run_gensim(path: Path, epochs: int, workers: int, seed: int) -> dict:
-    from gensim.models import Word2Vec
-    from gensim.models.word2vec import LineSentence
-    model = Word2Vec(vector_size=HYPER["dim"], window=HYPER["window"], negative=HYPER["negative"], sg=1, hs=0,
-                     min_count=HYPER["min_count"], sample=HYPER["sample"], workers=workers, seed=seed)
-    sentences = LineSentence(str(path))
-    model.build_vocab(sentences)
-    t0 = time.perf_counter()
-    effective, raw = model.train(sentences, total_examples=model.corpus_count, epochs=epochs)
-    seconds = time.perf_counter() - t0
-    return {"seconds": round(seconds, 2), "raw_words_per_s": round(raw / seconds),
-            "effective_words_per_s": round(effective / seconds), **evaluate(model.wv)}
+class GensimRun:
+    """gensim Word2Vec trained one epoch per call, with its linear alpha decay split across calls
+    (alpha from 0.025 to 0.0001 over all passes, exactly as ``epochs=N`` does in one call)."""
+
+    name = "gensim"
+
+    def __init__(self, path: Path, passes: int, workers: int, seed: int):
+        from gensim.models import Word2Vec
+        from gensim.models.word2vec import LineSentence
+        self.passes = passes
+        self.model = Word2Vec(vector_size=HYPER["dim"], window=HYPER["window"], negative=HYPER["negative"], sg=1,
+                              hs=0, min_count=HYPER["min_count"], sample=HYPER["sample"], workers=workers, seed=seed)
+        self.sentences = LineSentence(str(path))
+        self.model.build_vocab(self.sentences)
+        self.alpha, self.min_alpha = self.model.alpha, self.model.min_alpha
+        self.seconds = self.cpu = 0.0
+        self.raw = self.effective = 0
+
+    def train_pass(self, index: int) -> None:
+        span = self.alpha - self.min_alpha
+        start = self.alpha - span * index / self.passes
+        end = self.alpha - span * (index + 1) / self.passes
+        t0, c0 = time.perf_counter(), time.process_time()
+        effective, raw = self.model.train(self.sentences, total_examples=self.model.corpus_count, epochs=1,
+                                          start_alpha=start, end_alpha=end)
+        self.seconds += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
+        self.raw += raw
+        self.effective += effective
+
+    def finish(self) -> dict:
+        return {**self._rates(), **evaluate(self.model.wv)}
+
+    def _rates(self) -> dict:
+        return {"seconds": round(self.seconds, 2), "cpu_seconds": round(self.cpu, 2),
+                "raw_words_per_s": round(self.raw / self.seconds),
+                "effective_words_per_s": round(self.effective / self.seconds),
+                "effective_words_per_cpu_s": round(self.effective / self.cpu)}
 
 
-def run_livevec(path: Path, epochs: int, workers: int, seed: int, out_dir: Path, options: dict) -> dict:
-    from gensim.models import KeyedVectors
-    from online.train import TrainSettings, train_file
-    from online.trainer import LearnerConfig
-    learner = LearnerConfig(**HYPER, seed=seed, **options.get("learner", {}))
-    settings = TrainSettings(input=str(path), out=str(out_dir), epochs=epochs, workers=workers,
-                             batch_words=options.get("batch_words", 10_000), shards=options.get("shards", 1),
-                             progress=False, learner=learner)
-    settings.validate()
-    _, result = train_file(settings)
-    kv = KeyedVectors.load_word2vec_format(result.files["binary"], binary=True)
-    return {"seconds": round(result.seconds, 2), "raw_words_per_s": round(result.words_per_second),
-            "effective_words_per_s": round(result.effective_words_per_second), **evaluate(kv)}
+class LivevecRun(GensimRun):
+    """livevec's in-process trainer (``livevec train``), one pass per call; evaluated from vectors.bin."""
+
+    name = "livevec"
+
+    def __init__(self, path: Path, passes: int, workers: int, seed: int, out_dir: Path, options: dict):
+        from online.train import TrainSettings, make_trainer
+        from online.trainer import LearnerConfig
+        learner = LearnerConfig(**HYPER, seed=seed, **options.get("learner", {}))
+        self.settings = TrainSettings(input=str(path), out=str(out_dir), epochs=passes, workers=workers,
+                                      batch_words=options.get("batch_words", 10_000), shards=options.get("shards", 1),
+                                      progress=False, learner=learner)
+        self.settings.validate()
+        self.trainer = make_trainer(self.settings)
+        self.passes = passes
+        self.seconds = self.cpu = 0.0
+        self.raw = self.effective = 0
+
+    def train_pass(self, index: int) -> None:
+        from online.train import train_pass
+        t0, c0 = time.perf_counter(), time.process_time()
+        train_pass(self.settings, self.trainer, index + 1)
+        self.seconds += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
+        self.raw, self.effective = self.trainer.totals.tokens, self.trainer.totals.kept
+
+    def finish(self) -> dict:
+        from gensim.models import KeyedVectors
+        from online.train import write_outputs
+        result = write_outputs(self.settings, self.trainer, self.seconds)
+        kv = KeyedVectors.load_word2vec_format(result.files["binary"], binary=True)
+        return {**self._rates(), **evaluate(kv)}
 
 
 def main(argv=None) -> int:
@@ -118,21 +165,30 @@ def main(argv=None) -> int:
         tokens = prepare_corpus(Path(args.corpus), args.max_tokens, corpus)
         print(f"corpus: {args.corpus}, {tokens:,} tokens, workers {args.workers}", file=sys.stderr)
         for epochs in passes:
-            row = {"passes": epochs}
+            # The systems alternate pass by pass (and which goes first), so that both see the
+            # same load from the other jobs on this shared machine.
+            runs = []
             if "gensim" in systems:
-                row["gensim"] = run_gensim(corpus, epochs, args.workers, args.seed)
-                print(f"gensim  passes={epochs}: {row['gensim']}", file=sys.stderr, flush=True)
+                runs.append(GensimRun(corpus, epochs, args.workers, args.seed))
             if "livevec" in systems:
                 opts = {"learner": dict(learner), "batch_words": args.batch_words, "shards": args.shards}
                 if args.sgd_decay:
                     opts["learner"].update(optimizer="sgd", sgd_decay_words=tokens * epochs)
-                row["livevec"] = run_livevec(corpus, epochs, args.workers, args.seed, Path(tmp) / f"lv{epochs}", opts)
-                print(f"livevec passes={epochs}: {row['livevec']}", file=sys.stderr, flush=True)
+                runs.append(LivevecRun(corpus, epochs, args.workers, args.seed, Path(tmp) / f"lv{epochs}", opts))
+            for index in range(epochs):
+                for run in (runs if index % 2 == 0 else runs[::-1]):
+                    run.train_pass(index)
+                    print(f"{run.name} pass {index + 1}/{epochs}: {run.seconds:.1f}s", file=sys.stderr, flush=True)
+            row = {"passes": epochs}
+            for run in runs:
+                row[run.name] = run.finish()
+                print(f"{run.name} passes={epochs}: {row[run.name]}", file=sys.stderr, flush=True)
             if "gensim" in row and "livevec" in row:
                 g, lv = row["gensim"], row["livevec"]
                 row["ratios"] = {
                     "raw_words_per_s": round(lv["raw_words_per_s"] / g["raw_words_per_s"], 3),
                     "effective_words_per_s": round(lv["effective_words_per_s"] / g["effective_words_per_s"], 3),
+                    "effective_words_per_cpu_s": round(lv["effective_words_per_cpu_s"] / g["effective_words_per_cpu_s"], 3),
                     "analogy_points": round(100 * (lv["analogy"] - g["analogy"]), 2),
                     "ws353_diff": round(lv["ws353"] - g["ws353"], 4),
                 }

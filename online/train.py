@@ -181,18 +181,27 @@ class _Progress:
               file=sys.stderr, flush=True)
 
 
+def make_trainer(settings: TrainSettings) -> Trainer:
+    """The trainer ``livevec train`` uses: in place on one shard, or pull/push over ``--shards``."""
+    cfg = settings.learner
+    store = LocalParamStore(num_shards=settings.shards, dim=cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta,
+                            adagrad_init=cfg.adagrad_init, seed=cfg.seed)
+    return Trainer(cfg, store)
+
+
 def train_file(settings: TrainSettings, trainer: Trainer | None = None) -> tuple[Trainer, TrainResult]:
     """Train on ``settings.input`` for ``settings.epochs`` passes and write the output files."""
-    if trainer is None:
-        cfg = settings.learner
-        store = LocalParamStore(num_shards=settings.shards, dim=cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta,
-                                adagrad_init=cfg.adagrad_init, seed=cfg.seed)
-        trainer = Trainer(cfg, store)
+    trainer = trainer or make_trainer(settings)
     progress = _Progress(settings.progress, settings.epochs)
     t0 = time.perf_counter()
     for pass_no in range(1, settings.epochs + 1):
-        _one_pass(settings, trainer, pass_no, progress)
+        train_pass(settings, trainer, pass_no, progress)
     seconds = time.perf_counter() - t0
+    return trainer, write_outputs(settings, trainer, seconds)
+
+
+def write_outputs(settings: TrainSettings, trainer: Trainer, seconds: float) -> TrainResult:
+    """vectors.txt, vectors.bin, vocab.txt and train_stats.json in ``settings.out``."""
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     words, vectors, counts = trainer.export()
@@ -203,6 +212,7 @@ def train_file(settings: TrainSettings, trainer: Trainer | None = None) -> tuple
     with open(files["vocab"], "w", encoding="utf-8") as f:
         f.writelines(f"{w} {c}\n" for w, c in zip(words, counts.tolist()))
     t = trainer.totals
+    seconds = max(seconds, 1e-9)
     result = TrainResult(seconds=seconds, passes=settings.epochs, raw_words=t.tokens, effective_words=t.kept,
                          pairs=t.pairs, vocabulary=len(words), words_per_second=t.tokens / seconds,
                          effective_words_per_second=t.kept / seconds, files=files)
@@ -211,10 +221,12 @@ def train_file(settings: TrainSettings, trainer: Trainer | None = None) -> tuple
                    "batch_words": settings.batch_words, "shards": settings.shards}, f, indent=2)
     log_event(logger, "train_done", seconds=round(seconds, 2), words=t.tokens, effective=t.kept,
               vocabulary=len(words), words_per_s=round(result.words_per_second))
-    return trainer, result
+    return result
 
 
-def _one_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress: _Progress) -> None:
+def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress: _Progress | None = None) -> None:
+    """One pass over the file: a reader thread (this one) tokenises, ``settings.workers`` threads train."""
+    progress = progress or _Progress(False, settings.epochs)
     update_vocab = pass_no == 1
     work: queue.Queue = queue.Queue(maxsize=2 * settings.workers)
     errors: list[BaseException] = []
