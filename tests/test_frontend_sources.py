@@ -145,7 +145,7 @@ async def test_shard_source_full_incremental_and_removals():
     index = index.apply(d1)
     got = as_dict(index)
     for i, w in enumerate(words):
-        assert np.array_equal(got[w][0], vectors[i])
+        assert np.allclose(got[w][0], vectors[i], rtol=1e-6, atol=1e-7)
         assert got[w][1] == (i + 1 if i < 25 else i - 25 + 1)
     assert "no-string-yet" not in got
 

@@ -190,7 +190,7 @@ async def vector(request: web.Request) -> web.Response:
         raise ApiError(404, "unknown_word", f"not in the vocabulary (model version {index.version}): {word!r}",
                        unknown=[word])
     return json_response({"word": index.words[row], "key": str(int(index.keys[row])), "count": int(index.counts[row]),
-                          "dim": index.dim, "version": index.version, "vector": index.vectors[row]})
+                          "dim": index.dim, "version": index.version, "vector": index.vector(row)})
 
 
 async def vocab(request: web.Request) -> web.Response:

@@ -65,13 +65,14 @@ class SyntheticSource:
         now = time.monotonic()
         dt = now - self._last_step
         self._last_step = now
-        changed = min(len(self.words), int(round(self.update_rows_per_second * dt)))
+        n = len(self.words)
+        changed = min(n, int(round(self.update_rows_per_second * dt)))
         fresh = int(round(self.new_words_per_second * dt))
         if not changed and not fresh:
             return
         self.version += 1
         if changed:
-            rows = self.rng.choice(len(self.words), changed, replace=False)
+            rows = self.rng.choice(n, changed, replace=False)
             self.vectors[rows] += 0.05 * self.rng.standard_normal((changed, self.dim)).astype(np.float32)
             self.counts[rows] += 1
             self.row_version[rows] = self.version
@@ -80,11 +81,19 @@ class SyntheticSource:
             self._added += fresh
             vecs = (self.centres[self.rng.integers(0, len(self.centres), fresh)]
                     + 0.5 * self.rng.standard_normal((fresh, self.dim))).astype(np.float32)
+            n = len(self.words)
+            if n + fresh > len(self.vectors):          # grow by doubling, not by one copy per new word
+                cap = max(2 * len(self.vectors), n + fresh)
+                for name in ("vectors", "keys", "counts", "row_version"):
+                    old = getattr(self, name)
+                    grown = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
+                    grown[:n] = old[:n]
+                    setattr(self, name, grown)
             self.words += new_words
-            self.vectors = np.concatenate([self.vectors, vecs])
-            self.keys = np.concatenate([self.keys, word_keys(new_words)])
-            self.counts = np.concatenate([self.counts, np.ones(fresh, np.int64)])
-            self.row_version = np.concatenate([self.row_version, np.full(fresh, self.version, np.int64)])
+            self.vectors[n:n + fresh] = vecs
+            self.keys[n:n + fresh] = word_keys(new_words)
+            self.counts[n:n + fresh] = 1
+            self.row_version[n:n + fresh] = self.version
 
     def _changes_since(self, version: int) -> ModelDelta:
         self._step()
@@ -94,7 +103,7 @@ class SyntheticSource:
         elif version == self.version:
             return ModelDelta.unchanged(version, self.dim)
         else:
-            rows = np.flatnonzero(self.row_version > version)
+            rows = np.flatnonzero(self.row_version[:len(self.words)] > version)
             full = False
         return ModelDelta(self.keys[rows], [self.words[r] for r in rows.tolist()], self.vectors[rows],
                           self.counts[rows], self.version, full=full)
