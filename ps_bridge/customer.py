@@ -47,6 +47,10 @@ class Customer:
         self._next_ts = 0
         self._tracker: dict[int, _Request] = {}
         self._mu = threading.Lock()
+        # Set by the Postoffice to the Van's ``defer``: waking a waiter is postponed until the
+        # receive thread is about to block again, so the woken thread does not have to wait
+        # for the GIL (measured: about 40 us per round trip on a 2-core VM).
+        self.defer: Callable[[Callable[[], None]], None] | None = None
 
     # ------------------------------------------------------------------ requests
 
@@ -82,7 +86,10 @@ class Customer:
             req.result = result
             req.done = True
             callbacks, req._callbacks = req._callbacks, None
-        req._lock.release()
+        if self.defer is not None:
+            self.defer(req._lock.release)
+        else:
+            req._lock.release()
         if callbacks:
             for cb in callbacks:
                 cb(result)
@@ -92,6 +99,15 @@ class Customer:
         req = self._tracker.get(ts)
         if req is not None and not req.done:
             self._finish(req, _Failure(error))
+
+    def fail_all(self, error: BaseException) -> int:
+        """Complete every outstanding request with ``error``; returns how many. For a caller that
+        abandons its work in flight (livevec's checkpoint rollback) instead of waiting for timeouts."""
+        with self._mu:
+            pending = [ts for ts, r in self._tracker.items() if not r.done]
+        for ts in pending:
+            self.fail(ts, error)
+        return len(pending)
 
     # ------------------------------------------------------------------ waiting
 

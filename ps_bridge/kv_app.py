@@ -143,10 +143,15 @@ class KVWorker(SimpleApp):
                     raise ValueError(f"lens sum to {int(offsets[-1])} but there are {len(vals)} values")
         elif lens is not None:
             raise ValueError("lens only go with pushed values")
-        pos = np.searchsorted(keys, self._bounds).tolist()
+        nservers = len(self._server_ids)
+        if nservers == 1:
+            pos = [0, n]
+            if n and keys[-1] >= self._bounds[-1]:
+                pos[1] = -1
+        else:
+            pos = np.searchsorted(keys, self._bounds).tolist()
         if pos[-1] != n:
             raise ValueError(f"keys >= {int(self._bounds[-1]):#x} belong to no server (ps-lite's kMaxKey range)")
-        nservers = len(self._server_ids)
         state = _KVRequest(keys, pull, nservers)
         involved = []
         for rank in range(nservers):

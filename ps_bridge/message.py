@@ -185,22 +185,126 @@ def pb_to_meta(pb: PBMeta) -> Meta:
     return meta
 
 
-# Data messages dominate traffic and their metas differ only in a few small ints, so they
-# are packed directly (same bytes as meta_to_pb + encode_meta; the tests check both ways).
-def pack_meta(meta: Meta) -> bytes:
-    if meta.control.cmd != Cmd.EMPTY or meta.body or not (0 <= meta.head < 128) \
-            or not (0 <= meta.app_id < 128) or not (0 <= meta.timestamp < 128) \
-            or not (0 <= meta.customer_id < 128) or not (0 <= meta.priority < 128) \
-            or len(meta.data_type) > 3:
-        return encode_meta(meta_to_pb(meta))
-    out = bytearray((0x08, meta.head, 0x20, meta.request, 0x28, meta.push, 0x30, meta.simple_app,
-                     0x38, meta.app_id, 0x40, meta.timestamp))
-    if meta.data_type:
-        out += bytes((0x4A, len(meta.data_type), *meta.data_type))
-    out += bytes((0x50, meta.customer_id, 0x60, meta.pull, 0x68, meta.priority))
+# Data messages dominate traffic, so they are packed and unpacked by the two functions
+# below without the PBMeta detour (same bytes and same results as meta_to_pb + encode_meta
+# and pb_to_meta + decode_meta; the tests check both ways, on the captures and fuzzed input).
+
+_SMALL = [bytes((i,)) for i in range(128)]
+_PACKED_TYPES: dict[tuple[int, ...], bytes] = {}
+
+
+def _vb(value: int) -> bytes:
+    if 0 <= value < 128:
+        return _SMALL[value]
+    out = bytearray()
+    value &= (1 << 64) - 1
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
     return bytes(out)
 
 
+def pack_meta(meta: Meta) -> bytes:
+    """Van::PackMeta: serialise ``meta`` exactly as C++ ps-lite (master) does."""
+    if meta.control.cmd != Cmd.EMPTY:
+        return encode_meta(meta_to_pb(meta))
+    parts = [b"\x08", _vb(meta.head)]
+    body = meta.body
+    if body:
+        parts += (b"\x12", _vb(len(body)), bytes(body))
+    parts.append(b"\x20\x01" if meta.request else b"\x20\x00")
+    parts.append(b"\x28\x01" if meta.push else b"\x28\x00")
+    parts.append(b"\x30\x01" if meta.simple_app else b"\x30\x00")
+    if meta.app_id != K_EMPTY:
+        parts += (b"\x38", _vb(meta.app_id))
+    if meta.timestamp != K_EMPTY:
+        parts += (b"\x40", _vb(meta.timestamp))
+    if meta.data_type:
+        key = tuple(meta.data_type)
+        packed = _PACKED_TYPES.get(key)
+        if packed is None:
+            inner = b"".join(_vb(int(t)) for t in key)
+            packed = b"\x4a" + _vb(len(inner)) + inner
+            if len(_PACKED_TYPES) < 64:
+                _PACKED_TYPES[key] = packed
+        parts.append(packed)
+    parts += (b"\x50", _vb(meta.customer_id), b"\x60\x01" if meta.pull else b"\x60\x00",
+              b"\x68", _vb(meta.priority))
+    return b"".join(parts)
+
+
+_NO_CONTROL = Control()  # shared by received data messages; receivers never mutate it
+
+
+def _i32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
 def unpack_meta(data) -> Meta:
-    """Raises :class:`ps_bridge.meta.MalformedMeta` for bytes that are not a PBMeta."""
-    return pb_to_meta(decode_meta(data))
+    """Van::UnpackMeta. Raises :class:`ps_bridge.meta.MalformedMeta` for bytes that are not a PBMeta."""
+    buf = data
+    end = len(buf)
+    pos = 0
+    head = 0
+    app_id = timestamp = K_EMPTY
+    customer_id = priority = 0
+    request = push = pull = simple_app = False
+    data_type: list[int] = []
+    try:
+        while pos < end:
+            tag = buf[pos]
+            b = buf[pos + 1]
+            pos += 2
+            if tag == 0x4A:  # packed data_type with a one-byte length and one-byte values
+                stop = pos + b
+                if b >= 0x80 or stop > end:
+                    return pb_to_meta(decode_meta(data))
+                for t in buf[pos:stop]:
+                    if t >= 0x80:
+                        return pb_to_meta(decode_meta(data))
+                    data_type.append(t)
+                pos = stop
+                continue
+            if b < 0x80:
+                v = b
+            else:
+                v = 0
+                shift = 0
+                pos -= 1
+                while True:
+                    b = buf[pos]
+                    pos += 1
+                    v |= (b & 0x7F) << shift
+                    if b < 0x80:
+                        break
+                    shift += 7
+                    if shift >= 70:
+                        return pb_to_meta(decode_meta(data))
+            if tag == 0x40:
+                timestamp = _i32(v)
+            elif tag == 0x20:
+                request = v != 0
+            elif tag == 0x28:
+                push = v != 0
+            elif tag == 0x60:
+                pull = v != 0
+            elif tag == 0x08:
+                head = _i32(v)
+            elif tag == 0x38:
+                app_id = _i32(v)
+            elif tag == 0x50:
+                customer_id = _i32(v)
+            elif tag == 0x30:
+                simple_app = v != 0
+            elif tag == 0x68:
+                priority = _i32(v)
+            else:  # body, control, data_size, unknown fields: the general decoder
+                return pb_to_meta(decode_meta(data))
+    except IndexError:
+        return pb_to_meta(decode_meta(data))  # truncated: raises MalformedMeta
+    if pos != end:
+        return pb_to_meta(decode_meta(data))
+    return Meta(head, app_id, customer_id, timestamp, K_EMPTY, K_EMPTY, request, push, pull, simple_app,
+                priority, b"", data_type, _NO_CONTROL, 0)

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from online.metrics import Registry
 from online.structured_logging import log_event
@@ -81,6 +81,10 @@ class Postoffice:
         self._key_ranges = server_key_ranges(self.num_servers)
         self._book = _SchedulerBook(self) if settings.is_scheduler else None
         self.scheduler_last_seen = 0.0
+        # (Scheduler) called as listener(event, node_id, role) when membership changes: "dead",
+        # "recovered", "worker_joined", "worker_left", "worker_dead". Runs on the receive or
+        # monitor thread with the scheduler's book locked: listeners must only record the event.
+        self.membership_listeners: list[Callable[[str, int, int], None]] = []
 
     # ------------------------------------------------------------------ identity
 
@@ -110,6 +114,13 @@ class Postoffice:
 
     def ready(self) -> bool:
         return self._ready.is_set() and not self._stopped
+
+    def notify_membership(self, event: str, node_id: int, role: int) -> None:
+        for listener in list(self.membership_listeners):
+            try:
+                listener(event, node_id, role)
+            except Exception:  # a listener must never break the scheduler
+                log.exception("membership listener failed")
 
     # ------------------------------------------------------------------ groups and keys
 
@@ -156,6 +167,7 @@ class Postoffice:
             if key in self._customers:
                 raise ValueError(f"app {customer.app_id} customer {customer.customer_id} already exists")
             self._customers[key] = customer
+            customer.defer = self.van.defer
             early = [m for (_, k, m) in self._early if k == key]
             if early:
                 self._early = [e for e in self._early if e[1] != key]
@@ -385,6 +397,7 @@ class _SchedulerBook:
         self.barrier_members: dict[int, set[tuple[int, int]]] = {}
         self.barrier_request: dict[int, Meta] = {}
         self.start_time = time.monotonic()
+        self.adopted = False   # nodes were taken back from their heartbeats (restarted scheduler)
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         registry = po.registry
@@ -461,7 +474,9 @@ class _SchedulerBook:
             return
         node = Node(n.role, K_EMPTY, n.hostname, n.port, False, n.customer_id)
         with self.lock:
-            if not self.po._ready.is_set():
+            if not self.po._ready.is_set() and self.adopted:
+                self._register_while_adopting(node)
+            elif not self.po._ready.is_set():
                 self._register(node)
             else:
                 self._admit_late(node)
@@ -563,6 +578,7 @@ class _SchedulerBook:
             if other != node_id and other not in dead:
                 self.send_list(other, [node])
         log_event(log, event, id=node_id, address=f"{node.hostname}:{node.port}")
+        self.po.notify_membership(event, node_id, node.role)
         self._recheck_barriers()
 
     def _remove_worker(self, node_id: int, reason: str, linger_ms: int = 0) -> None:
@@ -572,6 +588,7 @@ class _SchedulerBook:
         self.van.disconnect(node_id, linger_ms)
         self.m_removed.inc()
         log_event(log, "worker_removed", id=node_id, reason=reason, workers=len(self.worker_ids()))
+        self.po.notify_membership(f"worker_{reason}", node_id, int(Role.WORKER))
         for group, members in self.barrier_members.items():
             self.barrier_members[group] = {m for m in members if m[0] != node_id}
         self._recheck_barriers()
@@ -583,7 +600,7 @@ class _SchedulerBook:
         with self.lock:
             known = {e.id for e in self.entries}
             for n in msg.meta.control.node:
-                if n.id not in known:
+                if n.id not in known and not self._adopt(n, msg.meta.sender):
                     self.van.reject("heartbeat_from_unknown_node", msg.meta.sender, f"id={n.id}")
                     return
             for n in msg.meta.control.node:
@@ -595,6 +612,61 @@ class _SchedulerBook:
         for recver in recvers:
             self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=recver,
                                        control=Control(cmd=Cmd.HEARTBEAT, node=[self.me()]))), block=False)
+
+    def _adopt(self, n: Node, sender: int) -> bool:
+        """(Extension) a heartbeat from a node this scheduler never registered: the scheduler was
+        restarted while the cluster ran. The node keeps its id (its heartbeat carries it and its
+        address), so take it back instead of leaving the cluster without a scheduler. Once every
+        server (and, without elastic workers, every worker) is back, the cluster is ready again,
+        without a start barrier (the nodes passed theirs long ago)."""
+        role = Role(n.role) if n.role in (Role.SERVER, Role.WORKER) else None
+        if role is None or n.id != sender or n.id < 8 or not (0 < n.port < 65536) or not n.hostname \
+                or len(n.hostname) > 255 or not n.hostname.isprintable():
+            return False
+        rank = id_to_rank(n.id)
+        if (role == Role.SERVER) != (n.id % 2 == 0) or (role == Role.SERVER and rank >= self.settings.num_server) \
+                or (role == Role.WORKER and not self.po.elastic and rank >= self.settings.num_worker):
+            return False
+        if any((e.hostname, e.port) == (n.hostname, n.port) for e in self.entries):
+            return False
+        node = Node(int(role), n.id, n.hostname, n.port, False, 0)
+        self.entries.append(node)
+        self.last_seen[n.id] = time.monotonic()
+        self.adopted = True
+        self.van.connect(node)
+        log_event(log, "node_adopted", id=n.id, role=role.name.lower(), address=f"{n.hostname}:{n.port}")
+        self.po.notify_membership("adopted", n.id, int(role))
+        self._ready_if_rebuilt()
+        return True
+
+    def _ready_if_rebuilt(self) -> None:
+        if self.po._ready.is_set():
+            return
+        servers = {e.id for e in self.entries if e.role == Role.SERVER}
+        workers = {e.id for e in self.entries if e.role == Role.WORKER}
+        if len(servers) < self.settings.num_server or (not self.po.elastic and len(workers) < self.settings.num_worker):
+            return
+        self.po.is_recovery = True   # no start barrier
+        self.po._ready.set()
+        log_event(log, "cluster_rebuilt", servers=len(servers), workers=len(workers),
+                  ids=",".join(str(i) for i in self.distinct_ids()))
+        pending, self.pending_joins = self.registrations + self.pending_joins, []
+        self.registrations = []
+        for node in pending:
+            self._admit_late(node)
+
+    def _register_while_adopting(self, node: Node) -> None:
+        """A node registering (ADD_NODE) with a restarted scheduler that is still taking the running
+        nodes back: a restarted server takes its missing slot; others wait for the cluster to be ready."""
+        if node.role == Role.SERVER:
+            taken = {e.id for e in self.entries if e.role == Role.SERVER}
+            free = [server_rank_to_id(r) for r in range(self.settings.num_server) if server_rank_to_id(r) not in taken]
+            if free:
+                self._replace(free[0], node, "recovered")
+                self._ready_if_rebuilt()
+                return
+        if all((p.hostname, p.port) != (node.hostname, node.port) for p in self.pending_joins):
+            self.pending_joins.append(node)
 
     def on_leave(self, msg: Message) -> None:
         sender = msg.meta.sender
@@ -624,6 +696,8 @@ class _SchedulerBook:
                     self.reported_dead.add(i)
                     log_event(log, "node_dead", logging.WARNING, id=i,
                               silent_for=round(time.monotonic() - self.last_seen.get(i, self.start_time), 2))
+                    role = next((e.role for e in self.entries if e.id == i), -1)
+                    self.po.notify_membership("dead", i, role)
             if self.pending_joins and dead:
                 pending, self.pending_joins = self.pending_joins, []
                 for node in pending:

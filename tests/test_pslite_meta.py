@@ -288,3 +288,37 @@ def test_fast_data_meta_packing_matches_the_generic_encoder():
                 assert pack_meta(m) == encode_meta(meta_to_pb(m))
                 back = unpack_meta(pack_meta(m))
                 assert (back.head, back.timestamp, back.data_type, back.pull) == (head, ts, list(dt), bool(ts & 1))
+
+
+def _same_meta(raw: bytes) -> None:
+    try:
+        slow = pb_to_meta(decode_meta(raw))
+    except MalformedMeta:
+        with pytest.raises(MalformedMeta):
+            unpack_meta(raw)
+        return
+    assert unpack_meta(raw) == slow, raw.hex()
+
+
+def test_fast_unpack_agrees_with_the_generic_decoder_on_fuzzed_input():
+    rng = random.Random(99)
+    bases = [bytes.fromhex("0800200128013000380040004a020809500060006800"),
+             bytes.fromhex("082a200128013000380040034a0308090350006000680 0".replace(" ", "")),
+             pack_meta(__import__("ps_bridge.message", fromlist=["Meta"]).Meta(
+                 head=300, app_id=5, customer_id=2, timestamp=2**31 - 2, request=True, pull=True,
+                 priority=-3, data_type=[8, 9]))]
+    for base in bases:
+        _same_meta(base)
+        for cut in range(len(base)):
+            _same_meta(base[:cut])
+        for _ in range(1500):
+            data = bytearray(base)
+            for _ in range(rng.randrange(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            _same_meta(bytes(data))
+
+
+@needs_captures
+def test_fast_unpack_agrees_on_every_capture(captures):
+    for c in captures:
+        _same_meta(c.meta)
