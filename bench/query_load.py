@@ -259,7 +259,8 @@ def main() -> int:
         words = [f"w{i}" for i in range(args.words - 200)] + ["king", "paris", "kafka", "guitar"]
         common = {"duration": args.duration, "warmup": 1.0, "max_requests": args.max_requests, "words": words}
         print(f"model {args.words} x {args.dim}, {args.updates:.0f} rows/s changing, training: {args.training}, "
-              f"query batch {args.query_batch}; {os.cpu_count()} cores")
+              f"query batch {args.query_batch}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+              "(other jobs on this machine skew every number below)")
         results: dict[str, dict] = {}
         before = scrape(fe_url)
         for c in (16, 64):

@@ -450,3 +450,24 @@ def test_cli_serves_a_word2vec_file_and_stops_on_sigterm(model_file):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_settings_flags_over_environment_over_defaults(model_file):
+    import argparse
+
+    from online.frontend.settings import add_arguments, settings_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    path = str(model_file[0])
+    env = {"LIVEVEC_HTTP_PORT": "9000", "LIVEVEC_HTTP_HOST": "0.0.0.0", "LIVEVEC_MODEL_FILE": path,
+           "LIVEVEC_SYNC_INTERVAL": "0.25"}
+    s = settings_from(parser.parse_args([]), env)
+    assert (s.host, s.port, s.source, s.model_file, s.sync_interval, s.max_k) == ("0.0.0.0", 9000, "word2vec", path,
+                                                                                  0.25, 1000)
+    s = settings_from(parser.parse_args(["--port", "7000", "--sync-interval", "2", "--max-k", "5"]), env)
+    assert (s.port, s.sync_interval, s.max_k) == (7000, 2.0, 5)
+    s = settings_from(parser.parse_args([]), {"DMLC_PS_ROOT_URI": "10.0.0.1"})
+    assert s.source == "ps" and s.model_file is None
+    s = settings_from(parser.parse_args(["--source", "online.frontend.synthetic:create_source"]), {})
+    assert s.source == "online.frontend.synthetic:create_source"
