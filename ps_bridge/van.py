@@ -25,7 +25,6 @@ import logging
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 
 import zmq
