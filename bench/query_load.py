@@ -234,9 +234,12 @@ def main() -> int:
     parser.add_argument("--training", choices=("local", "none"), default="local",
                         help="run the in-process learner in another process meanwhile (local)")
     parser.add_argument("--query-batch", type=int, default=64, help="the front end's --query-batch (64)")
+    parser.add_argument("--query-thread", action=argparse.BooleanOptionalAction, default=True,
+                        help="the front end's --query-thread (compute thread, or on the event loop)")
     parser.add_argument("--rate", type=float, default=500.0, help="fixed offered rate (500 req/s)")
     parser.add_argument("--duration", type=float, default=6.0, help="seconds per measurement (6)")
     parser.add_argument("--max-requests", type=int, default=100_000)
+    parser.add_argument("--concurrency", default="16,64", help="closed-loop concurrencies ('' = none)")
     args = parser.parse_args()
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEVEC_", "DMLC_"))}
@@ -247,7 +250,8 @@ def main() -> int:
     try:
         frontend, fe_url = start([sys.executable, "-m", "online.cli", "frontend", "--port", "0",
                                   "--source", "online.frontend.synthetic:create_source",
-                                  "--query-batch", str(args.query_batch)], env)
+                                  "--query-batch", str(args.query_batch),
+                                  "--query-thread" if args.query_thread else "--no-query-thread"], env)
         procs.append(frontend)
         empty, empty_url = start([sys.executable, __file__, "_empty"])
         procs.append(empty)
@@ -259,11 +263,13 @@ def main() -> int:
         words = [f"w{i}" for i in range(args.words - 200)] + ["king", "paris", "kafka", "guitar"]
         common = {"duration": args.duration, "warmup": 1.0, "max_requests": args.max_requests, "words": words}
         print(f"model {args.words} x {args.dim}, {args.updates:.0f} rows/s changing, training: {args.training}, "
-              f"query batch {args.query_batch}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+              f"query batch {args.query_batch}, {'compute thread' if args.query_thread else 'on the event loop'}; "
+              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
               "(other jobs on this machine skew every number below)")
         results: dict[str, dict] = {}
         before = scrape(fe_url)
-        for c in (16, 64):
+        concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        for c in concurrencies:
             results[f"empty c{c}"] = measure({**common, "base": empty_url, "path": "/empty", "mode": "closed",
                                               "concurrency": c})
             print(f"empty handler      c={c:<3}  {fmt(results[f'empty c{c}'])}", flush=True)
@@ -288,7 +294,7 @@ def main() -> int:
         if trainer:
             procs.remove(trainer)
         print()
-        for c in (16, 64):
+        for c in concurrencies:
             s, e = results[f"similar c{c}"], results[f"empty c{c}"]
             print(f"ratio /v1/similar : empty at c={c}: throughput {s['rps'] / e['rps']:.3f}x, "
                   f"p99 {s['p99_ms'] / e['p99_ms']:.1f}x")

@@ -287,7 +287,8 @@ def test_dimension_mismatch_and_shape_errors_are_rejected():
     assert index.n == 2 and index.version == 1          # the old snapshot is untouched
 
 
-async def test_batched_engine_answers_equal_single_queries():
+@pytest.mark.parametrize("threaded", [True, False])
+async def test_batched_engine_answers_equal_single_queries(threaded):
     rng = np.random.default_rng(3)
     words = [f"w{i}" for i in range(3000)]
     index = ModelIndex.from_arrays(1, word_keys(words), words, rng.standard_normal((3000, 20)).astype(np.float32))
@@ -297,7 +298,7 @@ async def test_batched_engine_answers_equal_single_queries():
         loaded = True
 
     registry = Registry()
-    engine = QueryEngine(Holder(), max_batch=32, registry=registry)
+    engine = QueryEngine(Holder(), max_batch=32, registry=registry, threaded=threaded)
     engine.start()
     try:
         probes = [words[i] for i in rng.choice(3000, 200, replace=False)]

@@ -333,7 +333,7 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
     app[REGISTRY] = registry
     app[HOLDER] = holder
     app[HTTP_METRICS] = HttpMetrics(registry)
-    app[ENGINE] = QueryEngine(holder, settings.query_batch, registry)
+    app[ENGINE] = QueryEngine(holder, settings.query_batch, registry, threaded=settings.query_thread)
     app[SYNC] = ModelSync(source, holder, interval=settings.sync_interval, stats_interval=settings.stats_interval,
                           registry=registry)
     app[OPENAPI] = orjson.dumps(build_openapi(settings))

@@ -15,6 +15,7 @@ model version.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -49,10 +50,22 @@ class _Job:
 
 
 class QueryEngine:
-    def __init__(self, holder: ModelHolder, max_batch: int = 64, registry: Registry | None = None):
+    """Batches queries and answers them from one snapshot per batch.
+
+    ``threaded=True`` (default): a compute thread, so the loop parses requests while BLAS
+    runs. ``threaded=False``: batches run on the event loop itself (scheduled with
+    ``call_soon``, so every request that arrived meanwhile joins the batch); no GIL
+    hand-offs between threads, at the price of blocking the loop for each batch.
+    """
+
+    def __init__(self, holder: ModelHolder, max_batch: int = 64, registry: Registry | None = None,
+                 threaded: bool = True):
         self.holder = holder
         self.max_batch = max_batch
+        self.threaded = threaded
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: collections.deque[_Job] = collections.deque()
+        self._scheduled = False
         self._thread: threading.Thread | None = None
         registry = registry or Registry()
         self._batch_size = registry.histogram("livevec_frontend_query_batch_size",
@@ -62,7 +75,7 @@ class QueryEngine:
                                                    "time of one batched top-k computation")
 
     def start(self) -> None:
-        if self._thread is None:
+        if self.threaded and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="similarity-queries", daemon=True)
             self._thread.start()
 
@@ -75,7 +88,7 @@ class QueryEngine:
     async def query(self, positive: list[str], negative: list[str], k: int) -> QueryResult:
         """Top ``k`` words by cosine to sum(positive) - sum(negative), excluding the inputs."""
         future = asyncio.get_running_loop().create_future()
-        self._queue.put(_Job(list(positive), list(negative), int(k), future))
+        self._submit(_Job(list(positive), list(negative), int(k), future))
         return await future
 
     async def query_many(self, words: list[str], k: int) -> list[QueryResult]:
@@ -83,8 +96,37 @@ class QueryEngine:
         loop = asyncio.get_running_loop()
         jobs = [_Job([w], [], int(k), loop.create_future()) for w in words]
         for job in jobs:
-            self._queue.put(job)
+            self._submit(job)
         return list(await asyncio.gather(*(job.future for job in jobs)))
+
+    def _submit(self, job: _Job) -> None:
+        if self.threaded:
+            self._queue.put(job)
+            return
+        self._pending.append(job)
+        if not self._scheduled:
+            self._scheduled = True
+            job.future.get_loop().call_soon(self._run_inline)
+
+    def _run_inline(self) -> None:
+        self._scheduled = False
+        batch = [self._pending.popleft() for _ in range(min(self.max_batch, len(self._pending)))]
+        if self._pending:                   # the rest after the loop has had a turn
+            self._scheduled = True
+            batch[0].future.get_loop().call_soon(self._run_inline)
+        self._process(batch)
+        _settle(batch)
+
+    def _process(self, batch: list[_Job]) -> None:
+        started = time.perf_counter()
+        try:
+            self._compute(batch)
+        except Exception as exc:        # a bug, not user input: fail these queries, keep serving
+            log_event(log, "query_batch_failed", logging.ERROR, size=len(batch), error=repr(exc))
+            for j in batch:
+                j.error = exc
+        self._compute_seconds.observe(time.perf_counter() - started)
+        self._batch_size.observe(len(batch))
 
     # ------------------------------------------------------------- compute thread
     def _run(self) -> None:
@@ -103,15 +145,7 @@ class QueryEngine:
                     stop = True
                     break
                 batch.append(nxt)
-            started = time.perf_counter()
-            try:
-                self._compute(batch)
-            except Exception as exc:        # a bug, not user input: fail these queries, keep serving
-                log_event(log, "query_batch_failed", logging.ERROR, size=len(batch), error=repr(exc))
-                for j in batch:
-                    j.error = exc
-            self._compute_seconds.observe(time.perf_counter() - started)
-            self._batch_size.observe(len(batch))
+            self._process(batch)
             self._deliver(batch)
             if stop:
                 return

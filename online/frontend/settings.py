@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from online.frontend.word2vec_format import FORMATS
-from ps_bridge.settings import SettingError, env_float, env_int, env_str
+from ps_bridge.settings import SettingError, env_bool, env_float, env_int, env_str
 
 
 @dataclass
@@ -28,6 +28,7 @@ class FrontendSettings:
     max_k: int = 1000                    # LIVEVEC_MAX_K: largest k a client may ask for
     max_batch_words: int = 1000          # LIVEVEC_MAX_BATCH_WORDS: words in one POST /v1/similar
     query_batch: int = 64                # LIVEVEC_QUERY_BATCH: queries fused into one matrix product
+    query_thread: bool = True            # LIVEVEC_QUERY_THREAD: compute in a thread (else on the event loop)
     blas_threads: int = 1                # LIVEVEC_BLAS_THREADS on the query path
     log_level: str | None = None         # LIVEVEC_LOG_LEVEL
 
@@ -83,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-k", type=int, help="largest k accepted (LIVEVEC_MAX_K, 1000)")
     a("--max-batch-words", type=int, help="most words in one POST /v1/similar (LIVEVEC_MAX_BATCH_WORDS, 1000)")
     a("--query-batch", type=int, help="most queries fused in one matrix product (LIVEVEC_QUERY_BATCH, 64)")
+    a("--query-thread", dest="query_thread", action=argparse.BooleanOptionalAction, default=None,
+      help="compute queries in a thread (default) or on the event loop (LIVEVEC_QUERY_THREAD, 1)")
     a("--blas-threads", type=int, help="BLAS threads on the query path, 0 = leave (LIVEVEC_BLAS_THREADS, 1)")
     a("--log-level", help="DEBUG, INFO, WARNING (LIVEVEC_LOG_LEVEL)")
 
@@ -114,6 +117,7 @@ def settings_from(args: argparse.Namespace | None, env: Mapping[str, str]) -> Fr
         max_k=pick("max_k", env_int(env, "LIVEVEC_MAX_K", d.max_k)),
         max_batch_words=pick("max_batch_words", env_int(env, "LIVEVEC_MAX_BATCH_WORDS", d.max_batch_words)),
         query_batch=pick("query_batch", env_int(env, "LIVEVEC_QUERY_BATCH", d.query_batch)),
+        query_thread=pick("query_thread", env_bool(env, "LIVEVEC_QUERY_THREAD", d.query_thread)),
         blas_threads=pick("blas_threads", env_int(env, "LIVEVEC_BLAS_THREADS", d.blas_threads)),
         log_level=pick("log_level", env_str(env, "LIVEVEC_LOG_LEVEL")),
     )

@@ -55,6 +55,9 @@ class SyntheticSource:
         self.keys = word_keys(self.words)
         self.counts = np.sort(self.rng.zipf(1.3, len(self.words)).astype(np.int64) % 10_000_000)[::-1].copy()
         self.row_version = np.ones(len(self.words), dtype=np.int64)
+        # small steps drawn once: generating fresh normals for every changed row would cost
+        # this process more than the change it simulates
+        self._noise = (0.05 * self.rng.standard_normal((max(len(self.words), 1), dim))).astype(np.float32)
         self.version = 1
         self.started = self._last_step = time.monotonic()
         self.words_trained = 0.0
@@ -73,7 +76,8 @@ class SyntheticSource:
         self.version += 1
         if changed:
             rows = self.rng.choice(n, changed, replace=False)
-            self.vectors[rows] += 0.05 * self.rng.standard_normal((changed, self.dim)).astype(np.float32)
+            start = int(self.rng.integers(0, len(self._noise) - changed + 1)) if changed < len(self._noise) else 0
+            self.vectors[rows] += self._noise[start:start + changed][:changed]
             self.counts[rows] += 1
             self.row_version[rows] = self.version
         if fresh:
