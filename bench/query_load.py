@@ -2,11 +2,12 @@
 
 The front end serves a 100k x 100 model (``online.frontend.synthetic``: clustered vectors;
 ``--updates`` rows per second keep changing and are pulled by the sync loop every 0.5 s,
-as changed rows are pulled from the parameter servers). While it runs, ``--training local``
-runs the real in-process learner (``online.trainer.Trainer`` on the sample corpus) in
-another process, so queries compete with training for the two cores. (Once the Kafka ->
-workers -> servers pipeline runs, ``--training cluster`` is the place to plug it in; see
-bench/README.md.)
+as changed rows are pulled from the parameter servers). Meanwhile training competes for
+the two cores: ``--training local`` runs the in-process learner (``online.trainer.Trainer``
+on the sample corpus) in another process; ``--training cluster`` runs the real pipeline
+(Kafka broker, scheduler, 1 server, 2 workers, as ``livevec up``) streaming the sample
+corpus. The served model stays the synthetic one: the sample corpus has a few hundred
+words, not 100k.
 
 The load generator is a separate process (aiohttp client, 127.0.0.1 only) that measures:
 
@@ -76,6 +77,46 @@ def training_load() -> None:
     elapsed = time.perf_counter() - started
     print(json.dumps({"words": trainer.totals.tokens, "seconds": elapsed,
                       "words_per_second": trainer.totals.tokens / elapsed}), flush=True)
+
+
+def cluster_training() -> None:
+    """The real pipeline (Kafka -> 2 workers -> 1 server, as ``livevec up``) training on the sample
+    corpus until SIGTERM; prints its words/s (from its own front end's /v1/stats) at the end."""
+    import tempfile
+    import threading
+    import urllib.request
+
+    from online.kafka_broker import KafkaBroker, KafkaBrokerSettings
+    from online.produce import produce_async
+    from online.sample_corpus import iter_sentences
+    from online.up import local_cluster
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    broker = KafkaBroker(KafkaBrokerSettings.from_env())
+    broker.start()
+    runner = None
+    loop = asyncio.new_event_loop()
+    try:
+        runner = local_cluster(Path(tempfile.mkdtemp(prefix="livevec-qload-")), broker.bootstrap, "qload",
+                               servers=1, workers=2, env={"LIVEVEC_LOG_LEVEL": "WARNING"})
+        runner.start()
+        task = loop.create_task(produce_async(iter_sentences(seed=5), bootstrap=broker.bootstrap, topic="qload",
+                                              partitions=4, rate=200.0, lines_per_record=10))
+        threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True).start()
+        runner.wait_healthy(timeout=180)
+        url = runner.url("frontend", "http", "/")
+        print("training", flush=True)
+        samples = []
+        while not stop.wait(1.0):
+            with urllib.request.urlopen(url + "v1/stats", timeout=10) as r:
+                samples.append(json.load(r).get("words_per_second") or 0.0)
+        loop.call_soon_threadsafe(task.cancel)
+        print(json.dumps({"words_per_second": float(sum(samples) / max(len(samples), 1))}), flush=True)
+    finally:
+        if runner is not None:
+            runner.stop()
+        broker.stop()
 
 
 def loadgen(spec: dict) -> dict:
@@ -231,8 +272,9 @@ def main() -> int:
     parser.add_argument("--words", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--updates", type=float, default=20_000.0, help="model rows changed per second (20000)")
-    parser.add_argument("--training", choices=("local", "none"), default="local",
-                        help="run the in-process learner in another process meanwhile (local)")
+    parser.add_argument("--training", choices=("local", "cluster", "none"), default="local",
+                        help="meanwhile train with the in-process learner in another process (local), or run "
+                             "the real pipeline Kafka -> 2 workers -> 1 server on the sample corpus (cluster)")
     parser.add_argument("--query-batch", type=int, default=64, help="the front end's --query-batch (64)")
     parser.add_argument("--query-thread", action=argparse.BooleanOptionalAction, default=True,
                         help="the front end's --query-thread (compute thread, or on the event loop)")
@@ -257,8 +299,8 @@ def main() -> int:
         procs.append(empty)
         wait_ready(fe_url)
         trainer = None
-        if args.training == "local":
-            trainer, _ = start([sys.executable, __file__, "_train"])
+        if args.training != "none":
+            trainer, _ = start([sys.executable, __file__, "_train" if args.training == "local" else "_cluster"])
             procs.append(trainer)
         words = [f"w{i}" for i in range(args.words - 200)] + ["king", "paris", "kafka", "guitar"]
         common = {"duration": args.duration, "warmup": 1.0, "max_requests": args.max_requests, "words": words}
@@ -307,7 +349,8 @@ def main() -> int:
               f"{1e3 * compute_s / max(queries, 1):.3f} ms per query); {syncs:.0f} syncs pulled {rows:.0f} rows, "
               f"mean sync {1e3 * sync_s / max(syncs, 1):.1f} ms")
         if training:
-            print(f"training alongside: {training['words_per_second']:.0f} words/s (in-process learner)")
+            print(f"training alongside: {training['words_per_second']:.0f} words/s "
+                  f"({'in-process learner' if args.training == 'local' else 'Kafka -> 2 workers -> 1 server'})")
         return 0
     finally:
         for p in procs:
@@ -321,5 +364,7 @@ if __name__ == "__main__":
         empty_server()
     elif len(sys.argv) > 1 and sys.argv[1] == "_train":
         training_load()
+    elif len(sys.argv) > 1 and sys.argv[1] == "_cluster":
+        cluster_training()
     else:
         sys.exit(main())
