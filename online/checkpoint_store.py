@@ -114,19 +114,14 @@ class ShardState:
 
 def snapshot_shard(shard: "EmbeddingShard", meta: dict | None = None) -> ShardState:
     """Copy the live rows of ``shard`` (callers make sure no push runs at the same time)."""
-    with shard._lock:
-        keys = shard.keys()
-        order = np.argsort(keys)
-        keys = keys[order]
-        rows = shard.rows_for(keys, create=False)
-        vectors = shard.vectors[rows]
-        accum = shard.accum[rows] if shard.accum.shape[0] else np.zeros((0, shard.dim), np.float32)
-        counts = shard.counts[rows].copy()
-        items = sorted(shard.words.items())
-    word_keys = np.fromiter((k for k, _ in items), dtype=np.uint64, count=len(items))
+    st = shard.state()
+    keys = st["keys"]
+    named = np.fromiter((w is not None for w in st["words"]), dtype=bool, count=len(keys))
+    accum = st["accum"] if st["accum"] is not None else np.zeros((0, shard.dim), np.float32)
     base = {"dim": shard.dim, "optimizer": shard.optimizer, "eta": shard.eta, "adagrad_init": shard.adagrad_init,
-            "seed": shard.seed, "rows": int(len(keys)), "words": len(items)}
-    return ShardState(keys, vectors, accum, counts, word_keys, [w for _, w in items], {**base, **(meta or {})})
+            "seed": shard.seed, "rows": int(len(keys)), "words": int(named.sum())}
+    return ShardState(keys, st["vectors"], accum, st["counts"], keys[named],
+                      [w for w in st["words"] if w is not None], {**base, **(meta or {})})
 
 
 def write_shard_file(path: Path, state: ShardState) -> dict:
@@ -163,43 +158,40 @@ def read_shard_file(path: Path) -> ShardState:
 
 def restore_shard(states: list[ShardState], *, dim: int, optimizer: str, eta: float | None, seed: int,
                   key_range: tuple[int, int] | None = None, adagrad_init: float = 1e-8) -> "EmbeddingShard":
-    """A new ``EmbeddingShard`` holding the rows of ``states`` that fall in ``key_range`` ([lo, hi))."""
+    """A new ``EmbeddingShard`` holding the rows of ``states`` that fall in ``key_range`` ([lo, hi)).
+    The optimizer state is converted when the checkpoint was written with another AdaGrad variant."""
     from online.embedding_shard import EmbeddingShard
-    keep_parts = []
-    total = 0
+
+    width = {"adagrad": dim, "rowadagrad": 1, "sgd": 0}[optimizer]
+    parts = []
     for st in states:
         if st.meta.get("dim", dim) != dim or st.vectors.shape[1:] != (dim,):
             raise CheckpointError(f"checkpoint has dim {st.meta.get('dim')}, this server runs with dim {dim} "
                                   f"(LIVEVEC_DIM must match)")
         mask = np.ones(len(st.keys), dtype=bool)
-        wmask = np.ones(len(st.word_keys), dtype=bool)
         if key_range is not None:
-            lo, hi = np.uint64(key_range[0]), np.uint64(key_range[1])
-            mask = (st.keys >= lo) & (st.keys < hi)
-            wmask = (st.word_keys >= lo) & (st.word_keys < hi)
-        keep_parts.append((st, mask, wmask))
-        total += int(mask.sum())
-    shard = EmbeddingShard(dim, optimizer=optimizer, eta=eta, seed=seed, adagrad_init=adagrad_init,
-                           initial_rows=max(1024, total))
-    for st, mask, wmask in keep_parts:
+            mask = (st.keys >= np.uint64(key_range[0])) & (st.keys < np.uint64(key_range[1]))
         keys = st.keys[mask]
-        if len(keys):
-            rows = shard.rows_for(keys, create=True)
-            shard.vectors[rows] = st.vectors[mask]
-            if shard.accum.shape[0] and st.accum.shape[0]:
-                acc = st.accum[mask]
-                if acc.shape[1] == shard.accum.shape[1]:
-                    shard.accum[rows] = acc
-                elif shard.accum.shape[1] == 1:          # per-coordinate -> per-row: mean of the squares
-                    shard.accum[rows] = acc.mean(axis=1, keepdims=True)
-                else:                                    # per-row -> per-coordinate: broadcast
-                    shard.accum[rows] = np.broadcast_to(acc[:, :1], (len(keys), shard.accum.shape[1]))
-            shard.counts[rows] = st.counts[mask]
-            shard.mark_changed(rows)
-        if wmask.any():
-            idx = np.flatnonzero(wmask)
-            shard.set_words(st.word_keys[idx], [st.words[i] for i in idx.tolist()])
-    return shard
+        accum = np.full((len(keys), width), adagrad_init, np.float32)
+        if width and st.accum.shape[0]:
+            acc = st.accum[mask]
+            if acc.shape[1] == width:
+                accum = acc
+            elif width == 1:          # per-coordinate -> per-row: the mean of the squares
+                accum = acc.mean(axis=1, keepdims=True)
+            else:                     # per-row -> per-coordinate: broadcast
+                accum = np.repeat(acc[:, :1], width, axis=1)
+        names = dict(zip(st.word_keys.tolist(), st.words))
+        parts.append((keys, st.vectors[mask], accum, st.counts[mask], [names.get(k) for k in keys.tolist()]))
+    keys = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64)
+    order = np.argsort(keys)
+    cat = (lambda i, empty: np.concatenate([p[i] for p in parts])[order] if parts else empty)
+    words = [w for p in parts for w in p[4]]
+    state = {"dim": dim, "optimizer": optimizer, "eta": eta, "adagrad_init": adagrad_init, "seed": seed,
+             "version": 0, "keys": keys[order], "vectors": cat(1, np.zeros((0, dim), np.float32)),
+             "accum": cat(2, np.zeros((0, max(width, 1)), np.float32)) if width else None,
+             "counts": cat(3, np.zeros(0, np.int64)), "words": [words[i] for i in order.tolist()]}
+    return EmbeddingShard.from_state(state)
 
 
 # ----------------------------------------------------------------------------- manifests

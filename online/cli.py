@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kafka": ("online.kafka_broker", "start/stop/status a local single-node KRaft Kafka broker"),
     "produce": ("online.produce", "stream a text file (plain, .gz, .xz) or stdin into a Kafka topic"),
     "train": ("online.train", "train offline, in-process, and write word2vec text/binary files"),
-    "scheduler": ("ps_bridge.roles", "run a ps-lite scheduler node"),
+    "scheduler": ("online.scheduler", "run the ps-lite scheduler (and the checkpoint coordinator)"),
     "server": ("online.server", "run a parameter server that holds a shard of the model"),
     "worker": ("online.worker", "consume Kafka, train SGNS mini-batches, push to the servers"),
     "frontend": ("online.frontend.app", "serve similarity queries and the live page over HTTP"),

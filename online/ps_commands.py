@@ -24,7 +24,8 @@ SimpleApp heads:
 * ``HEAD_STATS``: answer = orjson dict of the server's counters.
 * ``HEAD_WORKER_REPORT``: a worker's Kafka lag and words/s (orjson), kept by server 0
   for ``HEAD_STATS`` so the front end can show the whole pipeline's figures.
-* ``HEAD_CHECKPOINT_*``: coordinated checkpoints (``online.checkpoint``).
+* ``HEAD_CHECKPOINT_*``, ``HEAD_ROLLBACK_*``, ``HEAD_FENCE``, ``HEAD_LEDGER``, ``HEAD_RECOVERING``:
+  coordinated checkpoints and rollbacks (``online.checkpoint``; orjson bodies described there).
 """
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ HEAD_CHECKPOINT_SAVE = 111      # to servers: write your shard for checkpoint id
 HEAD_CHECKPOINT_RESUME = 112    # to workers: go on
 HEAD_ROLLBACK_LOAD = 113        # to servers: reload checkpoint id
 HEAD_ROLLBACK_SEEK = 114        # to workers: drop in-flight work, seek to the checkpoint's offsets
-HEAD_CHECKPOINT_REQUEST = 115   # to the scheduler's coordinator: take a checkpoint now
+HEAD_CHECKPOINT_REQUEST = 115   # to the scheduler's coordinator: take a checkpoint now, or roll back
+HEAD_FENCE = 116                # worker -> server: answered once every earlier message of that worker was applied
+HEAD_LEDGER = 117               # worker -> server 0: the Kafka offset ranges of a batch whose pushes were acked
+HEAD_RECOVERING = 118           # coordinator -> servers: a rollback is (not) in progress, for the stats
 
 _SEP = b"\x00"   # tokens never contain NUL (tokenizers split on whitespace and control bytes)
 

@@ -118,7 +118,14 @@ class ParameterServerSource:
 
     async def stats(self) -> dict[str, Any]:
         kv = self._worker()
-        stats = [orjson.loads(await self._ask(pc.HEAD_STATS, b"", sid)) for sid in kv.po.server_ids()]
+        # A server that does not answer (dead, restarting) means the cluster is recovering: say
+        # so, with the others' figures, instead of failing (the front end keeps its last model).
+        answers = await asyncio.gather(*[self._ask(pc.HEAD_STATS, b"", sid) for sid in kv.po.server_ids()],
+                                       return_exceptions=True)
+        stats = [orjson.loads(a) for a in answers if not isinstance(a, BaseException)]
+        unreachable = [sid for sid, a in zip(kv.po.server_ids(), answers) if isinstance(a, BaseException)]
+        if not stats:
+            raise ConnectionError(f"no parameter server answered ({answers[0]})")
         tokens = sum(s.get("tokens_counted", 0) for s in stats)
         now = time.monotonic()
         wps = 0.0
@@ -130,7 +137,10 @@ class ParameterServerSource:
         return {"source": "ps", "servers": len(stats), "workers": max(s.get("workers_reporting", 0) for s in stats),
                 "vocab_size": sum(s.get("words", 0) for s in stats), "words_trained": tokens,
                 "words_per_second": reported or wps, "kafka_lag": sum(s.get("kafka_lag", 0) for s in stats),
-                "rows": sum(s.get("rows", 0) for s in stats)}
+                "rows": sum(s.get("rows", 0) for s in stats),
+                "recovering": bool(unreachable) or any(s.get("recovering") for s in stats),
+                "servers_unreachable": unreachable,
+                "checkpoint_loaded": max((s.get("checkpoint_loaded") or 0 for s in stats), default=None)}
 
     async def close(self) -> None:
         kv = self._kv

@@ -204,7 +204,8 @@ class ShardService:
                 "epoch": self.epoch, "version": self.shard.version, "rows": len(self.shard),
                 "words": len(self.shard.words), "pulls": c.pulls, "pushes": c.pushes,
                 "keys_pulled": c.keys_pulled, "keys_pushed": c.keys_pushed,
-                "tokens_counted": c.tokens_counted, "rejected": c.rejected, "started": c.started}
+                "tokens_counted": c.tokens_counted, "rejected": c.rejected, "started": c.started,
+                **(self.extra_stats() if getattr(self, "extra_stats", None) is not None else {})}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

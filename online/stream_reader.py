@@ -569,6 +569,16 @@ class KafkaStream(_TextStreamBase):
                 out[(topic, partition)] = max(0, high - frontier)
         return out
 
+    async def beginning_offsets(self) -> dict[TopicPartitionKey, int]:
+        """First offset still in the log of every partition of the subscribed topics, assigned or not
+        (checkpoint recovery: a partition absent from a checkpoint had nothing trained, so it starts here)."""
+        tps = [TopicPartition(topic, p) for topic in self.settings.topics
+               for p in sorted(self._consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return {}
+        found = await self._consumer.beginning_offsets(tps)
+        return {(tp.topic, tp.partition): int(off) for tp, off in found.items()}
+
     # -- committing
     async def _commit(self, offsets: dict[TopicPartitionKey, int]) -> None:
         mine = {tp: off for tp, off in offsets.items() if tp in self._assignment}

@@ -1,0 +1,448 @@
+"""The checkpoint coordinator: runs in the scheduler process and drives checkpoints and rollbacks.
+
+Why the scheduler: it already knows who is in the cluster (registrations, heartbeats, dead
+nodes, elastic joins and leaves), and there is exactly one. ``online.checkpoint`` describes the
+protocol and the invariant; this module decides *when*:
+
+* a **checkpoint** every ``interval`` seconds (``LIVEVEC_CHECKPOINT_INTERVAL``), every
+  ``records`` trained records (``LIVEVEC_CHECKPOINT_RECORDS``, read from server 0's ledger),
+  or on demand (``HEAD_CHECKPOINT_REQUEST {"action": "checkpoint"}``, or a request file from
+  ``livevec checkpoint now``);
+* a **rollback** when a server dies or is replaced, a trainer is dropped (dead or left), a
+  worker asks for one (it started, its partitions were rebalanced, a batch was retried or not
+  acknowledged), or the coordinator itself (re)starts. Requests arriving within
+  ``ROLLBACK_DELAY`` seconds are served by one rollback; a rollback that cannot complete (a
+  server still dead, a worker not answering) leaves the workers paused and is retried.
+
+Rollbacks always win over checkpoints: no checkpoint is taken while one is pending, and a
+checkpoint whose workers report a rebalance since their last rollback (``dirty``) is
+abandoned in favour of a rollback, so a checkpoint can never capture a state that is not
+exactly "records before its offsets, each once".
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from online import ps_commands as pc
+from online.checkpoint_store import Checkpoint, CheckpointStore, offsets_from_json, offsets_to_json
+from online.metrics import Registry
+from online.structured_logging import log_event
+from ps_bridge.customer import RequestTimeout
+from ps_bridge.message import Role
+from ps_bridge.postoffice import Postoffice
+from ps_bridge.settings import SettingError, current_env, env_float, env_int, env_str
+from ps_bridge.simple_app import SendError, SimpleApp
+
+log = logging.getLogger("livevec.checkpoint")
+_GONE = object()
+
+
+@dataclass
+class CoordinatorSettings:
+    checkpoint_dir: str
+    interval: float = 60.0        # seconds between checkpoints (0: none on a timer)
+    records: int = 0              # trained records between checkpoints (0: no record trigger)
+    keep: int = 3                 # complete checkpoints kept
+    pause_timeout: float = 30.0   # seconds the workers get to finish their batches in flight
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env=None) -> "CoordinatorSettings | None":
+        env = current_env() if env is None else env
+        directory = getattr(args, "checkpoint_dir", None) or env_str(env, "LIVEVEC_CHECKPOINT_DIR")
+        if not directory:
+            return None
+
+        def pick(flag, name, default, reader, **kw):
+            value = getattr(args, flag, None)
+            if value is not None:
+                env2 = {name: str(value)}
+                return reader(env2, name, default, **kw)
+            return reader(env, name, default, **kw)
+
+        return cls(
+            checkpoint_dir=directory,
+            interval=pick("checkpoint_interval", "LIVEVEC_CHECKPOINT_INTERVAL", 60.0, env_float, minimum=0.0),
+            records=pick("checkpoint_records", "LIVEVEC_CHECKPOINT_RECORDS", 0, env_int, minimum=0),
+            keep=pick("checkpoint_keep", "LIVEVEC_CHECKPOINT_KEEP", 3, env_int, minimum=1),
+            pause_timeout=pick("checkpoint_pause_timeout", "LIVEVEC_CHECKPOINT_PAUSE_TIMEOUT", 30.0, env_float,
+                               minimum=0.5),
+        )
+
+
+def add_coordinator_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("checkpoints (the coordinator runs when a directory is set)")
+    g.add_argument("--checkpoint-dir", help="LIVEVEC_CHECKPOINT_DIR: where coordinated checkpoints live")
+    g.add_argument("--checkpoint-interval", type=float,
+                   help="LIVEVEC_CHECKPOINT_INTERVAL: seconds between checkpoints (60; 0 = not on a timer)")
+    g.add_argument("--checkpoint-records", type=int,
+                   help="LIVEVEC_CHECKPOINT_RECORDS: also checkpoint after this many trained records (0 = off)")
+    g.add_argument("--checkpoint-keep", type=int, help="LIVEVEC_CHECKPOINT_KEEP: complete checkpoints kept (3)")
+    g.add_argument("--checkpoint-pause-timeout", type=float,
+                   help="LIVEVEC_CHECKPOINT_PAUSE_TIMEOUT: seconds workers get to pause (30)")
+
+
+class _Metrics:
+    def __init__(self, r: Registry):
+        self.checkpoints = {res: r.counter("livevec_checkpoints_total", "checkpoints attempted", result=res)
+                            for res in ("done", "aborted", "failed")}
+        self.pause = r.histogram("livevec_checkpoint_pause_seconds", "training stall per checkpoint",
+                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
+        self.write = r.histogram("livevec_checkpoint_write_seconds", "time to write the shards and the manifest",
+                                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120))
+        self.bytes = r.gauge("livevec_checkpoint_bytes", "size of the latest checkpoint")
+        self.last_id = r.gauge("livevec_checkpoint_last_id", "id of the latest complete checkpoint")
+        self.rollbacks = r.counter("livevec_rollbacks_total", "cluster rollbacks to the latest checkpoint")
+        self.rollback_seconds = r.histogram("livevec_rollback_seconds", "duration of a rollback (pause to resume)",
+                                            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+        self.recovering = r.gauge("livevec_recovering", "1 while a rollback is pending or running")
+
+
+class CheckpointCoordinator:
+    ROLLBACK_DELAY = 0.5      # seconds to gather rollback requests into one
+    RETRY_DELAY = 1.0         # seconds between attempts of a rollback that could not complete
+    STATS_INTERVAL = 2.0      # seconds between reads of server 0's ledger (record trigger)
+
+    def __init__(self, po: Postoffice, settings: CoordinatorSettings, registry: Registry | None = None):
+        self.po = po
+        self.settings = settings
+        self.store = CheckpointStore(settings.checkpoint_dir)
+        self.store.ensure()
+        self.app = SimpleApp(po, 0)
+        self.app.set_simple_request_handle(self._on_request)
+        po.membership_listeners.append(self._on_membership)
+        self.metrics = _Metrics(registry or po.registry)
+        self.base: Checkpoint | None = None
+        self.trainers: set[int] = set()
+        self.dead_servers: set[int] = set()
+        self.last_checkpoint: dict | None = None
+        self.last_rollback: dict | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._rollback_reasons: list[str] = ["coordinator started"]
+        self._rollback_after = 0.0
+        self._checkpoint_requests: list[tuple[str, Path | None]] = []
+        self._last_checkpoint_at = time.monotonic()
+        self._records_at_checkpoint: int | None = None
+        self._next_stats = 0.0
+        self._next_files = 0.0
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.base = self.store.latest_complete()
+        if self.base is not None:
+            self.metrics.last_id.set(self.base.id)
+        log_event(log, "coordinator_started", dir=str(self.store.root), base=self.base.id if self.base else None,
+                  interval=self.settings.interval, records=self.settings.records)
+        self._thread = threading.Thread(target=self._run, name="checkpoint-coordinator", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ triggers (any thread)
+    def request_rollback(self, reason: str) -> None:
+        with self._lock:
+            if not self._rollback_reasons:
+                self._rollback_after = time.monotonic() + self.ROLLBACK_DELAY
+            self._rollback_reasons.append(reason)
+        self.metrics.recovering.set(1)
+        self._wake.set()
+
+    def request_checkpoint(self, reason: str, answer: Path | None = None) -> None:
+        with self._lock:
+            self._checkpoint_requests.append((reason, answer))
+        self._wake.set()
+
+    def _on_membership(self, event: str, node_id: int, role: int) -> None:
+        if event == "adopted":   # this scheduler restarted and took a running node back
+            self.request_rollback(f"{Role(role).name.lower()} {node_id} re-joined a restarted scheduler")
+        elif role == Role.SERVER:
+            if event == "dead":
+                self.dead_servers.add(node_id)
+                self.request_rollback(f"server {node_id} dead")
+            elif event == "recovered":
+                self.dead_servers.discard(node_id)
+                self.request_rollback(f"server {node_id} restarted")
+        elif role == Role.WORKER and node_id in self.trainers and \
+                event in ("dead", "recovered", "worker_dead", "worker_left"):
+            # "recovered": a restarted process took over the dead trainer's id
+            self.trainers.discard(node_id)
+            self.request_rollback(f"worker {node_id} {event.removeprefix('worker_')}")
+
+    def _on_request(self, req, app) -> None:
+        try:
+            ask = orjson.loads(req.body) if req.body else {}
+            action = ask.get("action", "checkpoint") if isinstance(ask, dict) else None
+            reason = str(ask.get("reason", "requested"))[:200] if isinstance(ask, dict) else ""
+            if req.head != pc.HEAD_CHECKPOINT_REQUEST or action not in ("checkpoint", "rollback"):
+                raise ValueError(f"unknown request head={req.head} action={action!r}")
+            if action == "rollback":
+                self.trainers.add(req.sender)
+                self.request_rollback(f"node {req.sender}: {reason}")
+            else:
+                self.request_checkpoint(f"node {req.sender}: {reason}")
+            app.response(req, orjson.dumps({"ok": True}))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            log_event(log, "coordinator_request_rejected", logging.WARNING, sender=req.sender, error=str(exc))
+            app.response(req, orjson.dumps({"ok": False, "error": str(exc)}))
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.25)
+            self._wake.clear()
+            try:
+                self._step()
+            except Exception:   # keep coordinating whatever happens
+                log.exception("coordinator step failed")
+                time.sleep(self.RETRY_DELAY)
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            rollback_due = bool(self._rollback_reasons) and now >= self._rollback_after
+        if rollback_due:
+            with self._lock:
+                reasons, self._rollback_reasons = self._rollback_reasons, []
+            if not self._rollback(reasons):
+                with self._lock:
+                    self._rollback_reasons = reasons + self._rollback_reasons
+                    self._rollback_after = time.monotonic() + self.RETRY_DELAY
+            return
+        with self._lock:
+            if self._rollback_reasons:
+                return
+        if now >= self._next_files:
+            self._next_files = now + 1.0
+            for path in self.store.pending_requests():
+                self.request_checkpoint("livevec checkpoint now", path)
+                path.rename(path.with_suffix(".taken"))
+        reason = self._checkpoint_due(now)
+        if reason is not None:
+            with self._lock:
+                requests, self._checkpoint_requests = self._checkpoint_requests, []
+            result = self._checkpoint(reason)
+            for _, answer in requests:
+                if answer is not None:
+                    self.store.answer_request(answer.with_suffix(".json"), result)
+
+    def _checkpoint_due(self, now: float) -> str | None:
+        with self._lock:
+            if self._checkpoint_requests:
+                return self._checkpoint_requests[0][0]
+        s = self.settings
+        if s.interval > 0 and now - self._last_checkpoint_at >= s.interval:
+            return "interval"
+        if s.records > 0 and now >= self._next_stats:
+            self._next_stats = now + self.STATS_INTERVAL
+            records = self._ledger_records()
+            if records is not None:
+                if self._records_at_checkpoint is None:
+                    self._records_at_checkpoint = records
+                elif records - self._records_at_checkpoint >= s.records:
+                    return "records"
+        return None
+
+    def _ledger_records(self) -> int | None:
+        answers = self._ask(pc.HEAD_STATS, {}, self.po.server_ids()[:1], 5.0)
+        stats = answers.get(self.po.server_ids()[0])
+        ledger = (stats or {}).get("ledger") or {}
+        return ledger.get("records")
+
+    # ------------------------------------------------------------------ requests to nodes
+    def _ask(self, head: int, body: dict, ids: list[int], timeout: float, *, drop_gone: bool = False,
+             give_up_on_rollback: bool = False) -> dict[int, dict | None]:
+        """Send to each node separately; its parsed answer, or None if it did not answer in time.
+        With ``drop_gone``, workers that leave the cluster meanwhile are left out of the result;
+        without, a worker that leaves counts as not answering. ``give_up_on_rollback``: stop
+        waiting (the missing answers are None) as soon as a rollback is requested."""
+        data = orjson.dumps(body)
+        customer = self.app.customer
+        results: dict[int, object] = {}
+        lock = threading.Lock()
+        arrived = threading.Event()
+        pending: dict[int, int] = {}
+
+        def deliver(node: int, result: object) -> None:
+            with lock:
+                results[node] = result
+            arrived.set()
+
+        for node in ids:
+            ts = self.app.request(head, data, node)
+            pending[node] = ts
+            customer.on_complete(ts, lambda result, node=node: deliver(node, result))
+        deadline = time.monotonic() + timeout
+        while True:
+            with lock:
+                waiting = [n for n in pending if n not in results]
+            if not waiting:
+                break
+            live = set(self.po.worker_ids()) | set(self.po.server_ids())
+            for node in waiting:
+                if node not in live:
+                    customer.fail(pending[node], SendError(f"node {node} left the cluster"))
+                    if drop_gone:
+                        with lock:
+                            results[node] = _GONE
+            with self._lock:
+                rollback_wanted = bool(self._rollback_reasons)
+            if time.monotonic() > deadline or (give_up_on_rollback and rollback_wanted):
+                for node in waiting:
+                    customer.fail(pending[node], RequestTimeout(f"node {node} did not answer in {timeout}s"))
+                continue
+            arrived.wait(0.1)
+            arrived.clear()
+        out: dict[int, dict | None] = {}
+        for node, result in results.items():
+            if result is _GONE:
+                continue
+            if isinstance(result, BaseException):
+                if drop_gone and node not in self.po.worker_ids():
+                    continue
+                out[node] = None
+                continue
+            try:
+                value = orjson.loads(result[0].body) if result and result[0].body else {}
+                out[node] = value if isinstance(value, dict) else {"ok": False, "error": "answer is not an object"}
+            except orjson.JSONDecodeError as exc:
+                out[node] = {"ok": False, "error": f"bad answer: {exc}"}
+        return out
+
+    # ------------------------------------------------------------------ checkpoint
+    def _checkpoint(self, reason: str) -> dict:
+        s = self.settings
+        if self.dead_servers:
+            self.metrics.checkpoints["aborted"].inc()
+            return {"ok": False, "error": f"servers {sorted(self.dead_servers)} are dead"}
+        ckpt_id = self.store.next_id()
+        t0 = time.monotonic()
+        self._last_checkpoint_at = t0
+        workers = self.po.worker_ids()
+        # A worker that dies during the pause must abort the checkpoint (not be left out of it): its
+        # last batch may be half applied, which only the rollback its death triggers can undo.
+        answers = self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "drain", "id": ckpt_id, "timeout": s.pause_timeout},
+                            workers, s.pause_timeout + 5, give_up_on_rollback=True)
+        trainers = {n: a for n, a in answers.items() if a and a.get("trainer")}
+        problem = None
+        if any(a is None or not a.get("ok", True) for a in answers.values()):
+            bad = sorted(n for n, a in answers.items() if a is None or not a.get("ok", True))
+            problem = f"workers {bad} did not pause"
+        elif any(a.get("dirty") for a in trainers.values()):
+            problem = "partitions were rebalanced since the last rollback"
+            self.request_rollback("partitions rebalanced (seen at checkpoint)")
+        servers = self.po.server_ids()
+        snaps: dict[int, dict | None] = {}
+        if problem is None:
+            snaps = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "snapshot"}, servers, 120)
+            if any(a is None or not a.get("ok") for a in snaps.values()):
+                problem = f"servers did not snapshot: {snaps}"
+        with self._lock:
+            if problem is None and self._rollback_reasons:
+                # a node died, restarted or retried a batch meanwhile: the snapshot may mix states
+                problem = f"a rollback was requested during the checkpoint ({self._rollback_reasons[0]})"
+        self._ask(pc.HEAD_CHECKPOINT_RESUME, {}, workers, 5.0, drop_gone=True)
+        pause = time.monotonic() - t0
+        if problem is not None:
+            self.metrics.checkpoints["aborted"].inc()
+            log_event(log, "checkpoint_aborted", logging.WARNING, id=ckpt_id, reason=problem, pause_ms=round(pause * 1e3))
+            return {"ok": False, "error": problem}
+        self.trainers |= set(trainers)
+        self.metrics.pause.observe(pause)
+        t1 = time.monotonic()
+        self.store.prepare(ckpt_id)
+        written = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "write"}, servers, 600)
+        if any(a is None or not a.get("ok") for a in written.values()):
+            self.metrics.checkpoints["failed"].inc()
+            log_event(log, "checkpoint_failed", logging.ERROR, id=ckpt_id, answers=str(written)[:500])
+            return {"ok": False, "error": "servers did not write their shards", "id": ckpt_id}
+        offsets = offsets_from_json(self.base.offsets) if self.base is not None else {}
+        for answer in trainers.values():
+            offsets.update(offsets_from_json(answer.get("positions") or {}))
+        ledger = (snaps.get(servers[0]) or {}).get("ledger") or {}
+        files = {a["file"]: {k: a[k] for k in ("bytes", "sha256", "rows", "words")} for a in written.values()}
+        manifest = {"created": time.time(), "num_servers": len(servers), "offsets": offsets_to_json(offsets),
+                    "files": files, "reason": reason, "workers": len(trainers), "pause_seconds": round(pause, 4),
+                    "write_seconds": None, "records": ledger.get("records"), "tokens": ledger.get("tokens"),
+                    "previous": self.base.id if self.base is not None else None}
+        manifest["write_seconds"] = round(time.monotonic() - t1, 4)
+        ckpt = self.store.write_manifest(ckpt_id, manifest)
+        self.base = ckpt
+        self._records_at_checkpoint = ledger.get("records", self._records_at_checkpoint)
+        removed = self.store.prune(self.settings.keep)
+        total = time.monotonic() - t0
+        self.metrics.checkpoints["done"].inc()
+        self.metrics.write.observe(time.monotonic() - t1)
+        self.metrics.bytes.set(ckpt.bytes)
+        self.metrics.last_id.set(ckpt_id)
+        self.last_checkpoint = {"id": ckpt_id, "pause_seconds": pause, "write_seconds": time.monotonic() - t1,
+                                "total_seconds": total, "bytes": ckpt.bytes,
+                                "rows": sum(f["rows"] for f in files.values()), "reason": reason}
+        log_event(log, "checkpoint_done", id=ckpt_id, reason=reason, pause_ms=round(pause * 1e3, 1),
+                  write_ms=round((time.monotonic() - t1) * 1e3, 1), bytes=ckpt.bytes, workers=len(trainers),
+                  records=ledger.get("records"), pruned=",".join(map(str, removed)) or "-")
+        return {"ok": True, **self.last_checkpoint}
+
+    # ------------------------------------------------------------------ rollback
+    def _rollback(self, reasons: list[str]) -> bool:
+        t0 = time.monotonic()
+        why = "; ".join(dict.fromkeys(reasons))[:500]
+        if self.dead_servers:
+            log_event(log, "rollback_waiting", reason=why, waiting_for=f"servers {sorted(self.dead_servers)}")
+            self._pause_for_rollback(self.po.worker_ids())   # stop useless retries meanwhile
+            return False
+        servers = self.po.server_ids()
+        self._ask(pc.HEAD_RECOVERING, {"recovering": True}, servers, 2.0)
+        answers = self._pause_for_rollback(self.po.worker_ids())
+        failed = sorted(n for n, a in answers.items() if a is None or not a.get("ok", True) or
+                        not a.get("fence_ok", True))
+        if failed:
+            log_event(log, "rollback_waiting", reason=why, waiting_for=f"workers {failed} to pause and fence")
+            return False
+        trainers = sorted(n for n, a in answers.items() if a and a.get("trainer"))
+        target = self.store.latest_complete()
+        target_id = target.id if target is not None else None
+        for phase, timeout in (("prepare", 600.0), ("install", 60.0)):
+            loads = self._ask(pc.HEAD_ROLLBACK_LOAD, {"id": target_id, "phase": phase}, servers, timeout)
+            bad = {n: a for n, a in loads.items() if a is None or not a.get("ok")}
+            if bad:
+                log_event(log, "rollback_waiting", logging.WARNING, reason=why,
+                          waiting_for=f"servers to {phase} checkpoint {target_id}: {str(bad)[:300]}")
+                return False
+        offsets = target.offsets if target is not None else {}
+        seeks = self._ask(pc.HEAD_ROLLBACK_SEEK, {"offsets": offsets, "id": target_id}, trainers, 60.0,
+                          drop_gone=True)
+        bad = sorted(n for n, a in seeks.items() if a is None or not a.get("ok"))
+        if bad:
+            log_event(log, "rollback_waiting", logging.WARNING, reason=why, waiting_for=f"workers {bad} to seek")
+            return False
+        self.base = target
+        self.trainers = set(seeks)
+        self._ask(pc.HEAD_CHECKPOINT_RESUME, {}, sorted(seeks), 10.0, drop_gone=True)
+        self._ask(pc.HEAD_RECOVERING, {"recovering": False}, servers, 2.0)
+        seconds = time.monotonic() - t0
+        with self._lock:
+            if not self._rollback_reasons:
+                self.metrics.recovering.set(0)
+        self.metrics.rollbacks.inc()
+        self.metrics.rollback_seconds.observe(seconds)
+        self._last_checkpoint_at = max(self._last_checkpoint_at, time.monotonic() - self.settings.interval / 2)
+        self.last_rollback = {"to": target_id, "seconds": seconds, "reason": why, "workers": len(seeks)}
+        log_event(log, "rollback_done", to=target_id, reason=why, ms=round(seconds * 1e3, 1), workers=len(seeks))
+        return True
+
+    def _pause_for_rollback(self, workers: list[int]) -> dict[int, dict | None]:
+        return self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "abandon", "timeout": self.settings.pause_timeout},
+                         workers, self.settings.pause_timeout + 5, drop_gone=True)

@@ -1,0 +1,225 @@
+"""Crash recovery with real processes and the real broker: kill -9 each role in turn while a planted
+corpus trains, then check that every produced record was trained exactly once relative to the
+restored checkpoints, that the planted neighbours are found, and that the front end never
+answered with a 5xx.
+
+The cluster is the production Marathon group run by the local Marathon-like runner (so a killed
+task is relaunched as Marathon would), with short heartbeats and checkpoint intervals. The test
+reads each server's statistics (its batch ledger, see ``online.checkpoint``) over ps-lite as an
+elastic worker node of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import orjson
+import pytest
+
+from online import ps_commands as pc
+from online.checkpoint_store import CheckpointStore
+from online.sample_corpus import generate_lines, planted_groups
+from online.tokenizer import Tokenizer
+from online.up import local_cluster
+from ps_bridge.roles import start_worker
+from ps_bridge.settings import NodeSettings
+
+LINES_PER_RECORD = 4
+
+
+class Producer(threading.Thread):
+    """Produces the planted corpus in records of a few lines, at a steady rate; remembers what it sent."""
+
+    def __init__(self, bootstrap: str, topic: str, lines: list[str], rate: float):
+        super().__init__(name="test-producer", daemon=True)
+        self.bootstrap, self.topic, self.rate = bootstrap, topic, rate
+        self.records = ["\n".join(lines[i:i + LINES_PER_RECORD]) for i in range(0, len(lines), LINES_PER_RECORD)]
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._produce())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    async def _produce(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        try:
+            t0 = time.monotonic()
+            for i, record in enumerate(self.records):
+                await producer.send_and_wait(self.topic, record.encode(), partition=i % 4)
+                self.sent = i + 1
+                delay = t0 + (i + 1) / self.rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+        finally:
+            await producer.stop()
+
+
+class Watcher(threading.Thread):
+    """Queries the front end all along: every status code, and whether it ever said 'recovering'."""
+
+    def __init__(self, base_url):
+        super().__init__(name="test-frontend-watcher", daemon=True)
+        self.base = base_url   # a callable: a relaunched front end has a new port
+        self.codes: dict[int, int] = {}
+        self.errors_5xx: list[str] = []
+        self.saw_recovering = False
+        self.stop = threading.Event()
+
+    def _get(self, path: str):
+        try:
+            with urllib.request.urlopen(self.base() + path, timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()[:300]
+        except OSError as e:   # the front end itself is restarting
+            return 0, str(e)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            for path in ("/v1/stats", "/v1/similar?word=paris&k=5"):
+                code, body = self._get(path)
+                self.codes[code] = self.codes.get(code, 0) + 1
+                if code >= 500:
+                    self.errors_5xx.append(f"{path}: {code} {body!r}")
+                if path == "/v1/stats" and code == 200 and (body.get("source") or {}).get("recovering"):
+                    self.saw_recovering = True
+
+
+class ClusterProbe:
+    """A ps-lite node of the test's own, to read each server's statistics."""
+
+    def __init__(self, root_port: int, servers: int):
+        self.kv = start_worker(NodeSettings(role="worker", root_uri="127.0.0.1", root_port=root_port,
+                                            num_server=servers, num_worker=2, elastic_workers=True,
+                                            heartbeat_interval=0.5), timeout=60)
+
+    def stats(self) -> list[dict] | None:
+        out = []
+        for sid in self.kv.po.server_ids():
+            try:
+                ts = self.kv.request(pc.HEAD_STATS, b"", sid)
+                out.append(orjson.loads(self.kv.wait(ts, 3.0)[0].body))
+            except Exception:   # a server is down
+                return None
+        return out
+
+    def close(self) -> None:
+        self.kv.po.leave()
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def _ledger(stats: list[dict] | None) -> dict | None:
+    return stats[0].get("ledger") if stats else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstrap, kafka_topic, tmp_path):
+    topic = kafka_topic(partitions=4, prefix="ckpt")
+    lines = generate_lines(4800, seed=7)
+    producer = Producer(kafka_bootstrap, topic, lines, rate=30.0)     # 1200 records over ~40 s
+    tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(producer.records))
+    env = {"PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_CHECKPOINT_INTERVAL": "2",
+           "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3", "LIVEVEC_KAFKA_BATCH_RECORDS": "15",
+           "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000", "LIVEVEC_REQUEST_TIMEOUT": "4",
+           "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}", "LIVEVEC_SYNC_INTERVAL": "0.3",
+           "LIVEVEC_LOG_LEVEL": "INFO"}
+    runner = local_cluster(tmp_path / "run", kafka_bootstrap, topic, servers=2, workers=2, env=env)
+    store = CheckpointStore(tmp_path / "run" / "shared" / "livevec" / "checkpoints")
+    probe = watcher = None
+    rng = random.Random(8)
+    try:
+        runner.start()
+        assert runner.wait_healthy(timeout=120), "cluster did not become healthy"
+        probe = ClusterProbe(runner.port("scheduler", "ps"), servers=2)
+        watcher = Watcher(lambda: runner.url("frontend", "http"))
+        watcher.start()
+        producer.start()
+        _wait(lambda: (_ledger(probe.stats()) or {}).get("records", 0) > 100, 90, "training to start")
+        _wait(lambda: store.latest_complete(check_data=False), 60, "a first checkpoint")
+
+        def recovered_after(kill_time: float, loaded_before: list):
+            stats = probe.stats()
+            if not stats or any(s.get("recovering") for s in stats):
+                return False
+            # every server reloaded a checkpoint since the kill (a new epoch), and training goes on
+            return [s["epoch"] for s in stats] if all(
+                s["epoch"] != e for s, e in zip(stats, loaded_before)) else False
+
+        for app, index in [("worker", 0), ("server", 1), ("scheduler", 0), ("worker", 1), ("server", 0), ("frontend", 0)]:
+            time.sleep(rng.uniform(0.5, 2.5))
+            before = _wait(probe.stats, 30, "all servers answering")
+            epochs = [s["epoch"] for s in before]
+            t_kill = time.monotonic()
+            assert runner.kill_task(app, index) is not None, f"{app}#{index} was not running"
+            if app == "frontend":
+                continue
+            _wait(lambda: recovered_after(t_kill, epochs), 90, f"recovery from killing {app}#{index}")
+
+        producer.join(timeout=120)
+        assert producer.error is None and producer.sent == len(producer.records)
+        ends = {f"{topic}/{p}": len(range(p, len(producer.records), 4)) for p in range(4)}
+
+        def all_trained():
+            led = _ledger(probe.stats())
+            return led if led and led["frontier"] == ends else False
+
+        ledger = _wait(all_trained, 120, "every produced record to be trained")
+        time.sleep(1.0)   # nothing more arrives afterwards
+        ledger = _ledger(_wait(probe.stats, 10, "stats"))
+        # every produced record trained exactly once, relative to the restored checkpoints
+        assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
+        assert ledger["offsets"] == ledger["records"] == len(producer.records), ledger
+        assert ledger["tokens"] == tokens_expected, ledger
+        # the planted neighbours are found, through the front end
+        assert runner.wait_healthy(["frontend"], timeout=60)
+
+        seen = {}
+
+        def neighbours_found():
+            found = 0
+            for group in planted_groups():
+                code, body = watcher._get(f"/v1/similar?word={group[0]}&k=4")
+                seen[group[0]] = (code, [n["word"] for n in body.get("neighbours", [])] if code == 200 else body)
+                if code == 200 and {n["word"] for n in body["neighbours"]} & set(group):
+                    found += 1
+            return found >= 6 or seen
+
+        deadline = time.monotonic() + 60
+        while neighbours_found() is not True:
+            assert time.monotonic() < deadline, f"planted neighbours not found through the front end: {seen}"
+            time.sleep(1.0)
+        watcher.stop.set()
+        watcher.join(timeout=10)
+        assert not watcher.errors_5xx, watcher.errors_5xx[:5]
+        assert watcher.codes.get(200, 0) > 50
+        assert watcher.saw_recovering, "the front end's /v1/stats never said the cluster was recovering"
+        assert store.latest_complete() is not None
+    finally:
+        if watcher is not None:
+            watcher.stop.set()
+        if probe is not None:
+            probe.close()
+        runner.stop()
