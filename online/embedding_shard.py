@@ -11,7 +11,8 @@ Keys and values follow the livevec model layout: a word's input vector (syn0) at
   broadcast when a new word appears.
 * **push carries gradients** dL/d(row) of the SGNS loss (summed over the batch's pairs
   by the worker, see ``sgns_kernel.batch_gradients``); the shard applies its optimizer.
-  The default is per-coordinate AdaGrad (``accum`` holds the summed squared gradients),
+  The default is row-wise AdaGrad (``accum`` [rows, 1] holds each row's summed mean
+  squared gradient; ``optimizer="adagrad"`` keeps one per coordinate, [rows, dim]),
   which needs no corpus length; ``bench/README.md`` has the numbers that chose it.
   Duplicate keys in one push are applied one after the other.
 * **Per-word counts and word strings** are kept for the front end (``add_counts``,
