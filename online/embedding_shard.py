@@ -328,6 +328,23 @@ class EmbeddingShard:
         with self._lock:
             self.words.update(zip(np.asarray(keys, dtype=np.uint64).tolist(), words))
 
+    def named_input_rows(self, keys: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+        """(keys, words, vectors, counts) of those ``keys`` that have a row and a word string.
+
+        What readers of the model (the front end's sync, exports) need; nothing is created.
+        Read under the lock, so a row freed and reused for another key between the lookup
+        and the copy cannot hand back the wrong vector.
+        """
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        with self._lock:
+            rows = self.rows_for(keys, create=False)
+            words = self.words_for(keys)
+            known = (rows >= 0) & np.fromiter((w is not None for w in words), dtype=bool, count=len(words))
+            rows = rows[known]
+            vectors = self.vectors[rows]            # fancy indexing copies
+            counts = self.counts[rows].copy()
+        return keys[known], [w for w, ok in zip(words, known.tolist()) if ok], vectors, counts
+
     def words_for(self, keys: np.ndarray) -> list[str | None]:
         get = self.words.get
         return [get(k) for k in np.asarray(keys, dtype=np.uint64).tolist()]

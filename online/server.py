@@ -180,15 +180,7 @@ class ShardService:
             changes = shard.changes_since(0)
         even = np.uint64(1)
         keys = changes.changed[(changes.changed & even) == 0]
-        with shard._lock:
-            rows = shard.rows_for(keys, create=False)
-            words = shard.words_for(keys)
-            known = (rows >= 0) & np.fromiter((w is not None for w in words), dtype=bool, count=len(words))
-            rows = rows[known]
-            vectors = shard.vectors[rows]
-            counts = shard.counts[rows].copy()
-        keys = keys[known]
-        words = [w for w, ok in zip(words, known.tolist()) if ok]
+        keys, words, vectors, counts = shard.named_input_rows(keys)
         removed = changes.removed[(changes.removed & even) == 0]
         return pc.encode_changes(epoch=self.epoch, version=changes.version, full=full, keys=keys, words=words,
                                  vectors=vectors, counts=counts, removed=removed)

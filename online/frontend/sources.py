@@ -175,7 +175,7 @@ class EmbeddingShardSource:
                 return self._changes_since(0)
             now.append(changes.version)
             keys = changes.changed[(changes.changed & np.uint64(1)) == 0]
-            parts.append(_read_input_rows(shard, keys))
+            parts.append(shard.named_input_rows(keys))
             removed.append(changes.removed[(changes.removed & np.uint64(1)) == 0])
         now_t = tuple(now)
         if not full and now_t == since:
@@ -211,25 +211,6 @@ def trainer_source(trainer) -> EmbeddingShardSource:
                 "vocab_size": int(trainer.vocab.num_trainable()), "average_words_per_second": totals.tokens / elapsed}
 
     return EmbeddingShardSource(trainer.store.shards, stats_fn=stats)
-
-
-def _read_input_rows(shard: "EmbeddingShard", keys: np.ndarray):
-    """Keys, words, vectors and counts of the rows of ``keys`` that still exist and have a word.
-
-    Reads under the shard's lock so a row freed and reused for another key between the
-    lookup and the copy cannot hand us the wrong vector.
-    """
-    keys = np.ascontiguousarray(keys, dtype=np.uint64)
-    with shard._lock:
-        rows = shard.rows_for(keys, create=False)
-        words = shard.words_for(keys)
-        known = (rows >= 0) & np.fromiter((w is not None for w in words), dtype=bool, count=len(words))
-        rows = rows[known]
-        vectors = shard.vectors[rows]            # fancy indexing copies
-        counts = shard.counts[rows].copy()
-    keys = keys[known]
-    words = [w for w, ok in zip(words, known.tolist()) if ok]
-    return keys, words, vectors, counts
 
 
 # short name -> "module:function"; "ps" is written by the streaming engineer against this interface.
