@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
@@ -31,6 +34,12 @@ from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings
 
 LINES_PER_RECORD = 4
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "online.cli", "checkpoint", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
 
 
 class Producer(threading.Thread):
@@ -216,7 +225,14 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         assert not watcher.errors_5xx, watcher.errors_5xx[:5]
         assert watcher.codes.get(200, 0) > 50
         assert watcher.saw_recovering, "the front end's /v1/stats never said the cluster was recovering"
-        assert store.latest_complete() is not None
+        # on demand, through the request file the coordinator watches; then verify and export it
+        done = _cli("--dir", str(store.root), "now", "--timeout", "60")
+        assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr
+        assert _cli("--dir", str(store.root), "verify", str(json.loads(done.stdout)["id"])).returncode == 0
+        exported = _cli("--dir", str(store.root), "export", "--out", str(tmp_path / "export"))
+        assert exported.returncode == 0, exported.stderr
+        header = (tmp_path / "export" / "vectors.txt").read_text().split("\n", 1)[0]
+        assert header.split()[1] == "24" and int(header.split()[0]) > 50
     finally:
         if watcher is not None:
             watcher.stop.set()
