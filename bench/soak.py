@@ -53,7 +53,7 @@ def soak(args, work: Path, bootstrap: str, topic: str, recs: list[str]) -> dict:
     rng = random.Random(args.seed)
     cluster = Cluster(work / "soak", bootstrap, topic, env=ENV)
     producer = Producer(bootstrap, topic, recs, rate=args.rate)
-    kills: list[tuple[float, str]] = []
+    kills: list[str] = []
     down = 0.0
     try:
         cluster.start()
@@ -76,7 +76,7 @@ def soak(args, work: Path, bootstrap: str, topic: str, recs: list[str]) -> dict:
             if now >= next_kill:
                 app, index = rng.choice(ROLES)
                 cluster.runner.kill_task(app, index)
-                kills.append((round(now - t0, 1), f"{app}#{index}"))
+                kills.append(f"{now - t0:.1f}s {app}#{index}")
                 print(f"[{now - t0:6.1f}s] kill -9 {app}#{index}  (trained {last[1]} / produced {producer.sent})",
                       flush=True)
                 next_kill = now + rng.uniform(0.5, 1.5) * args.kill_every

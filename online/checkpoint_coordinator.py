@@ -233,6 +233,9 @@ class CheckpointCoordinator:
         if reason is not None:
             with self._lock:
                 requests, self._checkpoint_requests = self._checkpoint_requests, []
+            if not requests and self._nothing_trained_since_base():
+                self._last_checkpoint_at = now   # an idle cluster writes no identical checkpoints
+                return
             result = self._checkpoint(reason)
             for _, answer in requests:
                 if answer is not None:
@@ -254,6 +257,13 @@ class CheckpointCoordinator:
                 elif records - self._records_at_checkpoint >= s.records:
                     return "records"
         return None
+
+    def _nothing_trained_since_base(self) -> bool:
+        if self.base is None:
+            return False
+        answers = self._ask(pc.HEAD_STATS, {}, self.po.server_ids()[:1], 5.0)
+        ledger = (answers.get(self.po.server_ids()[0]) or {}).get("ledger")
+        return bool(ledger) and ledger.get("batches") == self.base.manifest.get("batches")
 
     def _ledger_records(self) -> int | None:
         answers = self._ask(pc.HEAD_STATS, {}, self.po.server_ids()[:1], 5.0)
@@ -376,6 +386,7 @@ class CheckpointCoordinator:
         manifest = {"created": time.time(), "num_servers": len(servers), "offsets": offsets_to_json(offsets),
                     "files": files, "reason": reason, "workers": len(trainers), "pause_seconds": round(pause, 4),
                     "write_seconds": None, "records": ledger.get("records"), "tokens": ledger.get("tokens"),
+                    "batches": ledger.get("batches"),
                     "previous": self.base.id if self.base is not None else None}
         manifest["write_seconds"] = round(time.monotonic() - t1, 4)
         ckpt = self.store.write_manifest(ckpt_id, manifest)
