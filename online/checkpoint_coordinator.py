@@ -134,6 +134,7 @@ class CheckpointCoordinator:
         self._next_stats = 0.0
         self._next_files = 0.0
         self._thread: threading.Thread | None = None
+        self._membership_changes = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -166,6 +167,7 @@ class CheckpointCoordinator:
         self._wake.set()
 
     def _on_membership(self, event: str, node_id: int, role: int) -> None:
+        self._membership_changes += 1
         if event == "adopted":   # this scheduler restarted and took a running node back
             self.request_rollback(f"{Role(role).name.lower()} {node_id} re-joined a restarted scheduler")
         elif role == Role.SERVER:
@@ -277,7 +279,9 @@ class CheckpointCoordinator:
         """Send to each node separately; its parsed answer, or None if it did not answer in time.
         With ``drop_gone``, workers that leave the cluster meanwhile are left out of the result;
         without, a worker that leaves counts as not answering. ``give_up_on_rollback``: stop
-        waiting (the missing answers are None) as soon as a rollback is requested."""
+        waiting (the missing answers are None) as soon as a rollback is requested or the
+        membership changes (a node died, was replaced or re-joined: its answer may never come)."""
+        changes = self._membership_changes
         data = orjson.dumps(body)
         customer = self.app.customer
         results: dict[int, object] = {}
@@ -309,7 +313,8 @@ class CheckpointCoordinator:
                             results[node] = _GONE
             with self._lock:
                 rollback_wanted = bool(self._rollback_reasons)
-            if time.monotonic() > deadline or (give_up_on_rollback and rollback_wanted):
+            changed = self._membership_changes != changes
+            if time.monotonic() > deadline or (give_up_on_rollback and (rollback_wanted or changed)):
                 for node in waiting:
                     customer.fail(pending[node], RequestTimeout(f"node {node} did not answer in {timeout}s"))
                 continue
@@ -426,7 +431,8 @@ class CheckpointCoordinator:
         target = self.store.latest_complete()
         target_id = target.id if target is not None else None
         for phase, timeout in (("prepare", 600.0), ("install", 60.0)):
-            loads = self._ask(pc.HEAD_ROLLBACK_LOAD, {"id": target_id, "phase": phase}, servers, timeout)
+            loads = self._ask(pc.HEAD_ROLLBACK_LOAD, {"id": target_id, "phase": phase}, servers, timeout,
+                              give_up_on_rollback=True)
             bad = {n: a for n, a in loads.items() if a is None or not a.get("ok")}
             if bad:
                 log_event(log, "rollback_waiting", logging.WARNING, reason=why,
@@ -434,7 +440,7 @@ class CheckpointCoordinator:
                 return False
         offsets = target.offsets if target is not None else {}
         seeks = self._ask(pc.HEAD_ROLLBACK_SEEK, {"offsets": offsets, "id": target_id}, trainers, 60.0,
-                          drop_gone=True)
+                          drop_gone=True, give_up_on_rollback=True)
         bad = sorted(n for n, a in seeks.items() if a is None or not a.get("ok"))
         if bad:
             log_event(log, "rollback_waiting", logging.WARNING, reason=why, waiting_for=f"workers {bad} to seek")
@@ -456,4 +462,4 @@ class CheckpointCoordinator:
 
     def _pause_for_rollback(self, workers: list[int]) -> dict[int, dict | None]:
         return self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "abandon", "timeout": self.settings.pause_timeout},
-                         workers, self.settings.pause_timeout + 5, drop_gone=True)
+                         workers, self.settings.pause_timeout + 5, drop_gone=True, give_up_on_rollback=True)

@@ -185,8 +185,20 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
             assert runner.kill_task(app, index) is not None, f"{app}#{index} was not running"
             if app == "frontend":
                 continue
+            if (app, index) == ("server", 0):
+                # Damage the newest checkpoint while the server is down (none can complete meanwhile):
+                # the rollback must skip it, say so, and fall back to the previous one.
+                time.sleep(0.5)
+                damaged = store.latest_complete(check_data=False)
+                shard_file = damaged.shard_path(0)
+                data = bytearray(shard_file.read_bytes())
+                data[len(data) // 2] ^= 0xFF
+                shard_file.write_bytes(bytes(data))
             _wait(lambda: recovered_after(t_kill, epochs), 90, f"recovery from killing {app}#{index}")
 
+        log = (tmp_path / "run" / "logs" / "livevec-scheduler-0.log").read_text()
+        assert f"event=checkpoint_skipped id={damaged.id} " in log and "checksum mismatch" in log
+        assert "event=rollback_done to=" in log
         producer.join(timeout=120)
         assert producer.error is None and producer.sent == len(producer.records)
         ends = {f"{topic}/{p}": len(range(p, len(producer.records), 4)) for p in range(4)}
