@@ -113,10 +113,12 @@ def read_model(cluster: Cluster, timeout: float = 30.0):
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.5, message: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy, and return that."""
     deadline = time.monotonic() + timeout
+    last = None
     while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
+        last = predicate()
+        if last:
+            return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {message} (last: {last!r})")

@@ -32,6 +32,7 @@ from online.tokenizer import Tokenizer
 from online.up import local_cluster
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings
+from tests.cluster_harness import wait_until
 
 LINES_PER_RECORD = 4
 REPO = Path(__file__).resolve().parents[1]
@@ -128,17 +129,6 @@ class ClusterProbe:
         self.kv.po.leave()
 
 
-def _wait(predicate, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
 def _ledger(stats: list[dict] | None) -> dict | None:
     return stats[0].get("ledger") if stats else None
 
@@ -166,8 +156,10 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         watcher = Watcher(lambda: runner.url("frontend", "http"))
         watcher.start()
         producer.start()
-        _wait(lambda: (_ledger(probe.stats()) or {}).get("records", 0) > 100, 90, "training to start")
-        _wait(lambda: store.latest_complete(check_data=False), 60, "a first checkpoint")
+        wait_until(lambda: (_ledger(probe.stats()) or {}).get("records", 0) > 100, 90, interval=0.25,
+                   message="training to start")
+        wait_until(lambda: store.latest_complete(check_data=False), 60, interval=0.25,
+                   message="a first checkpoint")
 
         def recovered_after(kill_time: float, loaded_before: list):
             stats = probe.stats()
@@ -179,7 +171,8 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
 
         for app, index in [("worker", 0), ("server", 1), ("scheduler", 0), ("worker", 1), ("server", 0), ("frontend", 0)]:
             time.sleep(rng.uniform(0.5, 2.5))
-            before = _wait(probe.stats, 30, "all servers answering")
+            before = wait_until(probe.stats, 30, interval=0.25,
+                                message="all servers answering")
             epochs = [s["epoch"] for s in before]
             t_kill = time.monotonic()
             assert runner.kill_task(app, index) is not None, f"{app}#{index} was not running"
@@ -194,7 +187,8 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
                 data = bytearray(shard_file.read_bytes())
                 data[len(data) // 2] ^= 0xFF
                 shard_file.write_bytes(bytes(data))
-            _wait(lambda: recovered_after(t_kill, epochs), 90, f"recovery from killing {app}#{index}")
+            wait_until(lambda: recovered_after(t_kill, epochs), 90, interval=0.25,
+                       message=f"recovery from killing {app}#{index}")
 
         log = (tmp_path / "run" / "logs" / "livevec-scheduler-0.log").read_text()
         assert f"event=checkpoint_skipped id={damaged.id} " in log and "checksum mismatch" in log
@@ -207,9 +201,10 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
             led = _ledger(probe.stats())
             return led if led and led["frontier"] == ends else False
 
-        ledger = _wait(all_trained, 120, "every produced record to be trained")
+        ledger = wait_until(all_trained, 120, interval=0.25,
+                            message="every produced record to be trained")
         time.sleep(1.0)   # nothing more arrives afterwards
-        ledger = _ledger(_wait(probe.stats, 10, "stats"))
+        ledger = _ledger(wait_until(probe.stats, 10, interval=0.25, message="stats"))
         # every produced record trained exactly once, relative to the restored checkpoints
         assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
         assert ledger["offsets"] == ledger["records"] == len(producer.records), ledger
