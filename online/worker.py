@@ -32,7 +32,7 @@ from online.metrics import Registry
 from online.ps_param_store import PSParamStore
 from online.stream_reader import KafkaStream, StreamSettings, add_stream_arguments, stream_settings_from_args
 from online.structured_logging import log_event
-from online.trainer import LearnerConfig, Trainer
+from online.trainer import BatchStats, LearnerConfig, Trainer
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.roles import serve_metrics, start_worker
@@ -78,6 +78,8 @@ class WorkerMetrics:
         self.words = r.counter("livevec_worker_words_trained_total", "tokens trained after subsampling")
         self.pairs = r.counter("livevec_worker_pairs_total", "(centre, context) pairs trained")
         self.errors = r.counter("livevec_worker_batch_errors_total", "batch attempts that failed (retried)")
+        self.skipped = r.counter("livevec_worker_records_skipped_total",
+                                 "records of batches that could not be trained at all (logged with their offsets)")
         self.batch_seconds = r.histogram("livevec_worker_batch_seconds", "pull + kernel + push time of a batch")
         self.lag = r.gauge("livevec_worker_kafka_lag", "records behind the high watermark, summed over partitions")
         self.inflight = r.gauge("livevec_worker_inflight_batches", "batches being trained now")
@@ -135,8 +137,22 @@ class StreamingWorker:
             stats = await task
         except BatchAbandoned:
             return
-        except Exception as exc:   # the batch is not marked processed: it will be read again
-            log_event(log, "batch_failed", logging.ERROR, error=f"{type(exc).__name__}: {exc}", records=len(batch))
+        except (RequestTimeout, SendError) as exc:
+            # Only while stopping: left uncommitted, the records go to the partition's next owner.
+            log_event(log, "batch_abandoned", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
+                      records=len(batch))
+            return
+        except Exception as exc:
+            # Not a transient failure (a bug, or a record the learner cannot digest). Leaving the batch
+            # uncommitted would stall its partitions forever, and every re-read would fail again: skip
+            # it, loudly, with its offsets, and carry on.
+            self.metrics.skipped.inc(len(batch))
+            log_event(log, "batch_skipped", logging.ERROR, error=f"{type(exc).__name__}: {exc}", records=len(batch),
+                      ranges=";".join(f"{t}/{p}:{a}-{b}" for (t, p), (a, b) in batch.ranges.items()))
+            stats = BatchStats()
+            if self.batch_done_hook is not None and not await self.batch_done_hook(batch, stats):
+                return
+            await self.stream.mark_processed(batch)
             return
         if self.batch_done_hook is not None and not await self.batch_done_hook(batch, stats):
             return
