@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from playwright.async_api import async_playwright, expect
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.frontend_process import clean_env, running_frontend
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -26,24 +25,11 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def live_frontend():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEVEC_", "DMLC_"))}
-    env.update({"LIVEVEC_SYNTHETIC_WORDS": "5000", "LIVEVEC_DIM": "32", "LIVEVEC_SYNTHETIC_UPDATES": "500",
-                "LIVEVEC_SYNTHETIC_NEW_WORDS": "5"})
-    proc = subprocess.Popen([sys.executable, "-m", "online.cli", "frontend", "--port", "0",
-                             "--source", "online.frontend.synthetic:create_source",
-                             "--sync-interval", "0.2", "--stats-interval", "0.3"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("livevec frontend: serving "), line + proc.stderr.read()
-        yield line.split()[-1]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    env = clean_env(LIVEVEC_SYNTHETIC_WORDS="5000", LIVEVEC_DIM="32", LIVEVEC_SYNTHETIC_UPDATES="500",
+                    LIVEVEC_SYNTHETIC_NEW_WORDS="5")
+    with running_frontend(["--source", "online.frontend.synthetic:create_source",
+                           "--sync-interval", "0.2", "--stats-interval", "0.3"], env) as (url, _proc):
+        yield url
 
 
 @pytest.mark.timeout(120)

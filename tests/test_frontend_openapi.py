@@ -5,7 +5,6 @@ rejected, and nothing may answer 5xx."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import urllib.request
@@ -16,8 +15,8 @@ import numpy as np
 import pytest
 
 from online.word2vec_format import write_binary
+from tests.frontend_process import clean_env, running_frontend
 
-REPO = Path(__file__).resolve().parents[1]
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
 
@@ -29,21 +28,8 @@ def frontend(tmp_path):
     words += [f"w{i}" for i in range(300)]
     model = tmp_path / "model.bin"
     write_binary(model, words, rng.standard_normal((len(words), 8)).astype(np.float32))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEVEC_", "DMLC_"))}
-    proc = subprocess.Popen([sys.executable, "-m", "online.cli", "frontend", "--model", str(model), "--port", "0",
-                             "--max-k", "100", "--max-batch-words", "20"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("livevec frontend: serving "), line + proc.stderr.read()
-        yield line.split()[-1], proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with running_frontend(["--model", str(model), "--max-k", "100", "--max-batch-words", "20"], clean_env()) as running:
+        yield running
 
 
 @pytest.mark.timeout(180)
