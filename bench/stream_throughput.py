@@ -74,13 +74,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_pipeline(lines: list[str], tokens: int, work: Path, batch_records: int) -> dict:
+def run_pipeline(lines: list[str], tokens: int, work: Path, batch_records: int, batch_words: int) -> dict:
     with KafkaBroker(KafkaBrokerSettings.from_env()) as broker:
         t = time.perf_counter()
         produce(lines, bootstrap=broker.bootstrap, topic="bench", partitions=4, create_topic=True)
         produce_s = time.perf_counter() - t
         runner = local_cluster(work, broker.bootstrap, "bench", servers=1, workers=2, frontend=False,
-                               env={"LIVEVEC_KAFKA_GROUP": "bench", "LIVEVEC_KAFKA_BATCH_RECORDS": str(batch_records)})
+                               env={"LIVEVEC_KAFKA_GROUP": "bench", "LIVEVEC_KAFKA_BATCH_RECORDS": str(batch_records),
+                                    "LIVEVEC_BATCH_WORDS": str(batch_words)})
         runner.start()
         try:
             if not runner.wait_healthy(timeout=180):
@@ -145,7 +146,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=2_000_000)
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--batch-records", type=int, default=10,
-                        help="records (of <= 1000 words) per worker mini-batch (10 = about 10k words)")
+                        help="records (of <= 1000 words) per Kafka batch of a worker (10 = about 10k words)")
+    parser.add_argument("--batch-words", type=int, default=10_000,
+                        help="LIVEVEC_BATCH_WORDS of the workers: most tokens per pull/push mini-batch")
     args = parser.parse_args()
     if not Path(args.corpus).is_file():
         raise SystemExit(f"no corpus at {args.corpus} (pass --corpus)")
@@ -153,7 +156,7 @@ def main() -> int:
     tokens = sum(len(line.split()) for line in lines)
     print(f"corpus: {tokens:,} tokens in {len(lines):,} records of <= 1000 words", file=sys.stderr)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="livevec-bench-stream-"))
-    pipe = run_pipeline(lines, tokens, work, args.batch_records)
+    pipe = run_pipeline(lines, tokens, work, args.batch_records, args.batch_words)
     gens = run_gensim(lines)
     ratio = pipe["words_per_second"] / gens["words_per_second"]
     eff_ratio = pipe["effective_words_per_second"] / gens["effective_words_per_second"]

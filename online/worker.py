@@ -48,6 +48,7 @@ class WorkerSettings:
     stream: StreamSettings
     learner: LearnerConfig
     max_inflight: int = 2
+    batch_words: int = 10_000
     request_timeout: float = 30.0
     report_interval: float = 2.0
 
@@ -60,9 +61,27 @@ class WorkerSettings:
             learner=learner_config_from_args(args, env),
             max_inflight=args.max_inflight if args.max_inflight is not None else
             env_int(env, "LIVEVEC_MAX_INFLIGHT", 2, minimum=1, maximum=64),
+            batch_words=args.batch_words if args.batch_words is not None else
+            env_int(env, "LIVEVEC_BATCH_WORDS", 10_000, minimum=1),
             request_timeout=args.request_timeout if args.request_timeout is not None else
             env_float(env, "LIVEVEC_REQUEST_TIMEOUT", 30.0, minimum=0.1),
         )
+
+
+def mini_batches(texts: list[str], max_words: int):
+    """Consecutive runs of ``texts`` of at most ``max_words`` whitespace-separated words each
+    (a single longer record forms a run of its own)."""
+    chunk: list[str] = []
+    words = 0
+    for text in texts:
+        n = len(text.split())
+        if chunk and words + n > max_words:
+            yield chunk
+            chunk, words = [], 0
+        chunk.append(text)
+        words += n
+    if chunk:
+        yield chunk
 
 
 class BatchAbandoned(Exception):
@@ -110,7 +129,26 @@ class StreamingWorker:
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
 
     # -------------------------------------------------------------- training
-    def _train_blocking(self, texts: list[str]):
+    def _train_blocking(self, texts: list[str]) -> BatchStats:
+        """Train a Kafka batch as mini-batches of at most ``batch_words`` tokens.
+
+        Records can be anything from a short sentence to a 1,000-word paragraph, so a batch of
+        N records says little about its size; capping the tokens per pull/push keeps the
+        requests, the memory and the staleness of the pulled rows bounded whatever producers
+        send (larger pull/push batches also learn less per pass).
+        """
+        total = BatchStats()
+        for chunk in mini_batches(texts, self.settings.batch_words):
+            stats = self._train_with_retry(chunk)
+            total.sentences += stats.sentences
+            total.tokens += stats.tokens
+            total.kept += stats.kept
+            total.pairs += stats.pairs
+            total.evicted += stats.evicted
+            total.seconds += stats.seconds
+        return total
+
+    def _train_with_retry(self, texts: list[str]) -> BatchStats:
         backoff = 0.2
         while True:
             if self.abandon.is_set():
@@ -227,6 +265,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_learner_arguments(parser)
     g = parser.add_argument_group("worker")
     g.add_argument("--max-inflight", type=int, help="LIVEVEC_MAX_INFLIGHT: batches trained at once (2)")
+    g.add_argument("--batch-words", type=int,
+                   help="LIVEVEC_BATCH_WORDS: most tokens in one pull/push mini-batch (10000)")
     g.add_argument("--request-timeout", type=float,
                    help="LIVEVEC_REQUEST_TIMEOUT: seconds to wait for the servers before retrying (30)")
 
