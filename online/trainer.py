@@ -87,6 +87,15 @@ class BatchStats:
     evicted: int = 0         # trainable words evicted from the vocabulary
     seconds: float = 0.0
 
+    def add(self, other: "BatchStats") -> None:
+        """Accumulate another batch's counts (the loss is per batch and is not summed)."""
+        self.sentences += other.sentences
+        self.tokens += other.tokens
+        self.kept += other.kept
+        self.pairs += other.pairs
+        self.evicted += other.evicted
+        self.seconds += other.seconds
+
 
 @dataclass
 class _Prepared:
@@ -275,12 +284,7 @@ class Trainer:
             stats.pairs = len(p.pair_in)
         stats.seconds = time.perf_counter() - p.t0
         with self._lock:
-            t = self.totals
-            t.sentences += stats.sentences
-            t.tokens += stats.tokens
-            t.kept += stats.kept
-            t.pairs += stats.pairs
-            t.evicted += stats.evicted
+            self.totals.add(stats)
         return stats
 
 

@@ -139,13 +139,7 @@ class StreamingWorker:
         """
         total = BatchStats()
         for chunk in mini_batches(texts, self.settings.batch_words):
-            stats = self._train_with_retry(chunk)
-            total.sentences += stats.sentences
-            total.tokens += stats.tokens
-            total.kept += stats.kept
-            total.pairs += stats.pairs
-            total.evicted += stats.evicted
-            total.seconds += stats.seconds
+            total.add(self._train_with_retry(chunk))
         return total
 
     def _train_with_retry(self, texts: list[str]) -> BatchStats:
