@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: up test bench install kafka-jars browser clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py online/frontend/int8_scan.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet -e ".[test,bench]"

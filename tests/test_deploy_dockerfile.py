@@ -115,13 +115,16 @@ def _build_in_clean_venv(dockerfile, tmp_path: Path) -> Path:
             for src in sources:
                 target = context / dest if dest not in ("./", ".") else context / Path(src).name
                 if (REPO / src).is_dir():
-                    shutil.copytree(REPO / src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                    shutil.copytree(REPO / src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
                 else:
                     shutil.copy(REPO / src, target if dest not in ("./", ".") else context / src)
         elif ins == "RUN":
             runs.append(args)
-    assert runs == ["python -m venv /opt/livevec && /opt/livevec/bin/pip install ."], \
+    assert runs == ["apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev "
+                    "&& rm -rf /var/lib/apt/lists/*",
+                    "python -m venv /opt/livevec && /opt/livevec/bin/pip install ."], \
         "the build RUN changed: update this replay to match it"
+    assert shutil.which("gcc"), "this machine has no gcc, which the first RUN installs in the image"
     prefix = tmp_path / "opt-livevec"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
@@ -157,6 +160,16 @@ def test_every_module_is_installed_from_the_copied_files(installed):
             if "__pycache__" not in rel.parts and not (site / rel).exists():
                 missing.append(str(rel))
     assert missing == [], f"modules the image would lack: {missing}"
+
+
+def test_the_int8_kernel_is_built_into_the_image(installed, dockerfile, tmp_path):
+    env = _image_env(installed, dockerfile)
+    done = subprocess.run(["python", "-c", "from online.frontend import _int8_scan, model_index; "
+                           "print(_int8_scan.__file__, model_index.SCAN)"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    path, scan = done.stdout.split()
+    assert path.startswith(str(installed)) and scan in ("vnni", "portable")
 
 
 def test_entrypoint_and_cmd_run_from_the_installed_copy(installed, dockerfile, tmp_path):

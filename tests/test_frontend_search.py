@@ -14,13 +14,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from online.frontend.model_index import ModelIndex, _quantise
+from online.frontend import model_index
+from online.frontend.model_index import ModelIndex, _quantise, code_matrix
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta
 from online.vocab import word_key
 
 MAX_K = FrontendSettings().max_k
 TIE = 3e-6          # float32 rounding of a dot product of two unit vectors, both paths
+# Every way of scoring the int8 rows: the AVX-512 VNNI kernel (only where the CPU has it),
+# the same C loop without intrinsics, and dequantise + BLAS (the build without a compiler).
+SCANS = ["numpy"] + (["portable"] + (["vnni"] if model_index._int8_scan.has_vnni() else [])
+                     if model_index._int8_scan is not None else [])
+
+
+@pytest.fixture(params=SCANS, autouse=True)
+def scan(request, monkeypatch):
+    monkeypatch.setattr(model_index, "SCAN", request.param)
+    return request.param
 
 
 def _index(vectors: np.ndarray, version: int = 1) -> ModelIndex:
@@ -133,9 +144,10 @@ def test_deltas_requantise_changed_rows():
                            dtype=np.uint64)
         index = index.apply(ModelDelta(keys, words, vectors, np.zeros(len(words), np.int64), version,
                                        removed=removed))
-        codes, scale, error = _quantise(index.unit)                # what a full build would hold
+        codes, scale, error, csum = _quantise(index.unit)          # what a full build would hold
         assert np.array_equal(index.codes, codes)                  # the delta re-quantised what changed
         assert np.array_equal(index.code_scale, scale) and np.array_equal(index.code_error, error)
+        assert np.array_equal(index.code_sum, csum)
         _compare(index, rng, queries=6, ks=(10, MAX_K))
 
 
@@ -143,7 +155,63 @@ def test_quantisation_error_bound_holds():
     rng = np.random.default_rng(9)
     v = rng.standard_normal((5000, 100)).astype(np.float32) * rng.uniform(1e-3, 1e3, (5000, 1)).astype(np.float32)
     index = _index(v)
-    x_hat = index.codes.astype(np.float32) * index.code_scale[:, None]
+    codes = code_matrix(index.codes, index.n, index.dim)
+    x_hat = codes.astype(np.float32) * index.code_scale[:index.n, None]
     err = np.linalg.norm(index.unit.astype(np.float64) - x_hat.astype(np.float64), axis=1)
-    assert np.all(err <= index.code_error)
+    assert np.all(err <= index.code_error[:index.n])
     assert index.code_error.max() < 0.05                          # and it is tight enough to prune
+    assert np.array_equal(index.code_sum[:index.n], codes.sum(axis=1, dtype=np.int32))
+
+
+def test_kernel_scores_are_the_quantised_products(scan):
+    """Each path's approximate score is q_hat . x_hat, and within the bound of q . x."""
+    rng = np.random.default_rng(13)
+    n, dim = 1000, 37                                             # partial last tile, partial dim group
+    index = _index(rng.standard_normal((n, dim)).astype(np.float32))
+    q = index.unit[rng.choice(n, 5, replace=False)].copy()
+    q[0] = 0.0                                                    # a zero query scores 0 everywhere
+    approx, tile_max, qerror = model_index._approx_scores(index.codes, index.code_scale, index.code_sum, q, n, scan)
+    x_hat = code_matrix(index.codes, n, dim).astype(np.float64) * index.code_scale[:n, None]
+    if scan == "numpy":
+        q_hat = q.astype(np.float64)
+    else:
+        packed, qscale, _ = model_index._quantise_queries(q, index.codes.shape[1])
+        q_hat = (packed[:, :dim].astype(np.float64) - 128) * qscale[:, None]
+    assert np.allclose(approx, q_hat @ x_hat.T, rtol=1e-5, atol=1e-6)
+    exact = q.astype(np.float64) @ index.unit.astype(np.float64).T
+    bound = (np.linalg.norm(q, axis=1)[:, None] * index.code_error[None, :n]
+             + qerror[:, None] * (1 + index.code_error[None, :n]) + 1e-5)
+    assert np.all(np.abs(approx - exact) <= bound)
+    assert np.all(approx[0] == 0)
+    padded = np.full((len(q), tile_max.shape[1] * 64), -np.inf)
+    padded[:, :n] = approx
+    assert np.all(tile_max >= padded.reshape(len(q), -1, 64).max(axis=2) - 1e-7)
+
+
+def test_exact_int8_rows_need_the_query_error_in_the_bound():
+    """Rows whose int8 codes are exact (error ~0): only the query's own quantisation error
+    separates the kernel's order from the exact one, so leaving it out of the bound loses
+    true neighbours."""
+    rng = np.random.default_rng(21)
+    c = rng.integers(-127, 128, (6000, 16)).astype(np.float32)
+    c[np.arange(6000), rng.integers(0, 16, 6000)] = 127.0           # max |code| is 127: x / scale is c exactly
+    index = _index(c)
+    assert index.code_error.max() < 1e-5
+    _compare(index, rng, queries=20, ks=(1, 10, 50))
+
+
+def test_a_tile_is_skipped_only_when_its_error_bound_allows():
+    """Tile 0 holds rows that int8 represents exactly; tile 1 holds rows that score higher
+    but whose codes round down along the query. After tile 0 the k-th lower bound is tile
+    0's exact score, above tile 1's best approximate score: only tile 1's error keeps it in
+    the search, and it holds the whole true top 10."""
+    m = 60
+    r = np.concatenate([np.full(64, m / 127), np.full(64, (m + 0.45) / 127)])   # x = (1, r) / |(1, r)|
+    v = np.stack([np.ones(128), r], axis=1).astype(np.float32)
+    index = _index(v)
+    assert index.code_error[:64].max() < 1e-5 and index.code_error[64:128].min() > 1e-3
+    q = np.array([[0.0, 1.0]], np.float32)
+    fast = index.top_k(q, [[]], [10], prefilter=True)[0]
+    brute = index.top_k(q, [[]], [10], prefilter=False)[0]
+    assert {n.word for n in brute} <= {f"w{i}" for i in range(64, 128)}
+    _assert_same(fast, brute)

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from online.frontend.blas_threads import set_blas_threads
 from online.frontend.http_metrics import HttpMetrics
+from online.frontend import model_index
 from online.frontend.model_index import ModelHolder, warm_up
 from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_PREFIX_LENGTH, MAX_VOCAB_LIMIT,
                                      MAX_WORD_LENGTH, build_openapi)
@@ -295,6 +296,8 @@ async def _background(app: web.Application):
         changed = await asyncio.to_thread(set_blas_threads, settings.blas_threads)
         log_event(log, "blas_threads_set", threads=settings.blas_threads, libraries=len(changed))
     await asyncio.to_thread(warm_up)        # numba: 2.5 s on a cold cache, not on the first query
+    log_event(log, "similarity_search", scan=model_index.SCAN,
+              note="" if model_index.SCAN == "vnni" else "no AVX-512 VNNI kernel: exact float32 search, slower")
     # The query thread re-takes the GIL after every numpy/numba call; with the default 5 ms
     # switch interval each of those waits can cost up to 5 ms while the loop parses requests.
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
