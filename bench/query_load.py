@@ -206,8 +206,9 @@ def loadgen(spec: dict) -> dict:
 
 
 # --------------------------------------------------------------------- driver
-def start(cmd: list[str], env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def start(cmd: list[str], env: dict | None = None, nice: int = 0) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"{cmd} did not start")
@@ -275,6 +276,10 @@ def main() -> int:
     parser.add_argument("--training", choices=("local", "cluster", "none"), default="local",
                         help="meanwhile train with the in-process learner in another process (local), or run "
                              "the real pipeline Kafka -> 2 workers -> 1 server on the sample corpus (cluster)")
+    parser.add_argument("--training-nice", type=int, default=0,
+                        help="run the training processes (and everything they start: Kafka, workers, servers) "
+                             "at this niceness; models a deployment where the front end has its own CPU share "
+                             "(Marathon cpus / Kubernetes requests are CPU weights too). Default 0: equal priority")
     parser.add_argument("--query-batch", type=int, default=64, help="the front end's --query-batch (64)")
     parser.add_argument("--query-thread", action=argparse.BooleanOptionalAction, default=True,
                         help="the front end's --query-thread (compute thread, or on the event loop)")
@@ -300,11 +305,13 @@ def main() -> int:
         wait_ready(fe_url)
         trainer = None
         if args.training != "none":
-            trainer, _ = start([sys.executable, __file__, "_train" if args.training == "local" else "_cluster"])
+            trainer, _ = start([sys.executable, __file__, "_train" if args.training == "local" else "_cluster"],
+                               nice=args.training_nice)
             procs.append(trainer)
         words = [f"w{i}" for i in range(args.words - 200)] + ["king", "paris", "kafka", "guitar"]
         common = {"duration": args.duration, "warmup": 1.0, "max_requests": args.max_requests, "words": words}
-        print(f"model {args.words} x {args.dim}, {args.updates:.0f} rows/s changing, training: {args.training}, "
+        print(f"model {args.words} x {args.dim}, {args.updates:.0f} rows/s changing, training: {args.training}"
+              f"{f' (nice {args.training_nice})' if args.training_nice else ''}, "
               f"query batch {args.query_batch}, {'compute thread' if args.query_thread else 'on the event loop'}; "
               f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
               "(other jobs on this machine skew every number below)")
