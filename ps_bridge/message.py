@@ -89,15 +89,21 @@ class Node:
         return f"{role}[{ident}]@{self.hostname}:{self.port}" + (" (recovery)" if self.is_recovery else "")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Control:
+    """Frozen, so that every data message can share :data:`NO_CONTROL` instead of
+    allocating an empty Control (and its node list) per message."""
+
     cmd: int = Cmd.EMPTY
     node: list[Node] = field(default_factory=list)
     barrier_group: int = 0
     msg_sig: int = 0
 
     def empty(self) -> bool:
-        return self.cmd == Cmd.EMPTY
+        return self.cmd == 0
+
+
+NO_CONTROL = Control()  # the control of every data message (cmd EMPTY)
 
 
 @dataclass(slots=True)
@@ -115,7 +121,7 @@ class Meta:
     priority: int = 0
     body: bytes = b""
     data_type: list[int] = field(default_factory=list)
-    control: Control = field(default_factory=Control)
+    control: Control = NO_CONTROL
     data_size: int = 0
 
 
@@ -185,17 +191,30 @@ def pb_to_meta(pb: PBMeta) -> Meta:
     return meta
 
 
-# Data messages dominate traffic, so they are packed and unpacked by the two functions
-# below without the PBMeta detour (same bytes and same results as meta_to_pb + encode_meta
-# and pb_to_meta + decode_meta; the tests check both ways, on the captures and fuzzed input).
+# Data messages dominate traffic, so they are packed and unpacked by the functions below
+# without the PBMeta detour (same bytes and same results as meta_to_pb + encode_meta and
+# pb_to_meta + decode_meta; the tests check both ways, on the captures and fuzzed input).
+#
+# Between two nodes, consecutive data metas differ only in their timestamp (field 8): the
+# fields before it (head, body, request, push, simple_app, app_id) and after it (data_type,
+# customer_id, pull, priority) repeat from message to message. So both directions cache
+# those two byte runs: packing is ``prefix + varint(timestamp) + suffix`` and unpacking
+# looks both runs up by their exact bytes (about 3x faster than the field loop, which
+# matters at a few microseconds per message on the critical path of every request). The
+# caches only ever hold runs produced by the field-by-field code, and are bounded.
 
 _SMALL = [bytes((i,)) for i in range(128)]
-_PACKED_TYPES: dict[tuple[int, ...], bytes] = {}
+_RUN_CACHE_LIMIT = 256
 
 
 def _vb(value: int) -> bytes:
-    if 0 <= value < 128:
+    """Varint of ``value`` (negative int32s are sign-extended to 10 bytes, as protobuf does)."""
+    if 0 <= value < 0x80:
         return _SMALL[value]
+    if 0 < value < 0x4000:  # request timestamps, for most of a run: unrolled
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if 0 < value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     value &= (1 << 64) - 1
     while value > 0x7F:
@@ -205,10 +224,9 @@ def _vb(value: int) -> bytes:
     return bytes(out)
 
 
-def pack_meta(meta: Meta) -> bytes:
-    """Van::PackMeta: serialise ``meta`` exactly as C++ ps-lite (master) does."""
-    if meta.control.cmd != Cmd.EMPTY:
-        return encode_meta(meta_to_pb(meta))
+def _data_runs(meta: Meta) -> tuple[bytes, bytes]:
+    """Van::PackMeta of a data message as (the bytes before the timestamp's varint, the bytes
+    after it); the first run ends with the timestamp tag when the timestamp is set."""
     parts = [b"\x08", _vb(meta.head)]
     body = meta.body
     if body:
@@ -219,22 +237,37 @@ def pack_meta(meta: Meta) -> bytes:
     if meta.app_id != K_EMPTY:
         parts += (b"\x38", _vb(meta.app_id))
     if meta.timestamp != K_EMPTY:
-        parts += (b"\x40", _vb(meta.timestamp))
+        parts.append(b"\x40")
+    prefix = b"".join(parts)
+    parts = []
     if meta.data_type:
-        key = tuple(meta.data_type)
-        packed = _PACKED_TYPES.get(key)
-        if packed is None:
-            inner = b"".join(_vb(int(t)) for t in key)
-            packed = b"\x4a" + _vb(len(inner)) + inner
-            if len(_PACKED_TYPES) < 64:
-                _PACKED_TYPES[key] = packed
-        parts.append(packed)
+        inner = b"".join(_vb(int(t)) for t in meta.data_type)
+        parts += (b"\x4a", _vb(len(inner)), inner)
     parts += (b"\x50", _vb(meta.customer_id), b"\x60\x01" if meta.pull else b"\x60\x00",
               b"\x68", _vb(meta.priority))
-    return b"".join(parts)
+    return prefix, b"".join(parts)
 
 
-_NO_CONTROL = Control()  # shared by received data messages; receivers never mutate it
+# (head, request, push, simple_app, app_id, customer_id, pull, priority, *data_type) -> runs
+_PACK_RUNS: dict[tuple, tuple[bytes, bytes]] = {}
+
+
+def pack_meta(meta: Meta) -> bytes:
+    """Van::PackMeta: serialise ``meta`` exactly as C++ ps-lite (master) does."""
+    if meta.control.cmd != 0:
+        return encode_meta(meta_to_pb(meta))
+    ts = meta.timestamp
+    if ts == K_EMPTY or meta.body:  # rare for data messages; bodies vary too much to cache
+        prefix, suffix = _data_runs(meta)
+        return prefix + suffix if ts == K_EMPTY else b"".join((prefix, _vb(ts), suffix))
+    key = (meta.head, meta.request, meta.push, meta.simple_app, meta.app_id, meta.customer_id,
+           meta.pull, meta.priority, *meta.data_type)
+    runs = _PACK_RUNS.get(key)
+    if runs is None:
+        runs = _data_runs(meta)
+        if len(_PACK_RUNS) < _RUN_CACHE_LIMIT:
+            _PACK_RUNS[key] = runs
+    return runs[0] + _vb(ts) + runs[1]
 
 
 def _i32(v: int) -> int:
@@ -242,8 +275,58 @@ def _i32(v: int) -> int:
     return v - (1 << 32) if v & 0x80000000 else v
 
 
+# exact bytes up to the timestamp tag -> (head, request, push, simple_app, app_id)
+_PREFIX_RUNS: dict[bytes, tuple[int, bool, bool, bool, int]] = {}
+# exact bytes after the timestamp varint -> (data_type, customer_id, pull, priority)
+_SUFFIX_RUNS: dict[bytes, tuple[tuple[int, ...], int, bool, int]] = {}
+
+
 def unpack_meta(data) -> Meta:
     """Van::UnpackMeta. Raises :class:`ps_bridge.meta.MalformedMeta` for bytes that are not a PBMeta."""
+    if type(data) is bytes:
+        # The first 0x40 byte is the timestamp tag if the bytes before it are a known prefix run:
+        # those runs were cut at their first 0x40 (see _learn_runs), and parsing is deterministic.
+        cut = data.find(b"\x40") + 1
+        prefix = _PREFIX_RUNS.get(data[:cut]) if cut else None
+        if prefix is not None:
+            # the timestamp: up to 5 varint bytes for 0 <= ts < 2^31 (anything else: field loop)
+            b = data[cut] if cut < len(data) else 0x80
+            ts = b & 0x7F
+            pos = cut + 1
+            shift = 7
+            while b & 0x80 and shift < 35 and pos < len(data):
+                b = data[pos]
+                ts |= (b & 0x7F) << shift
+                pos += 1
+                shift += 7
+            if not b & 0x80 and ts < 0x80000000:
+                suffix = _SUFFIX_RUNS.get(data[pos:])
+                if suffix is not None:
+                    head, request, push, simple_app, app_id = prefix
+                    data_type, customer_id, pull, priority = suffix
+                    return Meta(head, app_id, customer_id, ts, K_EMPTY, K_EMPTY, request, push, pull,
+                                simple_app, priority, b"", list(data_type), NO_CONTROL, 0)
+        meta = _unpack_fields(data)
+        if (meta.timestamp != K_EMPTY and meta.control is NO_CONTROL and not meta.body
+                and len(_SUFFIX_RUNS) < _RUN_CACHE_LIMIT and len(_PREFIX_RUNS) < _RUN_CACHE_LIMIT):
+            _learn_runs(meta, data)
+        return meta
+    return _unpack_fields(data)
+
+
+def _learn_runs(meta: Meta, data: bytes) -> None:
+    """Remember the two runs around the timestamp of ``data`` if ``data`` is exactly what
+    pack_meta makes of ``meta`` (so each run holds just its own fields) and its first 0x40
+    byte is the timestamp tag."""
+    prefix, suffix = _data_runs(meta)
+    if len(prefix) == data.find(b"\x40") + 1 and data == b"".join((prefix, _vb(meta.timestamp), suffix)):
+        _PREFIX_RUNS[prefix] = (meta.head, meta.request, meta.push, meta.simple_app, meta.app_id)
+        _SUFFIX_RUNS[suffix] = (tuple(meta.data_type), meta.customer_id, meta.pull, meta.priority)
+
+
+def _unpack_fields(data) -> Meta:
+    """unpack_meta's field-by-field loop, for common data metas; anything else goes to the
+    general decoder (which raises MalformedMeta)."""
     buf = data
     end = len(buf)
     pos = 0
@@ -307,4 +390,4 @@ def unpack_meta(data) -> Meta:
     if pos != end:
         return pb_to_meta(decode_meta(data))
     return Meta(head, app_id, customer_id, timestamp, K_EMPTY, K_EMPTY, request, push, pull, simple_app,
-                priority, b"", data_type, _NO_CONTROL, 0)
+                priority, b"", data_type, NO_CONTROL, 0)

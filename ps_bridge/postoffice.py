@@ -28,7 +28,7 @@ from online.metrics import Registry
 from online.structured_logging import log_event
 from ps_bridge.customer import Customer
 from ps_bridge.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message,
-                               Meta, Node, Role, id_to_rank, server_rank_to_id, worker_rank_to_id)
+                               Meta, NO_CONTROL, Node, Role, id_to_rank, server_rank_to_id, worker_rank_to_id)
 from ps_bridge.settings import NodeSettings
 from ps_bridge.van import Van
 
@@ -71,6 +71,8 @@ class Postoffice:
         self._nodes_lock = threading.Lock()
         self._customers: dict[tuple[int, int], Customer] = {}
         self._route_lock = threading.RLock()
+        # ps-lite routes a worker's messages by (app, customer), other roles' by app alone
+        self._route_by_customer = settings.role == "worker"
         self._early: list[tuple[float, tuple[int, int], Message]] = []
         self._barrier_cv = threading.Condition()
         self._barrier_done: dict[tuple[int, int], bool] = {}
@@ -267,7 +269,11 @@ class Postoffice:
     # ------------------------------------------------------------------ receiving
 
     def _on_message(self, msg: Message) -> None:
-        cmd = msg.meta.control.cmd
+        control = msg.meta.control
+        if control is NO_CONTROL:  # every data message (the receive path shares NO_CONTROL)
+            self._route_data(msg)
+            return
+        cmd = control.cmd
         if cmd == Cmd.EMPTY:
             self._route_data(msg)
         elif cmd == Cmd.ADD_NODE:
@@ -304,7 +310,7 @@ class Postoffice:
 
     def _route_data(self, msg: Message) -> None:
         m = msg.meta
-        key = (m.app_id, m.customer_id) if self.is_worker else (m.app_id, m.app_id)
+        key = (m.app_id, m.customer_id) if self._route_by_customer else (m.app_id, m.app_id)
         with self._route_lock:
             customer = self._customers.get(key)
             if customer is not None:
