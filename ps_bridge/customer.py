@@ -70,11 +70,10 @@ class Customer:
         req = self._tracker.get(ts)
         return req if req is not None and not req.done else None
 
-    def add_response(self, ts: int, result: Any = None, count: int = 1) -> bool:
-        """Record ``count`` responses for ``ts``; on the last one the request completes with
-        ``result`` (a callable is called to build it). Returns False for unknown timestamps."""
-        req = self._tracker.get(ts)
-        if req is None or req.done:
+    def add_response(self, req: _Request, result: Any = None, count: int = 1) -> bool:
+        """Record ``count`` responses for ``req`` (from :meth:`pending`); on the last one the request
+        completes with ``result`` (a callable is called to build it). False if it already completed."""
+        if req.done:
             return False
         req.received += count
         if req.received >= req.expected:
@@ -83,6 +82,8 @@ class Customer:
 
     def _finish(self, req: _Request, result: Any) -> None:
         with self._mu:
+            if req.done:  # a last response racing fail() from another thread: the first one wins
+                return
             req.result = result
             req.done = True
             callbacks, req._callbacks = req._callbacks, None

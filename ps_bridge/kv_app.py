@@ -27,6 +27,10 @@ log = logging.getLogger("ps_bridge.kv_app")
 _KV_TYPES = [int(DataType.UINT64), int(DataType.FLOAT)]
 _KV_TYPES_LENS = [int(DataType.UINT64), int(DataType.FLOAT), int(DataType.INT32)]
 _EMPTY = b""
+_U64 = np.dtype(np.uint64)
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+_NO_TYPES: list[int] = []  # data_type of a response without data
 
 
 @dataclass(slots=True)
@@ -42,7 +46,24 @@ class KVMeta:
     app_id: int = 0
 
 
+def _flat(arr, dtype: np.dtype) -> np.ndarray:
+    """``arr`` as a 1-D contiguous array of ``dtype``. Callers almost always pass exactly that,
+    which is recognised in a fraction of what np.ascontiguousarray + reshape cost."""
+    if type(arr) is np.ndarray and arr.dtype is dtype and arr.ndim == 1 and arr.flags.c_contiguous:
+        return arr
+    return np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+
+
+def _ascending(keys: np.ndarray) -> bool:
+    """Strictly ascending (sorted and unique). count_nonzero is a plain C call, where
+    ``(keys[1:] > keys[:-1]).all()`` goes through numpy's Python-level ``_all``: 0.9 vs 1.4 us
+    for 1,024 keys, paid on both sides of every request."""
+    return not np.count_nonzero(keys[1:] <= keys[:-1])
+
+
 def _as_keys(keys) -> np.ndarray:
+    if type(keys) is np.ndarray and keys.dtype is _U64:
+        return _flat(keys, _U64)
     arr = np.asarray(keys)
     if arr.dtype != np.uint64:
         if arr.size and arr.dtype.kind == "i" and int(arr.min()) < 0:
@@ -120,19 +141,19 @@ class KVWorker(SimpleApp):
     def _send(self, keys, vals, lens, cmd: int, push: bool, pull: bool, priority: int, callback) -> int:
         keys = _as_keys(keys)
         n = len(keys)
-        if n > 1 and not bool((keys[1:] > keys[:-1]).all()):
+        if n > 1 and not _ascending(keys):
             raise ValueError("keys must be sorted ascending and unique")
         offsets = None
         width = 0
         if push:
-            vals = np.ascontiguousarray(vals, dtype=np.float32).reshape(-1)
+            vals = _flat(vals, _F32)
             if lens is None:
                 if n == 0 or len(vals) % n:
                     if n or len(vals):
                         raise ValueError(f"{len(vals)} values do not split evenly over {n} keys")
                 width = len(vals) // n if n else 0
             else:
-                lens = np.ascontiguousarray(lens, dtype=np.int32).reshape(-1)
+                lens = _flat(lens, _I32)
                 if len(lens) != n:
                     raise ValueError(f"lens has {len(lens)} entries for {n} keys")
                 if n and int(lens.min()) < 0:
@@ -184,27 +205,26 @@ class KVWorker(SimpleApp):
 
     def _process_kv(self, msg: Message) -> None:
         m = msg.meta
-        reject = self.po.van.reject
         if m.request:
-            reject("kv_request_to_worker", m.sender)
+            self.po.van.reject("kv_request_to_worker", m.sender)
             return
         req = self.customer.pending(m.timestamp)
         state = req.state if req is not None else None
-        if not isinstance(state, _KVRequest):
-            reject("unknown_timestamp", m.sender, f"ts={m.timestamp}")
+        if type(state) is not _KVRequest:
+            self.po.van.reject("unknown_timestamp", m.sender, f"ts={m.timestamp}")
             return
-        rank = state.waiting.get(m.sender)
+        rank = state.waiting.pop(m.sender, None)
         if rank is None:
-            reject("unexpected_responder", m.sender, f"ts={m.timestamp}")
+            self.po.van.reject("unexpected_responder", m.sender, f"ts={m.timestamp}")
             return
         if state.pull:
             parsed = self._parse_pull_response(msg, state.key_slices[rank])
             if isinstance(parsed, str):
-                reject(parsed, m.sender, f"ts={m.timestamp}")
+                state.waiting[m.sender] = rank  # still waiting for a proper answer
+                self.po.van.reject(parsed, m.sender, f"ts={m.timestamp}")
                 return
             state.parts[rank] = parsed
-        del state.waiting[m.sender]
-        self.customer.add_response(m.timestamp, state.assemble)
+        self.customer.add_response(req, state.assemble)
 
     @staticmethod
     def _parse_pull_response(msg: Message, sent_keys: np.ndarray):
@@ -249,14 +269,12 @@ class KVServer(SimpleApp):
         """Answer a KV request; a pull must return the requested keys and their values."""
         if isinstance(req, KVMeta):
             data: list = []
-            dtypes: list[int] = []
+            dtypes = _NO_TYPES
             if res is not None and len(res.keys):
-                keys = np.ascontiguousarray(res.keys, dtype=np.uint64)
-                vals = np.ascontiguousarray(res.vals, dtype=np.float32).reshape(-1)
-                data = [keys, vals]
+                data = [_flat(res.keys, _U64), _flat(res.vals, _F32)]
                 dtypes = _KV_TYPES
                 if res.lens is not None and len(res.lens):
-                    data.append(np.ascontiguousarray(res.lens, dtype=np.int32))
+                    data.append(_flat(res.lens, _I32))
                     dtypes = _KV_TYPES_LENS
             self.po.van.send(Message(Meta(head=req.cmd, app_id=self.app_id, customer_id=req.customer_id,
                                           timestamp=req.timestamp, request=False, push=req.push, pull=req.pull,
@@ -266,19 +284,18 @@ class KVServer(SimpleApp):
 
     def _process_kv(self, msg: Message) -> None:
         m = msg.meta
-        reject = self.po.van.reject
         if not m.request:
-            reject("kv_response_to_server", m.sender)
+            self.po.van.reject("kv_response_to_server", m.sender)
             return
         parsed = _parse_request(msg)
         if isinstance(parsed, str):
-            reject(parsed, m.sender, f"ts={m.timestamp} frames={len(msg.data)}")
+            self.po.van.reject(parsed, m.sender, f"ts={m.timestamp} frames={len(msg.data)}")
             return
         req = KVMeta(m.head, m.push, m.pull, m.sender, m.timestamp, m.customer_id, m.app_id)
         try:
             self.request_handle(req, parsed, self)
         except Exception as exc:
-            reject("handle_error", m.sender, f"{type(exc).__name__}: {exc}")
+            self.po.van.reject("handle_error", m.sender, f"{type(exc).__name__}: {exc}")
             log.exception("KV request handle failed")
 
 
@@ -297,7 +314,7 @@ def _parse_request(msg: Message) -> KVPairs | str:
     keys = np.frombuffer(kb, dtype=np.uint64)
     vals = np.frombuffer(vb, dtype=np.float32)
     n = len(keys)
-    if n > 1 and not bool((keys[1:] > keys[:-1]).all()):
+    if n > 1 and not _ascending(keys):
         return "unsorted_keys"
     lens = None
     if len(data) == 3:

@@ -135,4 +135,4 @@ class SimpleApp:
                 self._simple_response_handle(data, self)
             except Exception:
                 log.exception("SimpleApp response handle failed")
-        self.customer.add_response(m.timestamp, state.responses)
+        self.customer.add_response(req, state.responses)
