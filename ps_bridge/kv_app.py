@@ -27,6 +27,8 @@ log = logging.getLogger("ps_bridge.kv_app")
 _KV_TYPES = [int(DataType.UINT64), int(DataType.FLOAT)]
 _KV_TYPES_LENS = [int(DataType.UINT64), int(DataType.FLOAT), int(DataType.INT32)]
 _EMPTY = b""
+# dtype objects, passed positionally: np.frombuffer(buf, _U64) takes 120 ns where
+# np.frombuffer(buf, dtype=np.uint64) takes 280 (keyword parsing plus type -> dtype).
 _U64 = np.dtype(np.uint64)
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
@@ -62,8 +64,8 @@ def _ascending(keys: np.ndarray) -> bool:
 
 
 def _as_keys(keys) -> np.ndarray:
-    if type(keys) is np.ndarray and keys.dtype is _U64:
-        return _flat(keys, _U64)
+    if type(keys) is np.ndarray and keys.dtype is _U64 and keys.ndim == 1 and keys.flags.c_contiguous:
+        return keys
     arr = np.asarray(keys)
     if arr.dtype != np.uint64:
         if arr.size and arr.dtype.kind == "i" and int(arr.min()) < 0:
@@ -187,13 +189,14 @@ class KVWorker(SimpleApp):
         dtypes = _KV_TYPES if lens is None else _KV_TYPES_LENS
         send = self.po.van.send
         for rank, a, b in involved:
+            key_slice = state.key_slices[rank]
             if push:
                 if offsets is None:
-                    data = [keys[a:b], vals[a * width:b * width]]
+                    data = [key_slice, vals[a * width:b * width]]
                 else:
-                    data = [keys[a:b], vals[int(offsets[a]):int(offsets[b])], lens[a:b]]
+                    data = [key_slice, vals[int(offsets[a]):int(offsets[b])], lens[a:b]]
             else:
-                data = [keys[a:b], _EMPTY]
+                data = [key_slice, _EMPTY]
             meta = Meta(head=cmd, app_id=self.app_id, customer_id=self.customer_id, timestamp=ts, request=True,
                         push=push, pull=pull, priority=priority, data_type=dtypes,
                         recver=self._server_ids[rank])
@@ -224,7 +227,7 @@ class KVWorker(SimpleApp):
                 self.po.van.reject(parsed, m.sender, f"ts={m.timestamp}")
                 return
             state.parts[rank] = parsed
-        self.customer.add_response(req, state.assemble)
+        self.customer.add_response(req, state.assemble if state.pull else None)
 
     @staticmethod
     def _parse_pull_response(msg: Message, sent_keys: np.ndarray):
@@ -234,15 +237,15 @@ class KVWorker(SimpleApp):
         kb, vb = data[0], data[1]
         if len(kb) % 8 or len(vb) % 4:
             return "bad_data_length"
-        keys = np.frombuffer(kb, dtype=np.uint64)
+        keys = np.frombuffer(kb, _U64)
         if len(keys) != len(sent_keys) or not np.array_equal(keys, sent_keys):
             return "response_keys_mismatch"
-        vals = np.frombuffer(vb, dtype=np.float32)
+        vals = np.frombuffer(vb, _F32)
         lens = None
         if len(data) == 3:
             if len(data[2]) != 4 * len(keys):
                 return "bad_lens_length"
-            lens = np.frombuffer(data[2], dtype=np.int32)
+            lens = np.frombuffer(data[2], _I32)
             if len(lens) and (int(lens.min()) < 0 or int(lens.sum(dtype=np.int64)) != len(vals)):
                 return "bad_lens_sum"
         elif len(keys) and len(vals) % len(keys):
@@ -311,8 +314,8 @@ def _parse_request(msg: Message) -> KVPairs | str:
     kb, vb = data[0], data[1]
     if len(kb) % 8 or len(vb) % 4:
         return "bad_data_length"
-    keys = np.frombuffer(kb, dtype=np.uint64)
-    vals = np.frombuffer(vb, dtype=np.float32)
+    keys = np.frombuffer(kb, _U64)
+    vals = np.frombuffer(vb, _F32)
     n = len(keys)
     if n > 1 and not _ascending(keys):
         return "unsorted_keys"
@@ -320,7 +323,7 @@ def _parse_request(msg: Message) -> KVPairs | str:
     if len(data) == 3:
         if len(data[2]) != 4 * n:
             return "bad_lens_length"
-        lens = np.frombuffer(data[2], dtype=np.int32)
+        lens = np.frombuffer(data[2], _I32)
         if n and (int(lens.min()) < 0 or int(lens.sum(dtype=np.int64)) != len(vals)):
             return "bad_lens_sum"
     elif m.push and (len(vals) == 0 if n else len(vals) != 0):
