@@ -238,7 +238,7 @@ class KVWorker(SimpleApp):
         if len(kb) % 8 or len(vb) % 4:
             return "bad_data_length"
         keys = np.frombuffer(kb, _U64)
-        if len(keys) != len(sent_keys) or not np.array_equal(keys, sent_keys):
+        if len(keys) != len(sent_keys) or np.count_nonzero(keys != sent_keys):  # np.array_equal: 2x slower
             return "response_keys_mismatch"
         vals = np.frombuffer(vb, _F32)
         lens = None
