@@ -163,8 +163,9 @@ def _default_scan() -> str:
 # "vnni" (AVX-512 VNNI kernel), "portable" (the same C loop without intrinsics) or "numpy"
 # (dequantise + BLAS). Chosen once at import; tests switch it to cover every path.
 SCAN = _default_scan()
-# Above this many queries per batch the float32 product is compute-bound and the int8 copy
-# saves nothing on the numpy path; the C kernel is faster at every batch size (bench/README.md).
+# Largest batch that uses the int8 pre-filter by default. The VNNI kernel beats the float32
+# product at every batch size; the portable C loop and dequantise + BLAS lose to it at every
+# batch size here (bench/README.md), so they only run when asked (``prefilter=True``, tests).
 MAX_BATCH_FOR_CODES = {"vnni": 1 << 30, "portable": 0, "numpy": 0}
 
 
@@ -276,8 +277,6 @@ def _candidates(approx, tile_max, tile_error, qnorm, margins, error, exclude_ptr
                         heap[pos] = heap[parent]
                         pos = parent
                     heap[pos] = v
-                    if size >= k:
-                        threshold = heap[0]
                 elif v > heap[0]:
                     pos = 0
                     while True:
@@ -291,8 +290,8 @@ def _candidates(approx, tile_max, tile_error, qnorm, margins, error, exclude_ptr
                         heap[pos] = heap[child]
                         pos = child
                     heap[pos] = v
-                    if size >= k:
-                        threshold = heap[0]
+                if size >= k:                      # the heap is full: its root is the k-th lower bound
+                    threshold = heap[0]
         if c > 0:                                  # drop those the final k-th lower bound rules out
             threshold = heap[0] if size >= k else -np.inf
             kept = 0
