@@ -85,8 +85,11 @@ def test_marathon_group_trains_and_serves_through_the_local_runner(tmp_path, kaf
         frontend = runner.url("frontend", "http")
         _wait(lambda: _get(f"{frontend}/ready") and _planted_hits(frontend) >= 0.9, 60,
               "the front end to serve the planted neighbours", runner)
-        stats = _get(f"{frontend}/v1/stats")
-        assert stats["words_trained"] > 0 and stats["vocab_size"] > 0
+        # /v1/stats reads the servers' counters once a second (LIVEVEC_STATS_INTERVAL), so the
+        # first figures may predate the counts the workers pushed; they must arrive soon after.
+        _wait(lambda: (_get(f"{frontend}/v1/stats")["words_trained"] or 0) > 0, 30,
+              "the front end's stats to count trained words", runner)
+        assert _get(f"{frontend}/v1/stats")["vocab_size"] > 0
 
         # A worker killed with SIGKILL is relaunched by the runner (Marathon's job) and rejoins.
         worker = next(s for s in runner.status() if s.app == "worker" and s.index == 0)
