@@ -39,24 +39,9 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from online.sample_corpus import FUNCTION_WORDS, PLANTED_CONTEXTS, iter_sentences  # noqa: E402
+from online.sample_corpus import PLANTED_CONTEXTS, iter_sentences, planting_sentences  # noqa: E402
 
 TOPIC = "livevec-freshness"
-
-
-def planted_sentences(new_word: str, anchor: str, n: int, rng: random.Random) -> list[str]:
-    """Sentences like the corpus's sentences about ``anchor``, with ``new_word`` in its place."""
-    (a, b), contexts = next((pair, ctx) for pair, ctx in PLANTED_CONTEXTS.items() if anchor in pair)
-    partner = b if anchor == a else a
-    lines = []
-    for _ in range(n):
-        words = rng.choices(FUNCTION_WORDS, k=rng.randint(2, 5))
-        at = rng.randint(0, len(words))
-        words[at:at] = [new_word, partner] if rng.random() < 0.5 else [partner, new_word]
-        for context in rng.sample(contexts, 2):
-            words.insert(rng.randint(0, len(words)), context)
-        lines.append(" ".join(words))
-    return lines
 
 
 async def get_json(session: aiohttp.ClientSession, url: str):
@@ -76,7 +61,7 @@ async def wait_for(predicate, timeout: float, what: str, interval: float = 0.25)
 
 async def trial(session, producer, url: str, anchor: str, args, rng: random.Random, planted_so_far: set[str]):
     new_word = "fresh" + "".join(rng.choices(string.ascii_lowercase, k=8))
-    record = "\n".join(planted_sentences(new_word, anchor, args.sentences, rng)).encode()
+    record = "\n".join(planting_sentences(new_word, anchor, args.sentences, rng)).encode()
     await producer.send_and_wait(TOPIC, record)
     t0 = time.monotonic()
     visible = planted = grouped = None

@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eta", type=float, default=None)
     ap.add_argument("--adagrad-init", type=float, default=None)
     ap.add_argument("--batch-words", type=int, default=10_000)
+    ap.add_argument("--local-rate", type=float, default=None,
+                    help="pull/push path: SGD rate of the walk over each batch (default the learner's, 0.002)")
     ap.add_argument("--sgd-decay", action="store_true",
                     help="livevec with SGD and gensim's linear decay over the known corpus length (diagnostic)")
     args = ap.parse_args(argv)
@@ -159,6 +161,8 @@ def main(argv=None) -> int:
         learner["eta"] = args.eta
     if args.adagrad_init is not None:
         learner["adagrad_init"] = args.adagrad_init
+    if args.local_rate is not None:
+        learner["local_rate"] = args.local_rate
     rows = []
     with tempfile.TemporaryDirectory(prefix="livevec-bench-") as tmp:
         corpus = Path(tmp) / "corpus.txt"

@@ -24,6 +24,9 @@ def add_learner_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", choices=("text8", "unicode"), help="LIVEVEC_TOKENIZER (default text8)")
     g.add_argument("--vocab-capacity", type=int, help="max words counted at once (LIVEVEC_VOCAB_CAPACITY, 1000000)")
     g.add_argument("--seed", type=int, help="LIVEVEC_SEED (default 1)")
+    g.add_argument("--local-rate", type=float,
+                   help="SGD rate of a worker's walk over its batch before the push (LIVEVEC_LOCAL_RATE, "
+                        "default 0.002; 0 = one step against the pulled rows)")
 
 
 def learner_config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None,
@@ -43,9 +46,12 @@ def learner_config_from_args(args: argparse.Namespace, env: Mapping[str, str] | 
         tokenizer=pick("tokenizer", "LIVEVEC_TOKENIZER", env_str, "text8"),
         vocab_capacity=pick("vocab_capacity", "LIVEVEC_VOCAB_CAPACITY", env_int, 1_000_000, minimum=1),
         seed=pick("seed", "LIVEVEC_SEED", env_int, 1, minimum=0),
+        local_rate=pick("local_rate", "LIVEVEC_LOCAL_RATE", env_float, 0.002, minimum=0.0),
         **fixed)
     if config.tokenizer not in ("text8", "unicode"):
         raise SettingError("LIVEVEC_TOKENIZER", f"must be text8 or unicode, got {config.tokenizer!r}")
+    if config.local_rate > 1:
+        raise SettingError("LIVEVEC_LOCAL_RATE", f"must be in [0, 1], got {config.local_rate}")
     try:
         config.validate()
     except ValueError as exc:

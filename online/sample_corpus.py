@@ -76,6 +76,24 @@ def planted_groups() -> list[list[str]]:
     return [[a, b, *ctx] for (a, b), ctx in PLANTED_CONTEXTS.items()]
 
 
+def planting_sentences(new_word: str, anchor: str, n: int, rng: random.Random) -> list[str]:
+    """``n`` sentences like the corpus's sentences about ``anchor`` (a word of a planted
+    pair), with ``new_word`` in its place: the two then share every context, so a learner
+    that has seen only these sentences of ``new_word`` should put it next to ``anchor``.
+    The freshness benchmark and the learner's burst test plant words this way."""
+    (a, b), contexts = next((pair, ctx) for pair, ctx in PLANTED_CONTEXTS.items() if anchor in pair)
+    partner = b if anchor == a else a
+    lines = []
+    for _ in range(n):
+        words = rng.choices(FUNCTION_WORDS, k=rng.randint(2, 5))
+        at = rng.randint(0, len(words))
+        words[at:at] = [new_word, partner] if rng.random() < 0.5 else [partner, new_word]
+        for context in rng.sample(contexts, 2):
+            words.insert(rng.randint(0, len(words)), context)
+        lines.append(" ".join(words))
+    return lines
+
+
 def generate_lines(n: int, seed: int = 1) -> list[str]:
     it = iter_sentences(seed)
     return [next(it) for _ in range(n)]

@@ -40,12 +40,20 @@ Two kernels:
     part in hundreds of pairs, and summing those gradients against one stale copy of
     its row overshoots.
 
-``batch_gradients``
+``walk_gradients``
     The parameter-server path. The caller pulled the batch's rows once into compact
-    matrices; the kernel computes the loss and the summed gradients dL/dx for every
-    pulled row against that one snapshot (mini-batch SGD), to push once. The server's
-    optimizer applies them (``embedding_shard``). ``plan_pairs`` draws the windows and
-    negatives of a batch first, so the pairs are known before the pull.
+    matrices (``plan_pairs`` draws the windows and negatives first, so the rows are
+    known before the pull). The kernel walks the pairs in order on a private copy of
+    those rows, moving it by plain SGD at a small local rate after every pair, and
+    sums the gradient met at each step; that sum is pushed once and the server's
+    optimizer (``embedding_shard``) applies it. Against one frozen snapshot the sum
+    would be a single mini-batch step, which is what ``batch_gradients`` computes: a
+    word seen for the first time then gets one step along the plain sum of its
+    contexts' output vectors, dominated by the function words around it, and lands
+    next to them rather than next to the word whose contexts it shares (the freshness
+    benchmark found the planted neighbour in about half its trials). Walking lets
+    the terms saturate as word2vec.c's per-pair updates do, so the new word's step
+    points at what is distinctive about its contexts.
 """
 from __future__ import annotations
 
@@ -257,4 +265,56 @@ def batch_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, grad_in, grad_ou
             for d in range(dim):
                 grad_in[l1, d] += dldf * out_vecs[t, d]
                 grad_out[t, d] += dldf * in_vecs[l1, d]
+    return loss
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def walk_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, rate, grad_in, grad_out):
+    """The gradients met while walking the pairs in order with local SGD steps; returns the loss.
+
+    Same arguments as ``batch_gradients`` plus ``rate``. in_vecs/out_vecs are not
+    written: the walk moves private copies u, v. For pair p (input row i, targets t with
+    labels y) and g_t = y - s(u_i . v_t) (word2vec.c's sign, clipped as in
+    ``train_inplace``):
+
+        grad_out[t] += -g_t u_i,   v_t += rate g_t u_i          (for each target, old u_i)
+        grad_in[i]  += -sum_t g_t v_t,   u_i += rate sum_t g_t v_t   (once, after the targets)
+
+    so grad = (snapshot - walked copy) / rate: the gradient each row met along the walk.
+    With rate 0 this is ``batch_gradients`` (up to the clipping). The loss is summed
+    along the walk, before each step.
+    """
+    dim = in_vecs.shape[1]
+    u = in_vecs.copy()
+    v = out_vecs.copy()
+    neu1e = np.zeros(dim, dtype=np.float32)
+    rate32 = np.float32(rate)
+    loss = 0.0
+    for p in range(pair_in.shape[0]):
+        l1 = pair_in[p]
+        for d in range(dim):
+            neu1e[d] = 0.0
+        for k in range(negs.shape[1] + 1):
+            if k == 0:
+                t = pair_out[p]
+                label = 1.0
+            else:
+                t = negs[p, k - 1]
+                if t < 0:
+                    continue
+                label = 0.0
+            f = np.float32(0.0)
+            for d in range(dim):
+                f += u[l1, d] * v[t, d]
+            x = -f if label == 1.0 else f
+            loss += x + np.log1p(np.exp(-x)) if x > 0 else np.log1p(np.exp(x))
+            g = np.float32(label - _sigmoid(f))
+            step = rate32 * g
+            for d in range(dim):
+                neu1e[d] += g * v[t, d]
+                grad_out[t, d] -= g * u[l1, d]
+                v[t, d] += step * u[l1, d]
+        for d in range(dim):
+            grad_in[l1, d] -= neu1e[d]
+            u[l1, d] += rate32 * neu1e[d]
     return loss

@@ -16,9 +16,10 @@ One ``Trainer`` is the learning side of a worker. Per mini-batch of records it:
      ``train_*`` concurrently; the GIL-bound preparation is serialised by a lock and the
      compiled kernels run in parallel without the GIL;
    * **pull / push** otherwise (parameter servers): ``plan_pairs`` draws the windows and
-     negatives, the batch's distinct input and output keys are pulled in ONE call, the
-     loss gradients are computed against that snapshot and pushed in ONE call, and the
-     server's optimizer (AdaGrad) applies them.
+     negatives, the batch's distinct input and output keys are pulled in ONE call,
+     ``walk_gradients`` sums the gradients met while walking the pairs on a private copy
+     at ``local_rate`` (0: all against the pulled snapshot), they are pushed in ONE
+     call, and the server's optimizer (AdaGrad) applies them.
 
 Entry points for a Kafka worker: ``Trainer(config, store).train_records(values)`` per
 polled batch of record values (str or bytes), returning ``BatchStats``; the store's
@@ -36,7 +37,8 @@ import numpy as np
 
 from online.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.param_store import LocalParamStore, ParamStore
-from online.sgns_kernel import OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace
+from online.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
+                                walk_gradients)
 from online.subsampling import keep_mask
 from online.tokenizer import Tokenizer
 from online.vocab import OnlineVocab
@@ -59,6 +61,7 @@ class LearnerConfig:
     eta: float | None = None            # None: 0.1 for the AdaGrads, 0.025 for SGD
     adagrad_init: float = 1e-8          # initial accumulator (yskip: 1e-8)
     sgd_decay_words: int = 0            # SGD only: decay eta linearly to 0 over this many tokens (needs a corpus length)
+    local_rate: float = 0.002           # pull/push path: SGD rate of the walk over a batch (0: one snapshot step)
     tokenizer: str = "text8"
     max_sentence_length: int = 10_000
     seed: int = 1
@@ -75,6 +78,8 @@ class LearnerConfig:
             raise ValueError("optimizer must be adagrad, rowadagrad or sgd")
         if self.eta is not None and self.eta <= 0:
             raise ValueError("eta must be > 0")
+        if not 0 <= self.local_rate <= 1:
+            raise ValueError("local_rate must be in [0, 1]")
 
 
 @dataclass
@@ -278,8 +283,12 @@ class Trainer:
             values = self.store.pull(p.keys)
             in_vecs, out_vecs = values[:p.n_in], values[p.n_in:]
             grads = np.zeros_like(values)
-            stats.loss = float(batch_gradients(in_vecs, out_vecs, p.pair_in, p.pair_out, p.negs,
-                                               grads[:p.n_in], grads[p.n_in:]))
+            if cfg.local_rate > 0:
+                stats.loss = float(walk_gradients(in_vecs, out_vecs, p.pair_in, p.pair_out, p.negs, cfg.local_rate,
+                                                  grads[:p.n_in], grads[p.n_in:]))
+            else:
+                stats.loss = float(batch_gradients(in_vecs, out_vecs, p.pair_in, p.pair_out, p.negs,
+                                                   grads[:p.n_in], grads[p.n_in:]))
             self.store.push(p.keys, grads)
             stats.pairs = len(p.pair_in)
         stats.seconds = time.perf_counter() - p.t0

@@ -2,6 +2,7 @@
 subprocess) and by the pull/push path, read back with gensim."""
 from __future__ import annotations
 
+import itertools
 import json
 import lzma
 import random
@@ -13,6 +14,7 @@ import numpy as np
 from gensim.models import KeyedVectors
 
 from online.param_store import LocalParamStore
+from online.sample_corpus import PLANTED_CONTEXTS, iter_sentences, planting_sentences
 from online.trainer import LearnerConfig, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,6 +127,43 @@ def test_pull_push_path_over_two_shards_learns_the_planted_pairs(tmp_path):
     shard = store.shards[int(key >= store._starts[1])]
     assert shard.words_for(np.array([key]))[0] == "paris"
     assert shard.counts_for(np.array([key]))[0] == trainer.vocab.count("paris")
+
+
+def _burst_trials(local_rate: float, trials: int) -> list[tuple[str, list[str]]]:
+    """Train the pull/push path on the sample corpus, then plant new words one burst at a
+    time (as bench/freshness.py does through Kafka): (anchor, new word's top 10) per trial."""
+    store = LocalParamStore(num_shards=2, dim=100, optimizer="adagrad")   # the servers' default optimizer
+    trainer = Trainer(LearnerConfig(dim=100, local_rate=local_rate), store)
+    assert trainer.shard is None
+    background = iter_sentences(seed=7)
+    for _ in range(60):
+        trainer.train_sentences([line.split() for line in itertools.islice(background, 1000)])
+    rng = random.Random(1)
+    anchors = [a for pair in PLANTED_CONTEXTS for a in pair]
+    planted, out = set(), []
+    for t in range(trials):
+        anchor, new = anchors[t % len(anchors)], f"fresh{_letters(t + 1000)}"
+        lines = planting_sentences(new, anchor, 200, rng) + list(itertools.islice(background, 300))
+        rng.shuffle(lines)
+        trainer.train_sentences([line.split() for line in lines])
+        vocab = trainer.vocab
+        slots = np.flatnonzero(vocab.trainable[:len(vocab.words)])
+        words = [vocab.words[i] for i in slots.tolist()]
+        vectors = store.pull(vocab.keys[slots])
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        order = np.argsort(-(vectors @ vectors[words.index(new)]))
+        out.append((anchor, [words[i] for i in order.tolist() if words[i] != new and words[i] not in planted][:10]))
+        planted.add(new)
+    return out
+
+
+def test_pull_push_path_places_a_word_first_seen_in_one_burst_next_to_its_twin():
+    """A word's first batch must already put it among its twin's neighbours (the front end's
+    freshness rests on it). One step against the pulled snapshot, the walk's rate 0, put it
+    next to the function words around it in about half of these trials."""
+    results = _burst_trials(LearnerConfig().local_rate, 16)
+    misses = [(anchor, top[:5]) for anchor, top in results if anchor not in top]
+    assert len(misses) <= 1, misses
 
 
 def test_train_file_reads_plain_and_gzip_and_stops_at_max_tokens(tmp_path):

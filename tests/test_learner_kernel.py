@@ -7,7 +7,8 @@ import pytest
 from online.embedding_shard import EmbeddingShard
 from online.key_index import KeyIndex
 from online.param_store import LocalParamStore, ParamStore, server_range_starts
-from online.sgns_kernel import OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace
+from online.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
+                                walk_gradients)
 from online.vocab import word_keys
 
 
@@ -76,6 +77,42 @@ def test_in_place_sgd_moves_along_minus_the_batch_gradient_for_a_small_step():
     np.testing.assert_allclose(delta, expected, atol=2e-3 * np.abs(expected).max())
     changed = np.flatnonzero(np.any(updated != vectors, axis=1))
     assert np.flatnonzero(touched).tolist() == changed.tolist()
+
+
+def test_walk_with_rate_zero_is_the_snapshot_gradient():
+    n_words, tokens, starts, noise, vectors, _ = _toy_batch(3)
+    pair_in, pair_out, negs = plan_pairs(tokens, starts, noise, 3, 4, 5)
+    in_vecs, out_vecs = vectors[:n_words] * 0.5, vectors[n_words:] * 0.5   # |f| < 6: no clipping
+    loss, g_in, g_out = _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs)
+    w_in, w_out = np.zeros_like(in_vecs), np.zeros_like(out_vecs)
+    w_loss = walk_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, 0.0, w_in, w_out)
+    assert w_loss == pytest.approx(loss, rel=1e-5)
+    np.testing.assert_allclose(w_in, g_in, atol=1e-5)
+    np.testing.assert_allclose(w_out, g_out, atol=1e-5)
+
+
+def test_walk_sums_the_gradients_met_along_sequential_sgd_steps():
+    """The walk's sum is (snapshot - sequentially updated copy) / rate, and differs from the snapshot gradient."""
+    n_words, tokens, starts, noise, vectors, _ = _toy_batch(4)
+    pair_in, pair_out, negs = plan_pairs(tokens, starts, noise, 3, 4, 6)
+    in_vecs, out_vecs = vectors[:n_words].copy(), vectors[n_words:].copy()
+    rate = 0.2
+    u, v = in_vecs.astype(np.float64), out_vecs.astype(np.float64)   # word2vec.c's order, written out in numpy
+    for p in range(len(pair_in)):
+        i = pair_in[p]
+        neu1e = np.zeros(u.shape[1])
+        for t, label in [(pair_out[p], 1.0)] + [(n, 0.0) for n in negs[p] if n >= 0]:
+            g = label - 1 / (1 + np.exp(-(u[i] @ v[t])))
+            neu1e += g * v[t]
+            v[t] += rate * g * u[i]
+        u[i] += rate * neu1e
+    w_in, w_out = np.zeros_like(in_vecs), np.zeros_like(out_vecs)
+    walk_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, rate, w_in, w_out)
+    np.testing.assert_array_equal(in_vecs, vectors[:n_words])          # the pulled rows are not written
+    np.testing.assert_allclose(in_vecs - rate * w_in, u, atol=1e-4)
+    np.testing.assert_allclose(out_vecs - rate * w_out, v, atol=1e-4)
+    _, g_in, _ = _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs)
+    assert np.abs(w_in - g_in).max() > 0.05 * np.abs(g_in).max()
 
 
 def test_windows_stay_inside_sentences():
