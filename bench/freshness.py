@@ -17,7 +17,8 @@ acknowledges it. The front end is then polled every 20 ms for two moments:
 * group: NEW's nearest neighbour is one of the anchor's planted group (the anchor, its
   partner and their context words), a weaker test of the same thing.
 
-p50 and p99 of both over ``--trials`` trials (at least 20). Target: p99 <= 5 s (design
+p50 and p99 of each over ``--trials`` trials (at least 20); a trial whose neighbour never
+appears within ``--trial-timeout`` counts as infinitely late. Target: p99 <= 5 s (design
 target 1 s). Needs the Kafka jars (``make kafka-jars``).
 
     .venv/bin/python bench/freshness.py               # about 2-4 minutes
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import string
 import sys
@@ -37,7 +39,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
-import numpy as np  # noqa: E402
 
 from online.sample_corpus import PLANTED_CONTEXTS, iter_sentences, planting_sentences  # noqa: E402
 
@@ -88,7 +89,9 @@ async def trial(session, producer, url: str, anchor: str, args, rng: random.Rand
 
 
 def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
+    """Nearest-rank percentile (no interpolation, so a miss counted as inf stays inf)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 async def run(args) -> int:
@@ -156,15 +159,18 @@ async def run(args) -> int:
             print(f"visible (answers 200):  p50 {pct(visible, 50):.2f} s  p99 {pct(visible, 99):.2f} s  "
                   f"max {max(visible):.2f} s  (n={len(visible)})")
         if planted:
-            p99 = pct(planted, 99)
-            print(f"planted neighbour:      p50 {pct(planted, 50):.2f} s  p99 {p99:.2f} s  "
-                  f"max {max(planted):.2f} s  (n={len(planted)}, missed {missed} within {args.trial_timeout:.0f} s)")
+            # A trial that never found its neighbour counts as infinitely late: the p99 is over all trials.
+            every = planted + [float("inf")] * missed
+            p99 = pct(every, 99)
+            print(f"planted neighbour:      p50 {pct(every, 50):.2f} s  p99 {p99:.2f} s  "
+                  f"max {max(every):.2f} s  (n={len(every)}, missed {missed} within {args.trial_timeout:.0f} s, "
+                  f"counted as never)")
         if grouped:
             print(f"top-1 in planted group: p50 {pct(grouped, 50):.2f} s  p99 {pct(grouped, 99):.2f} s  "
                   f"max {max(grouped):.2f} s  (n={len(grouped)})")
         if planted:
-            print(f"target p99 <= 5 s: {'met' if p99 <= 5 and not missed else 'MISSED'}; design target 1 s: "
-                  f"{'met' if p99 <= 1 and not missed else 'not met'}")
+            print(f"target p99 <= 5 s: {'met' if p99 <= 5 else 'MISSED'}; design target 1 s: "
+                  f"{'met' if p99 <= 1 else 'not met'}")
         print(f"pipeline meanwhile: {stats.get('words_per_second') or 0:.0f} words/s, Kafka lag {stats.get('kafka_lag')}, "
               f"vocabulary {stats.get('vocab_size')}, last sync {stats['sync'].get('last_sync_ms')} ms "
               f"({stats['sync'].get('last_delta_rows')} rows)")
