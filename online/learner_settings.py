@@ -46,12 +46,10 @@ def learner_config_from_args(args: argparse.Namespace, env: Mapping[str, str] | 
         tokenizer=pick("tokenizer", "LIVEVEC_TOKENIZER", env_str, "text8"),
         vocab_capacity=pick("vocab_capacity", "LIVEVEC_VOCAB_CAPACITY", env_int, 1_000_000, minimum=1),
         seed=pick("seed", "LIVEVEC_SEED", env_int, 1, minimum=0),
-        local_rate=pick("local_rate", "LIVEVEC_LOCAL_RATE", env_float, 0.002, minimum=0.0),
+        local_rate=pick("local_rate", "LIVEVEC_LOCAL_RATE", env_float, 0.002, minimum=0.0, maximum=1.0),
         **fixed)
     if config.tokenizer not in ("text8", "unicode"):
         raise SettingError("LIVEVEC_TOKENIZER", f"must be text8 or unicode, got {config.tokenizer!r}")
-    if config.local_rate > 1:
-        raise SettingError("LIVEVEC_LOCAL_RATE", f"must be in [0, 1], got {config.local_rate}")
     try:
         config.validate()
     except ValueError as exc:

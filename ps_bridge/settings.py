@@ -45,7 +45,7 @@ def env_int(env: Mapping[str, str], name: str, default: int | None = None, *, re
 
 
 def env_float(env: Mapping[str, str], name: str, default: float | None = None, *, required: bool = False,
-              minimum: float | None = None) -> float | None:
+              minimum: float | None = None, maximum: float | None = None) -> float | None:
     raw = env_str(env, name, None, required=required)
     if raw is None:
         return default
@@ -55,6 +55,8 @@ def env_float(env: Mapping[str, str], name: str, default: float | None = None, *
         raise SettingError(name, f"must be a number, got {raw!r}") from None
     if minimum is not None and value < minimum:
         raise SettingError(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise SettingError(name, f"must be <= {maximum}, got {value}")
     return value
 
 
