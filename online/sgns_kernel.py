@@ -84,6 +84,15 @@ def _sigmoid(f):
     return 1.0 / (1.0 + np.exp(-f))
 
 
+@njit(inline="always")
+def _pair_loss(f, label):
+    """-log s(f) for a positive, -log s(-f) for a negative, as log(1 + e^-x) in a form that cannot overflow."""
+    x = -f if label == 1.0 else f
+    if x > 0:
+        return x + np.log1p(np.exp(-x))
+    return np.log1p(np.exp(x))
+
+
 @njit(nogil=True, fastmath=True, cache=True)
 def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots, slot_out_row,
                   window, negative, eta, optimizer, seed, touched):
@@ -254,12 +263,7 @@ def batch_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, grad_in, grad_ou
             f = 0.0
             for d in range(dim):
                 f += in_vecs[l1, d] * out_vecs[t, d]
-            # -log s(f) = log(1 + e^-f), -log s(-f) = log(1 + e^f), in a stable form
-            x = -f if label == 1.0 else f
-            if x > 0:
-                loss += x + np.log1p(np.exp(-x))
-            else:
-                loss += np.log1p(np.exp(x))
+            loss += _pair_loss(f, label)
             s = 1.0 / (1.0 + np.exp(-f))
             dldf = np.float32(s - label)
             for d in range(dim):
@@ -306,8 +310,7 @@ def walk_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, rate, grad_in, gr
             f = np.float32(0.0)
             for d in range(dim):
                 f += u[l1, d] * v[t, d]
-            x = -f if label == 1.0 else f
-            loss += x + np.log1p(np.exp(-x)) if x > 0 else np.log1p(np.exp(x))
+            loss += _pair_loss(f, label)
             g = np.float32(label - _sigmoid(f))
             step = rate32 * g
             for d in range(dim):
