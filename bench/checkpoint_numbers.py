@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recovery_cluster import Cluster, Producer, new_topic, start_broker  # noqa: E402
 
-from online.checkpoint_store import (CheckpointStore, read_shard_file, restore_shard, snapshot_shard,  # noqa: E402
+from online.checkpoint.store import (CheckpointStore, read_shard_file, restore_shard, snapshot_shard,  # noqa: E402
                                      write_shard_file)
-from online.embedding_shard import EmbeddingShard  # noqa: E402
-from online.sample_corpus import generate_lines  # noqa: E402
-from online.vocab import word_key  # noqa: E402
+from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
+from online.stream.sample_corpus import generate_lines  # noqa: E402
+from online.learner.vocab import word_key  # noqa: E402
 from ps_bridge.postoffice import server_key_ranges  # noqa: E402
 
 DIM = 100

@@ -1,6 +1,6 @@
 """Freshness: how long after a new word is written to Kafka does /v1/similar know its neighbour?
 
-The whole pipeline runs as ``livevec up`` runs it (``online.up.local_cluster``): a Kafka
+The whole pipeline runs as ``livevec up`` runs it (``online.cli.up.local_cluster``): a Kafka
 broker, the scheduler, ``--servers`` parameter servers, ``--workers`` workers and the
 front end syncing every ``--sync-interval`` seconds, while background text from the sample
 corpus streams in at ``--rate`` lines/s.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
-from online.sample_corpus import PLANTED_CONTEXTS, iter_sentences, planting_sentences  # noqa: E402
+from online.stream.sample_corpus import PLANTED_CONTEXTS, iter_sentences, planting_sentences  # noqa: E402
 
 TOPIC = "livevec-freshness"
 
@@ -97,9 +97,9 @@ def pct(values: list[float], q: float) -> float:
 async def run(args) -> int:
     from aiokafka import AIOKafkaProducer
 
-    from online.kafka_broker import KafkaBroker, KafkaBrokerSettings
-    from online.produce import ensure_topic, produce_async
-    from online.up import local_cluster
+    from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
+    from online.stream.producer import ensure_topic, produce_async
+    from online.cli.up import local_cluster
 
     work = Path(tempfile.mkdtemp(prefix="livevec-freshness-"))
     broker = KafkaBroker(KafkaBrokerSettings.from_env())

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from online.produce import RecordBuilder, TextSource, ensure_topic  # noqa: E402
+from online.stream.producer import RecordBuilder, TextSource, ensure_topic  # noqa: E402
 
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
 

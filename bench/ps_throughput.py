@@ -152,7 +152,7 @@ def main() -> int:
     parser.add_argument("--min-time", type=float, default=1.5,
                         help="seconds per stack, payload and operation (default 1.5)")
     args = parser.parse_args()
-    from online.structured_logging import configure_logging
+    from ps_bridge.structured_logging import configure_logging
     configure_logging("WARNING")
     if args.serve_ps:
         serve_ps()

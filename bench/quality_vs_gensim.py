@@ -108,8 +108,8 @@ class LivevecRun(GensimRun):
     name = "livevec"
 
     def __init__(self, path: Path, passes: int, workers: int, seed: int, out_dir: Path, options: dict):
-        from online.train import TrainSettings, make_trainer
-        from online.trainer import LearnerConfig
+        from online.cli.train import TrainSettings, make_trainer
+        from online.learner.trainer import LearnerConfig
         learner = LearnerConfig(**HYPER, seed=seed, **options.get("learner", {}))
         self.settings = TrainSettings(input=str(path), out=str(out_dir), epochs=passes, workers=workers,
                                       batch_words=options.get("batch_words", 10_000), shards=options.get("shards", 1),
@@ -121,7 +121,7 @@ class LivevecRun(GensimRun):
         self.raw = self.effective = 0
 
     def train_pass(self, index: int) -> None:
-        from online.train import train_pass
+        from online.cli.train import train_pass
         t0, c0 = time.perf_counter(), time.process_time()
         train_pass(self.settings, self.trainer, index + 1)
         self.seconds += time.perf_counter() - t0
@@ -130,7 +130,7 @@ class LivevecRun(GensimRun):
 
     def finish(self) -> dict:
         from gensim.models import KeyedVectors
-        from online.train import write_outputs
+        from online.cli.train import write_outputs
         result = write_outputs(self.settings, self.trainer, self.seconds)
         kv = KeyedVectors.load_word2vec_format(result.files["binary"], binary=True)
         return {**self._rates(), **evaluate(kv)}

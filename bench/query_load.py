@@ -3,7 +3,7 @@
 The front end serves a 100k x 100 model (``online.frontend.synthetic``: clustered vectors;
 ``--updates`` rows per second keep changing and are pulled by the sync loop every 0.5 s,
 as changed rows are pulled from the parameter servers). Meanwhile training competes for
-the two cores: ``--training local`` runs the in-process learner (``online.trainer.Trainer``
+the two cores: ``--training local`` runs the in-process learner (``online.learner.trainer.Trainer``
 on the sample corpus) in another process; ``--training cluster`` runs the real pipeline
 (Kafka broker, scheduler, 1 server, 2 workers, as ``livevec up``) streaming the sample
 corpus. The served model stays the synthetic one: the sample corpus has a few hundred
@@ -63,8 +63,8 @@ def empty_server() -> None:
 
 def training_load() -> None:
     """The in-process learner training on the sample corpus until killed; prints words/s on SIGTERM."""
-    from online.sample_corpus import iter_sentences
-    from online.trainer import LearnerConfig, Trainer
+    from online.stream.sample_corpus import iter_sentences
+    from online.learner.trainer import LearnerConfig, Trainer
 
     trainer = Trainer(LearnerConfig(dim=100))
     lines = iter_sentences(seed=3)
@@ -86,10 +86,10 @@ def cluster_training() -> None:
     import threading
     import urllib.request
 
-    from online.kafka_broker import KafkaBroker, KafkaBrokerSettings
-    from online.produce import produce_async
-    from online.sample_corpus import iter_sentences
-    from online.up import local_cluster
+    from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
+    from online.stream.producer import produce_async
+    from online.stream.sample_corpus import iter_sentences
+    from online.cli.up import local_cluster
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

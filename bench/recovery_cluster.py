@@ -20,12 +20,12 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from online import ps_commands as pc  # noqa: E402
-from online.checkpoint_store import CheckpointStore, read_shard_file  # noqa: E402
-from online.kafka_broker import KafkaBroker, KafkaBrokerSettings  # noqa: E402
-from online.produce import ensure_topic  # noqa: E402
-from online.sample_corpus import planted_groups  # noqa: E402
-from online.up import local_cluster  # noqa: E402
+from online.cluster import ps_commands as pc  # noqa: E402
+from online.checkpoint.store import CheckpointStore, read_shard_file  # noqa: E402
+from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings  # noqa: E402
+from online.stream.producer import ensure_topic  # noqa: E402
+from online.stream.sample_corpus import planted_groups  # noqa: E402
+from online.cli.up import local_cluster  # noqa: E402
 from ps_bridge.roles import start_worker  # noqa: E402
 from ps_bridge.settings import NodeSettings  # noqa: E402
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recovery_cluster import Cluster, Producer, new_topic, planted_quality, start_broker  # noqa: E402
 
-from online.sample_corpus import iter_sentences  # noqa: E402
+from online.stream.sample_corpus import iter_sentences  # noqa: E402
 
 ROLES = [("worker", 0), ("worker", 1), ("server", 0), ("server", 1), ("scheduler", 0), ("frontend", 0)]
 ENV = {"LIVEVEC_CHECKPOINT_INTERVAL": "10", "LIVEVEC_DIM": "50", "LIVEVEC_KAFKA_BATCH_RECORDS": "50"}

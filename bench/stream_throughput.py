@@ -29,10 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from online.kafka_broker import KafkaBroker, KafkaBrokerSettings  # noqa: E402
-from online.produce import TextSource, produce  # noqa: E402
-from online.tokenizer import text8_tokens  # noqa: E402
-from online.up import local_cluster  # noqa: E402
+from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings  # noqa: E402
+from online.stream.producer import TextSource, produce  # noqa: E402
+from online.learner.tokenizer import text8_tokens  # noqa: E402
+from online.cli.up import local_cluster  # noqa: E402
 
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
 

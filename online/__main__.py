@@ -1,5 +1,5 @@
 import sys
 
-from online.cli import main
+from online.cli.main import main
 
 sys.exit(main())

@@ -24,8 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from online.metrics import Registry
-from online.structured_logging import log_event
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 from ps_bridge.customer import Customer
 from ps_bridge.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message,
                                Meta, NO_CONTROL, Node, Role, id_to_rank, server_rank_to_id, worker_rank_to_id)

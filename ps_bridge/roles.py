@@ -18,8 +18,8 @@ import signal
 import sys
 import threading
 
-from online.metrics import Registry, serve_http
-from online.structured_logging import configure_logging, log_event
+from ps_bridge.metrics import Registry, serve_http
+from ps_bridge.structured_logging import configure_logging, log_event
 from ps_bridge.kv_app import KVServer, KVWorker, RequestHandle
 from ps_bridge.postoffice import Postoffice
 from ps_bridge.settings import NodeSettings, SettingError, add_node_arguments

@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import zmq
 
-from online.metrics import Registry
-from online.structured_logging import log_event
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 from ps_bridge.message import K_EMPTY, SCHEDULER_ID, Cmd, Control, Message, Meta, Node, Role, pack_meta, unpack_meta
 from ps_bridge.meta import MalformedMeta
 from ps_bridge.settings import NodeSettings, SettingError

@@ -92,7 +92,7 @@ class Cluster:
 
 def read_model(cluster: Cluster, timeout: float = 30.0):
     """The whole model as the servers hold it: a ``ModelDelta`` (keys, words, vectors, counts)."""
-    from online.ps_model_source import ParameterServerSource
+    from online.frontend.ps_source import ParameterServerSource
     from ps_bridge.settings import NodeSettings
 
     async def fetch():

@@ -1,4 +1,4 @@
-"""Shared fixtures. The session-wide real Kafka broker lives here (see online.kafka_broker)."""
+"""Shared fixtures. The session-wide real Kafka broker lives here (see online.stream.kafka_broker)."""
 
 import asyncio
 import dataclasses
@@ -32,7 +32,7 @@ def kafka_broker():
 
     Never skipped: if Java, Maven or the broker is missing, every Kafka test fails with the reason.
     """
-    from online.kafka_broker import KafkaBroker, KafkaBrokerSettings
+    from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
 
     settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=None, state_file=None)
     broker = KafkaBroker(settings)
@@ -52,7 +52,7 @@ def kafka_bootstrap(kafka_broker) -> str:
 @pytest.fixture
 def kafka_topic(kafka_bootstrap):
     """Factory: ``kafka_topic(partitions=1, prefix="t") -> name`` creates a fresh, uniquely named topic."""
-    from online.produce import ensure_topic
+    from online.stream.producer import ensure_topic
 
     def make(partitions: int = 1, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"

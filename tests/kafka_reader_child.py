@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from online.stream_reader import KafkaStream, StreamSettings  # noqa: E402
+from online.stream.reader import KafkaStream, StreamSettings  # noqa: E402
 
 
 async def main() -> None:

@@ -5,7 +5,7 @@ answered with a 5xx.
 
 The cluster is the production Marathon group run by the local Marathon-like runner (so a killed
 task is relaunched as Marathon would), with short heartbeats and checkpoint intervals. The test
-reads each server's statistics (its batch ledger, see ``online.checkpoint``) over ps-lite as an
+reads each server's statistics (its batch ledger, see ``online.checkpoint.participants``) over ps-lite as an
 elastic worker node of its own.
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from online import ps_commands as pc
-from online.checkpoint_store import CheckpointStore
-from online.sample_corpus import generate_lines, planted_groups
-from online.tokenizer import Tokenizer
-from online.up import local_cluster
+from online.cluster import ps_commands as pc
+from online.checkpoint.store import CheckpointStore
+from online.stream.sample_corpus import generate_lines, planted_groups
+from online.learner.tokenizer import Tokenizer
+from online.cli.up import local_cluster
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings
 from tests.cluster_harness import wait_until

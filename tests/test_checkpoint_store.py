@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from online.checkpoint import BatchLedger
-from online.checkpoint_store import (MANIFEST, CheckpointError, CheckpointStore, atomic_write, offsets_from_json,
+from online.checkpoint.participants import BatchLedger
+from online.checkpoint.store import (MANIFEST, CheckpointError, CheckpointStore, atomic_write, offsets_from_json,
                                      offsets_to_json, read_shard_file, restore_shard, snapshot_shard,
                                      write_shard_file)
-from online.embedding_shard import EmbeddingShard
-from online.structured_logging import KeyValueFormatter
-from online.vocab import word_key
+from online.learner.embedding_shard import EmbeddingShard
+from ps_bridge.structured_logging import KeyValueFormatter
+from online.learner.vocab import word_key
 
 REPO = Path(__file__).resolve().parents[1]
 HALF = (2**64 - 1) // 2

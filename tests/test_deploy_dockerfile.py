@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from online.metrics import Registry, serve_http
+from ps_bridge.metrics import Registry, serve_http
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
@@ -179,7 +179,7 @@ def test_entrypoint_and_cmd_run_from_the_installed_copy(installed, dockerfile, t
     done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "deploy" in done.stdout and "server" in done.stdout
-    where = subprocess.run(["python", "-c", "import online.cli; print(online.cli.__file__)"], env=env,
+    where = subprocess.run(["python", "-c", "import online.cli.main; print(online.cli.main.__file__)"], env=env,
                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert where.stdout.startswith(str(installed)), where.stdout + where.stderr
     # The installed package renders exactly the committed deploy files.

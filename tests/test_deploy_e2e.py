@@ -19,8 +19,8 @@ import pytest
 
 from online.deployment.local_runner import LocalRunner, describe
 from online.deployment.marathon import GROUP_FILE
-from online.produce import produce
-from online.sample_corpus import generate_lines, planted_groups
+from online.stream.producer import produce
+from online.stream.sample_corpus import generate_lines, planted_groups
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

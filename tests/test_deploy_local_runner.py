@@ -24,7 +24,7 @@ GROUP = REPO / "deploy" / "marathon" / GROUP_FILE
 STAND_IN = """#!{python}
 import json, os, socket, sys, time
 sys.path.insert(0, {repo!r})
-from online.metrics import Registry, serve_http
+from ps_bridge.metrics import Registry, serve_http
 with open(os.path.join(os.environ["MESOS_SANDBOX"], "env.json"), "w") as f:
     json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid()}}, f)
 role = sys.argv[1] if len(sys.argv) > 1 else ""

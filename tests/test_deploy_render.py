@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from online.cli import main
+from online.cli.main import main
 from online.deployment import k8s, marathon
 from online.deployment.marathon import task_command
 from online.deployment.topology import (

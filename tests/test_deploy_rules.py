@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from online.cli import main
+from online.cli.main import main
 from online.deployment.marathon import GROUP_FILE, METRONOME_FILE
 from online.deployment.platform_rules import k8s_problems, marathon_problems, metronome_problems
 

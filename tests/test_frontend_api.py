@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestServer
 from online.frontend.app import create_app
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta, Word2VecFileSource
-from online.vocab import word_key
-from online.word2vec_format import write_binary, write_text
+from online.learner.vocab import word_key
+from online.learner.word2vec_format import write_binary, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 16

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from online.word2vec_format import write_binary
+from online.learner.word2vec_format import write_binary
 from tests.frontend_process import clean_env, running_frontend
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")

@@ -18,7 +18,7 @@ from online.frontend import model_index
 from online.frontend.model_index import ModelIndex, _quantise, code_matrix
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta
-from online.vocab import word_key
+from online.learner.vocab import word_key
 
 MAX_K = FrontendSettings().max_k
 TIE = 3e-6          # float32 rounding of a dot product of two unit vectors, both paths

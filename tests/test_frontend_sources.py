@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from gensim.models import KeyedVectors
 
-from online.embedding_shard import EmbeddingShard
+from online.learner.embedding_shard import EmbeddingShard
 from online.frontend.model_index import ModelIndex
 from online.frontend.sources import (EmbeddingShardSource, ModelDelta, ModelSource, Word2VecFileSource,
                                      trainer_source)
 from online.frontend.word2vec_format import Word2VecFormatError, read_vocab_counts, read_word2vec, sniff_format
-from online.vocab import word_key, word_keys
-from online.word2vec_format import write_binary, write_text
+from online.learner.vocab import word_key, word_keys
+from online.learner.word2vec_format import write_binary, write_text
 
 
 def sample(n=50, dim=12, seed=3):
@@ -174,8 +174,8 @@ async def test_shard_source_full_incremental_and_removals():
 
 
 async def test_trainer_source_serves_what_the_in_process_trainer_learns():
-    from online.sample_corpus import generate_lines
-    from online.trainer import LearnerConfig, Trainer
+    from online.stream.sample_corpus import generate_lines
+    from online.learner.trainer import LearnerConfig, Trainer
 
     trainer = Trainer(LearnerConfig(dim=24, min_count=3, seed=5))
     lines = generate_lines(6000, seed=2)

@@ -25,8 +25,8 @@ from online.frontend.model_index import ModelIndex
 from online.frontend.query_engine import QueryEngine
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta
-from online.metrics import Registry
-from online.vocab import word_key, word_keys
+from ps_bridge.metrics import Registry
+from online.learner.vocab import word_key, word_keys
 
 N = 2000
 DIM = 8

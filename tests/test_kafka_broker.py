@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from online.kafka_broker import KafkaBrokerSettings, _pid_is_our_broker
+from online.stream.kafka_broker import KafkaBrokerSettings, _pid_is_our_broker
 from ps_bridge.settings import SettingError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ async def test_cli_start_prints_an_address_aiokafka_can_use_then_stops(tmp_path)
         assert again.returncode == 0 and again.stdout.strip() == address
 
         topic = f"cli-{uuid.uuid4().hex[:8]}"
-        from online.produce import ensure_topic
+        from online.stream.producer import ensure_topic
 
         await ensure_topic(address, topic, 1)
         assert await roundtrip(address, topic, [b"from the cli broker"]) == [b"from the cli broker"]

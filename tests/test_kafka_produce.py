@@ -10,8 +10,8 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from online.produce import produce
-from online.stream_reader import KafkaStream, StreamSettings
+from online.stream.producer import produce
+from online.stream.reader import KafkaStream, StreamSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from online.produce import produce_async
+from online.stream.producer import produce_async
 
 CHILD = Path(__file__).with_name("kafka_reader_child.py")
 

@@ -7,9 +7,9 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from online.metrics import Registry
-from online.produce import produce_async
-from online.stream_reader import KafkaStream, StreamSettings
+from ps_bridge.metrics import Registry
+from online.stream.producer import produce_async
+from online.stream.reader import KafkaStream, StreamSettings
 
 
 def settings(bootstrap: str, topic: str, group: str, **kw) -> StreamSettings:

@@ -6,8 +6,8 @@ import lzma
 
 import pytest
 
-from online.produce import RecordBuilder, TextSource, split_long_line
-from online.stream_reader import FileStream, OffsetTracker, StreamSettings, TextRecord, decode_record
+from online.stream.producer import RecordBuilder, TextSource, split_long_line
+from online.stream.reader import FileStream, OffsetTracker, StreamSettings, TextRecord, decode_record
 from ps_bridge.settings import SettingError
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from gensim.models import KeyedVectors
 
-from online.param_store import LocalParamStore
-from online.sample_corpus import PLANTED_CONTEXTS, iter_sentences, planting_sentences
-from online.trainer import LearnerConfig, Trainer
+from online.learner.param_store import LocalParamStore
+from online.stream.sample_corpus import PLANTED_CONTEXTS, iter_sentences, planting_sentences
+from online.learner.trainer import LearnerConfig, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = [("paris", "france"), ("berlin", "germany"), ("tokyo", "japan"), ("rome", "italy"),
@@ -169,7 +169,7 @@ def test_pull_push_path_places_a_word_first_seen_in_one_burst_next_to_its_twin()
 def test_train_file_reads_plain_and_gzip_and_stops_at_max_tokens(tmp_path):
     import gzip
 
-    from online.train import TrainSettings, train_file
+    from online.cli.train import TrainSettings, train_file
     lines = planted_corpus(500, seed=5)
     plain = tmp_path / "c.txt"
     plain.write_text("\n".join(lines) + "\n")

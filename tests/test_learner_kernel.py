@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from online.embedding_shard import EmbeddingShard
-from online.key_index import KeyIndex
-from online.param_store import LocalParamStore, ParamStore, server_range_starts
-from online.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
+from online.learner.embedding_shard import EmbeddingShard
+from online.learner.key_index import KeyIndex
+from online.learner.param_store import LocalParamStore, ParamStore, server_range_starts
+from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
                                 walk_gradients)
-from online.vocab import word_keys
+from online.learner.vocab import word_keys
 
 
 def _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs):

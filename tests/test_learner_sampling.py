@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from online.noise import NoiseTable
-from online.subsampling import keep_mask, keep_probability
-from online.vocab import OnlineVocab
+from online.learner.noise import NoiseTable
+from online.learner.subsampling import keep_mask, keep_probability
+from online.learner.vocab import OnlineVocab
 
 
 def _zipf_stream(n_tokens: int, n_types: int, seed: int) -> list[str]:

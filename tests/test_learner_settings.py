@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from online.learner_settings import add_learner_arguments, learner_config_from_args
+from online.learner.settings import add_learner_arguments, learner_config_from_args
 from ps_bridge.settings import SettingError
 
 

@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from online.tokenizer import Tokenizer, text8_tokens, unicode_tokens
-from online.vocab import OnlineVocab, output_key, word_key, word_keys
+from online.learner.tokenizer import Tokenizer, text8_tokens, unicode_tokens
+from online.learner.vocab import OnlineVocab, output_key, word_key, word_keys
 
 
 def test_text8_normalisation_matches_the_text8_script():

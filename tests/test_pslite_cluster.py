@@ -31,7 +31,7 @@ HALF = (2**64 - 1) // 2  # first key of server rank 1 when there are two servers
 SERVER_PROGRAM = r"""
 import json, sys
 import numpy as np
-from online.structured_logging import configure_logging
+from ps_bridge.structured_logging import configure_logging
 from ps_bridge.kv_app import KVServerDefaultHandle
 from ps_bridge.roles import start_server
 configure_logging("INFO")
@@ -54,7 +54,7 @@ print("finalized", flush=True)
 WORKER_PROGRAM = r"""
 import json, sys, traceback
 import numpy as np
-from online.structured_logging import configure_logging
+from ps_bridge.structured_logging import configure_logging
 from ps_bridge.roles import start_worker
 configure_logging("INFO")
 worker = start_worker(timeout=60)

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from online.produce import produce
-from online.sample_corpus import generate_lines, planted_groups
+from online.stream.producer import produce
+from online.stream.sample_corpus import generate_lines, planted_groups
 from tests.cluster_harness import Cluster, read_model, wait_until
 
 pytestmark = pytest.mark.slow

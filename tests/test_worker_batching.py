@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from online.worker import mini_batches
+from online.cluster.worker import mini_batches
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -105,7 +105,7 @@ def _container(topology: Topology, role: Role) -> dict:
         container["startupProbe"] = _startup_probe(role.health)
         container["livenessProbe"] = _probe(role.health)
         # Without an explicit readiness check, a role is ready when its metrics endpoint
-        # says so (online.metrics serves /ready next to /health).
+        # says so (ps_bridge.metrics serves /ready next to /health).
         readiness = role.readiness or (replace(role.health, path="/ready") if role.health.kind == "http"
                                        else role.health)
         container["readinessProbe"] = _probe(readiness, failure_threshold=1)

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from online.deployment.topology import mesos_dns_name
-from online.structured_logging import log_event
+from ps_bridge.structured_logging import log_event
 
 logger = logging.getLogger("livevec.local_runner")
 

@@ -31,7 +31,7 @@ Workload = Literal["singleton", "shards", "elastic", "replicated", "example"]
 SCHEDULER_HOST_PORT = 31091
 
 # The command the periodic export runs (Metronome job / CronJob). The checkpoint engineer
-# owns its implementation (online/checkpoint_cli.py); this is its agreed name and flags:
+# owns its implementation (online/cli/checkpoint.py); this is its agreed name and flags:
 # it reads the latest complete checkpoint under LIVEVEC_CHECKPOINT_DIR and writes the
 # input vectors in word2vec formats under --out.
 EXPORT_COMMAND = "livevec checkpoint export"
@@ -461,7 +461,7 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         name="frontend", command="livevec frontend", instances=frontends, workload="replicated",
         resources=size_resources("frontend", capacity, servers),
         # The front end reads the model by joining the ps-lite cluster as an (elastic)
-        # worker node (online.ps_model_source), so it needs a ps port and an address the
+        # worker node (online.frontend.ps_source), so it needs a ps port and an address the
         # servers can reach, like a worker.
         ports=(Port("http", container_port=8080, service_port=10080,
                     labels={"VIP_0": "/livevec-frontend:8080"}),

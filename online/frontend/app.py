@@ -33,9 +33,9 @@ from online.frontend.query_engine import QueryEngine
 from online.frontend.settings import FrontendSettings, add_arguments, settings_from
 from online.frontend.sources import ModelSource, resolve_source_factory
 from online.frontend.sync import ModelSync
-from online.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from online.metrics import Registry
-from online.structured_logging import log_event
+from ps_bridge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 from ps_bridge.settings import SettingError
 
 log = logging.getLogger("livevec.frontend")

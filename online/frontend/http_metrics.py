@@ -1,6 +1,6 @@
 """Per-route HTTP metrics for the front end's ``/metrics``.
 
-``online.metrics.Registry`` renders metrics in registration order, and a metric created
+``ps_bridge.metrics.Registry`` renders metrics in registration order, and a metric created
 lazily for a new (route, status) would land away from its family, which the Prometheus
 text format forbids. So each family here is one registered object that renders all of
 its labelled children together.
@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from online.metrics import DEFAULT_BUCKETS, Registry
+from ps_bridge.metrics import DEFAULT_BUCKETS, Registry
 
 
 class _Family:

@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from online.frontend.sources import ModelDelta
-from online.vocab import word_key
+from online.learner.vocab import word_key
 
 _HIGHEST_CHAR = "\U0010ffff"
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from online.frontend.model_index import ModelHolder, Neighbour
-from online.metrics import Registry
-from online.structured_logging import log_event
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.frontend.query")
 

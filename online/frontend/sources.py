@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from online.frontend.word2vec_format import read_vocab_counts, read_word2vec
-from online.vocab import word_keys
+from online.learner.vocab import word_keys
 
 if TYPE_CHECKING:  # pragma: no cover
-    from online.embedding_shard import EmbeddingShard
+    from online.learner.embedding_shard import EmbeddingShard
     from online.frontend.settings import FrontendSettings
 
 _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
@@ -57,7 +57,7 @@ _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
 class ModelDelta:
     """Rows to add or replace, keys to remove, and the version they bring the caller to."""
 
-    keys: np.ndarray                  # uint64 [n] word keys (online.vocab.word_key)
+    keys: np.ndarray                  # uint64 [n] word keys (online.learner.vocab.word_key)
     words: list[str]                  # [n]
     vectors: np.ndarray               # float32 [n, dim], the INPUT vectors
     counts: np.ndarray                # int64 [n]
@@ -201,7 +201,7 @@ class EmbeddingShardSource:
 
 
 def trainer_source(trainer) -> EmbeddingShardSource:
-    """A source over an in-process ``online.trainer.Trainer`` (its ``LocalParamStore`` shards)."""
+    """A source over an in-process ``online.learner.trainer.Trainer`` (its ``LocalParamStore`` shards)."""
     started = time.monotonic()
 
     def stats() -> dict[str, Any]:
@@ -216,7 +216,7 @@ def trainer_source(trainer) -> EmbeddingShardSource:
 # short name -> "module:function"; "ps" is written by the streaming engineer against this interface.
 SOURCES: dict[str, str] = {
     "word2vec": "online.frontend.sources:word2vec_source_from_settings",
-    "ps": "online.ps_model_source:create_source",
+    "ps": "online.frontend.ps_source:create_source",
 }
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from online.frontend.model_index import ModelHolder
 from online.frontend.sources import ModelSource
-from online.metrics import Registry
-from online.structured_logging import log_event
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.frontend.sync")
 

@@ -5,7 +5,7 @@ queried), for the page's browser test, and for trying the front end without a cl
 
     livevec frontend --source online.frontend.synthetic:create_source
 
-Words are clustered: the topic words and planted pairs of ``online.sample_corpus`` are
+Words are clustered: the topic words and planted pairs of ``online.stream.sample_corpus`` are
 each other's neighbours (``paris`` -> ``france``), then ``w0``, ``w1``, ... fill the
 vocabulary in random clusters. Every call moves ``update_rows_per_second`` rows a little
 and adds ``new_words_per_second`` words, stamping each changed row with the new version,
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from online.frontend.sources import ModelDelta
-from online.sample_corpus import PLANTED_PAIRS, TOPICS
-from online.vocab import word_keys
+from online.stream.sample_corpus import PLANTED_PAIRS, TOPICS
+from online.learner.vocab import word_keys
 from ps_bridge.settings import env_float, env_int
 
 

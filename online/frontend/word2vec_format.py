@@ -1,4 +1,4 @@
-"""Reading word vectors in the word2vec file formats (``online.word2vec_format`` writes them).
+"""Reading word vectors in the word2vec file formats (``online.learner.word2vec_format`` writes them).
 
 Exported vectors are the lingua franca between word2vec.c, gensim, fastText and every
 downstream consumer, so the front end can serve any such file; the tests check the

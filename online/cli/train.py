@@ -27,10 +27,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from online.param_store import LocalParamStore
-from online.structured_logging import log_event
-from online.trainer import LearnerConfig, Trainer
-from online.word2vec_format import write_binary, write_text
+from online.learner.param_store import LocalParamStore
+from ps_bridge.structured_logging import log_event
+from online.learner.trainer import LearnerConfig, Trainer
+from online.learner.word2vec_format import write_binary, write_text
 from ps_bridge.settings import SettingError, current_env, env_float, env_int
 
 logger = logging.getLogger("livevec.train")

@@ -17,7 +17,7 @@ The interface (both classes; the streaming worker builds on it)::
     ``records``: list of ``TextRecord(topic, partition, offset, text)``; ``texts``: just the strings;
     ``ranges``: ``{(topic, partition): (first_offset, end_offset)}`` covering every record handed out,
     malformed ones included; ``malformed``: how many were skipped. A record's text may hold several lines;
-    each line is a sentence (see ``online.produce``).
+    each line is a sentence (see ``online.stream.producer``).
 
 ``await stream.next_batch(max_records=None, timeout=1.0) -> Batch | None``
     At most ``max_records`` (default ``settings.batch_records``) records; None when nothing arrived within
@@ -37,7 +37,7 @@ Counters (``stream.counters``): records, bytes, malformed by reason (``invalid_u
 batches, commits, commit_failures, rebalances, stale_batches, redelivered (records handed out but revoked
 before completion), fetch_errors. ``stream.lag()`` is ``{(topic, partition): high watermark - processed
 frontier}``. A topic that does not exist yet is picked up within seconds of its creation. Pass a
-``online.metrics.Registry`` as ``metrics=`` to export all of them (``livevec_stream_*``).
+``ps_bridge.metrics.Registry`` as ``metrics=`` to export all of them (``livevec_stream_*``).
 
 Malformed records (not UTF-8, empty or blank, over ``max_record_bytes``) are counted, logged (rate limited)
 and skipped; never fatal. Their offsets count as processed so they are not read again and again.
@@ -62,8 +62,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStateError, KafkaError
 
-from online.produce import DEFAULT_WORDS_PER_RECORD, RecordBuilder, TextSource, validate_topic
-from online.structured_logging import log_event
+from online.stream.producer import DEFAULT_WORDS_PER_RECORD, RecordBuilder, TextSource, validate_topic
+from ps_bridge.structured_logging import log_event
 from ps_bridge.settings import SettingError, current_env, env_float, env_int, env_str
 
 logger = logging.getLogger("livevec.stream")

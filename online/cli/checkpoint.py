@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from online.checkpoint_store import CheckpointError, CheckpointStore, read_shard_file
+from online.checkpoint.store import CheckpointError, CheckpointStore, read_shard_file
 from ps_bridge.settings import SettingError, current_env, env_str
 
 
@@ -111,7 +111,7 @@ def _verify(store: CheckpointStore, args) -> int:
 
 
 def _export(store: CheckpointStore, args) -> int:
-    from online.word2vec_format import write_binary, write_text
+    from online.learner.word2vec_format import write_binary, write_text
 
     ckpt = store.verify(args.id) if args.id is not None else store.latest_complete()
     if ckpt is None:

@@ -1,7 +1,7 @@
 """``livevec produce``: stream a text file (plain, .gz, .xz) or stdin into a Kafka topic.
 
 A record is UTF-8 text; each line in it is one sentence for the learner. Input lines are passed through as
-bytes (no decode/encode round trip: the consumers own validation, see ``online.stream_reader``), grouped
+bytes (no decode/encode round trip: the consumers own validation, see ``online.stream.reader``), grouped
 ``lines_per_record`` to a record. Lines longer than ``words_per_record`` words are cut into chunks of that many
 words first, like word2vec.c's 1000-word sentence cap: corpora such as wiki17m hold one whole article per line
 (~16 KB), and records of a few KB keep partitions balanced and consumer batches small enough to commit often.
@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from online.structured_logging import log_event
+from ps_bridge.structured_logging import log_event
 from ps_bridge.settings import SettingError, current_env, env_str
 
 logger = logging.getLogger("livevec.produce")

@@ -25,7 +25,7 @@ SimpleApp heads:
 * ``HEAD_WORKER_REPORT``: a worker's Kafka lag and words/s (orjson), kept by server 0
   for ``HEAD_STATS`` so the front end can show the whole pipeline's figures.
 * ``HEAD_CHECKPOINT_*``, ``HEAD_ROLLBACK_*``, ``HEAD_FENCE``, ``HEAD_LEDGER``, ``HEAD_RECOVERING``:
-  coordinated checkpoints and rollbacks (``online.checkpoint``; orjson bodies described there).
+  coordinated checkpoints and rollbacks (``online.checkpoint.participants``; orjson bodies described there).
 """
 from __future__ import annotations
 

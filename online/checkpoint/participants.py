@@ -12,7 +12,7 @@ the servers reload, every partition restarts at the checkpoint's offset (a parti
 from the checkpoint had nothing trained, so it restarts at its beginning). Work since the
 checkpoint is redone; nothing is lost or applied twice.
 
-**A checkpoint** (driven by ``online.checkpoint_coordinator`` in the scheduler):
+**A checkpoint** (driven by ``online.checkpoint.coordinator`` in the scheduler):
 
 1. ``HEAD_CHECKPOINT_PAUSE {"mode": "drain"}`` to every worker: finish the batches in flight
    (their pushes are acknowledged, their offsets committed), stop reading, answer with the
@@ -45,10 +45,10 @@ import time
 
 import orjson
 
-from online import ps_commands as pc
-from online.checkpoint_store import (CheckpointError, CheckpointStore, read_shard_file, restore_shard,
+from online.cluster import ps_commands as pc
+from online.checkpoint.store import (CheckpointError, CheckpointStore, read_shard_file, restore_shard,
                                      snapshot_shard, write_shard_file, offsets_from_json, offsets_to_json)
-from online.structured_logging import log_event
+from ps_bridge.structured_logging import log_event
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import SCHEDULER_ID
 from ps_bridge.settings import current_env, env_str
@@ -105,7 +105,7 @@ def _json(body: bytes) -> dict:
 # ----------------------------------------------------------------------------- server side
 
 class ServerCheckpointing:
-    """Save, load and fence on one ``livevec server`` (created by ``online.server`` when
+    """Save, load and fence on one ``livevec server`` (created by ``online.cluster.server`` when
     ``LIVEVEC_CHECKPOINT_DIR`` is set). ``tick()`` runs every second on the main thread."""
 
     def __init__(self, checkpoint_dir: str, po, server, service):
@@ -274,7 +274,7 @@ class ServerCheckpointing:
 # ----------------------------------------------------------------------------- worker side
 
 class WorkerCheckpointing:
-    """The checkpoint/rollback side of one ``livevec worker`` (``online.worker`` creates it).
+    """The checkpoint/rollback side of one ``livevec worker`` (``online.cluster.worker`` creates it).
 
     Checkpointing is on when ``LIVEVEC_CHECKPOINT_DIR`` is set (on every role, as the deployment
     files do). The worker then starts paused and asks the coordinator to take it in: training

@@ -9,7 +9,7 @@ slow server therefore slows consumption instead of growing memory (backpressure)
 Failures: a batch whose pull or push is not acknowledged (a server died) is retried with
 backoff until the servers answer again; its offsets stay uncommitted meanwhile, so if
 this worker dies too, the records are redelivered to the partition's next owner. Kafka
-delivery is therefore at least once; ``online.checkpoint`` adds exactly-once relative to
+delivery is therefore at least once; ``online.checkpoint.participants`` adds exactly-once relative to
 a checkpoint by rolling back.
 """
 from __future__ import annotations
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import orjson
 
-from online import ps_commands as pc
-from online.learner_settings import add_learner_arguments, learner_config_from_args
-from online.metrics import Registry
-from online.ps_param_store import PSParamStore
-from online.stream_reader import KafkaStream, StreamSettings, add_stream_arguments, stream_settings_from_args
-from online.structured_logging import log_event
-from online.trainer import BatchStats, LearnerConfig, Trainer
+from online.cluster import ps_commands as pc
+from online.learner.settings import add_learner_arguments, learner_config_from_args
+from ps_bridge.metrics import Registry
+from online.cluster.ps_param_store import PSParamStore
+from online.stream.reader import KafkaStream, StreamSettings, add_stream_arguments, stream_settings_from_args
+from ps_bridge.structured_logging import log_event
+from online.learner.trainer import BatchStats, LearnerConfig, Trainer
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.roles import serve_metrics, start_worker
@@ -85,7 +85,7 @@ def mini_batches(texts: list[str], max_words: int):
 
 
 class BatchAbandoned(Exception):
-    """A rollback (``online.checkpoint``) dropped this batch: it is not retried and not committed."""
+    """A rollback (``online.checkpoint.participants``) dropped this batch: it is not retried and not committed."""
 
 
 class WorkerMetrics:
@@ -118,7 +118,7 @@ class StreamingWorker:
         self.stopping = asyncio.Event()
         self.paused = asyncio.Event()   # set while a checkpoint holds the stream
         self.idle = asyncio.Event()     # set by run() once paused with nothing in flight
-        # Hooks of online.checkpoint: ``abandon`` makes batches in flight give up instead of
+        # Hooks of online.checkpoint.participants: ``abandon`` makes batches in flight give up instead of
         # retrying (a rollback); ``batch_done_hook(batch, stats)`` runs after a batch's pushes
         # were acknowledged and before its offsets are committed (False: do not commit it);
         # ``batch_retry_hook(exc)`` is told, from the training thread, that a batch is retried.
@@ -295,7 +295,7 @@ async def _main(settings: WorkerSettings) -> int:
 
 def _checkpoint_hooks(worker: StreamingWorker):
     try:
-        from online.checkpoint import WorkerCheckpointing
+        from online.checkpoint.participants import WorkerCheckpointing
     except ImportError:
         return None
     return WorkerCheckpointing(worker)

@@ -1,7 +1,7 @@
 """The checkpoint coordinator: runs in the scheduler process and drives checkpoints and rollbacks.
 
 Why the scheduler: it already knows who is in the cluster (registrations, heartbeats, dead
-nodes, elastic joins and leaves), and there is exactly one. ``online.checkpoint`` describes the
+nodes, elastic joins and leaves), and there is exactly one. ``online.checkpoint.participants`` describes the
 protocol and the invariant; this module decides *when*:
 
 * a **checkpoint** every ``interval`` seconds (``LIVEVEC_CHECKPOINT_INTERVAL``), every
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import orjson
 
-from online import ps_commands as pc
-from online.checkpoint_store import Checkpoint, CheckpointStore, offsets_from_json, offsets_to_json
-from online.metrics import Registry
-from online.structured_logging import log_event
+from online.cluster import ps_commands as pc
+from online.checkpoint.store import Checkpoint, CheckpointStore, offsets_from_json, offsets_to_json
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import Role
 from ps_bridge.postoffice import Postoffice

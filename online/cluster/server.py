@@ -1,7 +1,7 @@
 """``livevec server``: a ps-lite server node that holds one key-range shard of the model.
 
 The shard (``EmbeddingShard``) does the numerics; this module only translates ps-lite
-requests into calls on it (see ``online.ps_commands`` for the command numbers) and
+requests into calls on it (see ``online.cluster.ps_commands`` for the command numbers) and
 exposes the node's health and metrics. Requests run on the node's receive thread one at
 a time, so the shard never sees two writers from the network at once.
 """
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from online import ps_commands as pc
-from online.embedding_shard import OPTIMIZERS, EmbeddingShard
-from online.metrics import Registry
-from online.structured_logging import log_event
+from online.cluster import ps_commands as pc
+from online.learner.embedding_shard import OPTIMIZERS, EmbeddingShard
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 from ps_bridge.kv_app import KVMeta, KVServer
 from ps_bridge.message import KVPairs
 from ps_bridge.postoffice import Postoffice
@@ -249,7 +249,7 @@ def _checkpoint_hooks(settings: ServerSettings, po: Postoffice, server: KVServer
     if not settings.checkpoint_dir:
         return None
     try:
-        from online.checkpoint import ServerCheckpointing
+        from online.checkpoint.participants import ServerCheckpointing
     except ImportError:
         log_event(log, "checkpoints_unavailable", logging.WARNING, dir=settings.checkpoint_dir)
         return None

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from online.key_index import KeyIndex
+from online.learner.key_index import KeyIndex
 
 OPTIMIZERS = ("adagrad", "rowadagrad", "sgd")
 DEFAULT_ETA = {"adagrad": 0.1, "rowadagrad": 0.1, "sgd": 0.025}

@@ -1,10 +1,10 @@
 """``livevec up``: the whole system on one machine, from the deployment files themselves.
 
-It starts a real Kafka broker (``online.kafka_broker``), creates the topic, brings up the
+It starts a real Kafka broker (``online.stream.kafka_broker``), creates the topic, brings up the
 Marathon group (scheduler, servers, workers, front end) through the local Marathon-like
 runner (``online.deployment.local_runner``) so that what runs here is what the cluster
 runs, and streams a corpus into the topic at a steady rate. The default corpus is the
-generated one of ``online.sample_corpus`` (endless, with planted topics, so neighbours of
+generated one of ``online.stream.sample_corpus`` (endless, with planted topics, so neighbours of
 ``king`` or ``paris`` are meaningful within seconds on any machine); ``--corpus FILE``
 streams a text file (plain, .gz or .xz) instead. Ctrl-C stops everything cleanly.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from online.deployment.local_runner import LocalRunner
 from online.deployment.topology import default_topology
-from online.kafka_broker import KafkaBroker, KafkaBrokerSettings
-from online.produce import produce_async
-from online.sample_corpus import iter_sentences
-from online.structured_logging import log_event
+from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
+from online.stream.producer import produce_async
+from online.stream.sample_corpus import iter_sentences
+from ps_bridge.structured_logging import log_event
 from ps_bridge.settings import SettingError
 
 log = logging.getLogger("livevec.up")
@@ -61,7 +61,7 @@ def _corpus_lines(args: argparse.Namespace):
     if not args.corpus:
         yield from iter_sentences(seed=1)
         return
-    from online.produce import TextSource
+    from online.stream.producer import TextSource
     while True:
         source = TextSource(args.corpus)
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from online.trainer import LearnerConfig
+from online.learner.trainer import LearnerConfig
 from ps_bridge.settings import SettingError, current_env, env_float, env_int, env_str
 
 DEFAULT_BATCH_WORDS = 10_000

@@ -1,6 +1,6 @@
 """The trainer's ``ParamStore`` over ps-lite: rows live on ``livevec server`` nodes.
 
-Each mini-batch costs one pull and one push (``online.param_store`` explains the
+Each mini-batch costs one pull and one push (``online.learner.param_store`` explains the
 contract); both are plain ps-lite KV requests, sliced across the servers by key range
 by ``KVWorker``. ps-lite requires sorted unique keys, so ``pull`` de-duplicates and
 re-expands, and ``push`` sorts.
@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from online import ps_commands as pc
-from online.metrics import Registry
+from online.cluster import ps_commands as pc
+from ps_bridge.metrics import Registry
 from ps_bridge.kv_app import KVWorker
 
 

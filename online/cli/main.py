@@ -14,16 +14,16 @@ import sys
 # name -> (module, one-line help). Imported lazily: start-up stays fast and a broken
 # optional piece cannot take the other commands down with it.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "kafka": ("online.kafka_broker", "start/stop/status a local single-node KRaft Kafka broker"),
-    "produce": ("online.produce", "stream a text file (plain, .gz, .xz) or stdin into a Kafka topic"),
-    "train": ("online.train", "train offline, in-process, and write word2vec text/binary files"),
-    "scheduler": ("online.scheduler", "run the ps-lite scheduler (and the checkpoint coordinator)"),
-    "server": ("online.server", "run a parameter server that holds a shard of the model"),
-    "worker": ("online.worker", "consume Kafka, train SGNS mini-batches, push to the servers"),
+    "kafka": ("online.stream.kafka_broker", "start/stop/status a local single-node KRaft Kafka broker"),
+    "produce": ("online.stream.producer", "stream a text file (plain, .gz, .xz) or stdin into a Kafka topic"),
+    "train": ("online.cli.train", "train offline, in-process, and write word2vec text/binary files"),
+    "scheduler": ("online.cluster.scheduler", "run the ps-lite scheduler (and the checkpoint coordinator)"),
+    "server": ("online.cluster.server", "run a parameter server that holds a shard of the model"),
+    "worker": ("online.cluster.worker", "consume Kafka, train SGNS mini-batches, push to the servers"),
     "frontend": ("online.frontend.app", "serve similarity queries and the live page over HTTP"),
-    "up": ("online.up", "run a whole local cluster: Kafka, scheduler, servers, workers, front end"),
-    "deploy": ("online.deployment.cli", "render Marathon / Kubernetes deployment files"),
-    "checkpoint": ("online.checkpoint_cli", "trigger or inspect coordinated checkpoints"),
+    "up": ("online.cli.up", "run a whole local cluster: Kafka, scheduler, servers, workers, front end"),
+    "deploy": ("online.cli.deploy", "render Marathon / Kubernetes deployment files"),
+    "checkpoint": ("online.cli.checkpoint", "trigger or inspect coordinated checkpoints"),
 }
 
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"livevec {name}", description=help_text)
     module.configure(parser)
     args = parser.parse_args(rest)
-    from online.structured_logging import configure_logging
+    from ps_bridge.structured_logging import configure_logging
     from ps_bridge.settings import SettingError
 
     configure_logging(getattr(args, "log_level", None))

@@ -2,7 +2,7 @@
 
 Why not a container or a tarball: the project must come up on a fresh machine that has only Java, Maven and
 Python. Maven Central serves the broker itself (``org.apache.kafka:kafka_2.13``) with all of its runtime
-dependencies, so a tiny pom in ``online/resources/kafka-pom.xml`` names it and ``mvn dependency:copy-dependencies``
+dependencies, so a tiny pom in ``online/stream/resources/kafka-pom.xml`` names it and ``mvn dependency:copy-dependencies``
 drops the jars into a cache outside the work tree (``$LIVEVEC_CACHE_DIR`` or ``~/.cache/livevec``, one folder per
 version). The broker then runs straight from that class path: ``kafka.tools.StorageTool format`` once per data
 directory, then ``kafka.Kafka`` with a generated ``server.properties`` that makes one process both the KRaft
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from online.structured_logging import log_event
+from ps_bridge.structured_logging import log_event
 from ps_bridge.settings import SettingError, current_env, env_float, env_int, env_str
 
 logger = logging.getLogger("livevec.kafka")
@@ -213,7 +213,7 @@ def fetch_jars(settings: KafkaBrokerSettings | None = None) -> list[Path]:
         started = time.monotonic()
         staging = Path(tempfile.mkdtemp(prefix=f".kafka-{settings.version}-", dir=settings.cache_dir))
         try:
-            with resources.as_file(resources.files("online") / "resources" / POM_RESOURCE) as pom:
+            with resources.as_file(resources.files("online.stream") / "resources" / POM_RESOURCE) as pom:
                 cmd = [mvn, "-q", "-B", "-f", str(pom), f"-Dkafka.version={settings.version}",
                        "dependency:copy-dependencies", f"-DoutputDirectory={staging / 'libs'}"]
                 log_event(logger, "kafka_jars_fetch", version=settings.version, into=str(settings.jars_dir))

@@ -2,11 +2,11 @@
 
 One ``Trainer`` is the learning side of a worker. Per mini-batch of records it:
 
-1. tokenises them into sentences (``online.tokenizer``);
-2. counts the tokens in the online vocabulary (``online.vocab``); words reaching
+1. tokenises them into sentences (``online.learner.tokenizer``);
+2. counts the tokens in the online vocabulary (``online.learner.vocab``); words reaching
    ``min_count`` become trainable, evicted words have their rows freed in the store;
-3. updates the adaptive noise table (``online.noise``) with the count changes;
-4. subsamples frequent words from the current counts (``online.subsampling``) and drops
+3. updates the adaptive noise table (``online.learner.noise``) with the count changes;
+4. subsamples frequent words from the current counts (``online.learner.subsampling``) and drops
    words that are not trainable (yet);
 5. trains, in one of two ways over the same vocabulary, noise and sampling:
 
@@ -35,13 +35,13 @@ from itertools import chain
 
 import numpy as np
 
-from online.noise import DEFAULT_TABLE_SIZE, NoiseTable
-from online.param_store import LocalParamStore, ParamStore
-from online.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
+from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
+from online.learner.param_store import LocalParamStore, ParamStore
+from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
                                 walk_gradients)
-from online.subsampling import keep_mask
-from online.tokenizer import Tokenizer
-from online.vocab import OnlineVocab
+from online.learner.subsampling import keep_mask
+from online.learner.tokenizer import Tokenizer
+from online.learner.vocab import OnlineVocab
 
 _ONE = np.uint64(1)
 

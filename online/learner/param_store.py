@@ -30,7 +30,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from online.embedding_shard import EmbeddingShard
+from online.learner.embedding_shard import EmbeddingShard
 
 KEY_SPACE = 1 << 64
 

@@ -2,7 +2,7 @@
 ``LIVEVEC_CHECKPOINT_DIR`` (or ``--checkpoint-dir``) is set.
 
 Without a checkpoint directory this is exactly ``ps_bridge.roles``' plain scheduler. With one,
-the coordinator (``online.checkpoint_coordinator``) runs next to it in this process: it takes
+the coordinator (``online.checkpoint.coordinator``) runs next to it in this process: it takes
 coordinated checkpoints and rolls the cluster back when a node dies.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import logging
 import signal
 import threading
 
-from online.checkpoint_coordinator import CheckpointCoordinator, CoordinatorSettings, add_coordinator_arguments
-from online.metrics import Registry
-from online.structured_logging import log_event
+from online.checkpoint.coordinator import CheckpointCoordinator, CoordinatorSettings, add_coordinator_arguments
+from ps_bridge.metrics import Registry
+from ps_bridge.structured_logging import log_event
 from ps_bridge.postoffice import Postoffice
 from ps_bridge.roles import run_scheduler, serve_metrics
 from ps_bridge.settings import NodeSettings, add_node_arguments

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from online import ps_commands as pc
+from online.cluster import ps_commands as pc
 from online.frontend.sources import ModelDelta
-from online.structured_logging import log_event
+from ps_bridge.structured_logging import log_event
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from online.structured_logging import log_event
+from ps_bridge.structured_logging import log_event
 
 if TYPE_CHECKING:   # imported lazily: the scheduler and the CLI need no numba
-    from online.embedding_shard import EmbeddingShard
+    from online.learner.embedding_shard import EmbeddingShard
 
 log = logging.getLogger("livevec.checkpoint")
 
@@ -160,7 +160,7 @@ def restore_shard(states: list[ShardState], *, dim: int, optimizer: str, eta: fl
                   key_range: tuple[int, int] | None = None, adagrad_init: float = 1e-8) -> "EmbeddingShard":
     """A new ``EmbeddingShard`` holding the rows of ``states`` that fall in ``key_range`` ([lo, hi)).
     The optimizer state is converted when the checkpoint was written with another AdaGrad variant."""
-    from online.embedding_shard import EmbeddingShard
+    from online.learner.embedding_shard import EmbeddingShard
 
     width = {"adagrad": dim, "rowadagrad": 1, "sgd": 0}[optimizer]
     parts = []
