@@ -34,8 +34,9 @@ up: $(STAMP) kafka-jars
 test: $(STAMP) kafka-jars browser
 	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
 
+# Every benchmark with small arguments; BENCH_ARGS=--full for the README's figures (hours).
 bench: $(STAMP) kafka-jars
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -33,8 +33,9 @@ from recovery_cluster import Cluster, Producer, new_topic, start_broker  # noqa:
 from online.checkpoint.store import (CheckpointStore, read_shard_file, restore_shard, snapshot_shard,  # noqa: E402
                                      write_shard_file)
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
+from online.learner.keys import word_rows  # noqa: E402
 from online.stream.sample_corpus import generate_lines  # noqa: E402
-from online.learner.vocab import word_key  # noqa: E402
+from online.learner.keys import word_key  # noqa: E402
 from ps_bridge.postoffice import server_key_ranges  # noqa: E402
 
 DIM = 100
@@ -46,7 +47,7 @@ def model_shard(n_words: int, optimizer: str, key_range=None) -> EmbeddingShard:
     if key_range is not None:
         keep = (keys >= np.uint64(key_range[0])) & (keys < np.uint64(key_range[1]))
         keys, words = keys[keep], [w for w, k in zip(words, keep.tolist()) if k]
-    rows = np.sort(np.concatenate([keys, keys | np.uint64(1)]))
+    rows = np.sort(word_rows(keys))
     rng = np.random.default_rng(1)
     shard = EmbeddingShard(DIM, optimizer=optimizer, initial_rows=len(rows))
     shard.assign(rows, rng.normal(0, 0.1, (len(rows), DIM)).astype(np.float32),

@@ -97,7 +97,8 @@ def pct(values: list[float], q: float) -> float:
 async def run(args) -> int:
     from aiokafka import AIOKafkaProducer
 
-    from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
+    from online.stream.kafka_broker import KafkaBroker
+    from online.stream.settings import KafkaBrokerSettings
     from online.stream.producer import ensure_topic, produce_async
     from online.cli.up import local_cluster
 

@@ -86,7 +86,8 @@ def cluster_training() -> None:
     import threading
     import urllib.request
 
-    from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
+    from online.stream.kafka_broker import KafkaBroker
+    from online.stream.settings import KafkaBrokerSettings
     from online.stream.producer import produce_async
     from online.stream.sample_corpus import iter_sentences
     from online.cli.up import local_cluster

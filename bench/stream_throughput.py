@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings  # noqa: E402
+from online.stream.kafka_broker import KafkaBroker  # noqa: E402
+from online.stream.settings import KafkaBrokerSettings  # noqa: E402
 from online.stream.producer import TextSource, produce  # noqa: E402
 from online.learner.tokenizer import text8_tokens  # noqa: E402
 from online.cli.up import local_cluster  # noqa: E402

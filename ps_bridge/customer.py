@@ -103,7 +103,7 @@ class Customer:
 
     def fail_all(self, error: BaseException) -> int:
         """Complete every outstanding request with ``error``; returns how many. For a caller that
-        abandons its work in flight (livevec's checkpoint rollback) instead of waiting for timeouts."""
+        abandons its work in flight (e.g. a rollback to a checkpoint) instead of waiting for timeouts."""
         with self._mu:
             pending = [ts for ts, r in self._tracker.items() if not r.done]
         for ts in pending:

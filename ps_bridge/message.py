@@ -38,7 +38,7 @@ class Cmd(IntEnum):
     BARRIER = 3
     ACK = 4
     HEARTBEAT = 5
-    # livevec extension (LIVEVEC_ELASTIC_WORKERS): a worker tells the scheduler it leaves the
+    # extension (NodeSettings.elastic_workers): a worker tells the scheduler it leaves the
     # running cluster for good. C++ ps-lite never sends it and logs+drops it if received.
     LEAVE = 100
 

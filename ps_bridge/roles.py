@@ -1,4 +1,4 @@
-"""Starting ps-lite roles: the ``livevec scheduler`` command and one-liners for code.
+"""Starting ps-lite roles from code, and ``python -m ps_bridge.roles`` for plain nodes.
 
     from ps_bridge.roles import start_server, start_worker
     server = start_server(my_handle)          # KVServer, created before the start barrier
@@ -6,13 +6,14 @@
     ...
     worker.po.finalize()                      # cluster-wide barrier, then close
 
-Settings come from ``DMLC_*``/``PS_*``/``PORT``/``LIVEVEC_*`` (see ``NodeSettings``), or
-pass a ``NodeSettings``. ``python -m ps_bridge.roles {scheduler,server}`` runs a plain
+Settings come from ``DMLC_*``/``PS_*``/``PORT`` (see ``NodeSettings``), or pass a
+``NodeSettings``. ``python -m ps_bridge.roles {scheduler,server}`` runs a plain
 scheduler or a server with ps-lite's default (sum) handle, e.g. next to C++ ps-lite.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import signal
 import sys
@@ -22,14 +23,14 @@ from ps_bridge.metrics import Registry, serve_http
 from ps_bridge.structured_logging import configure_logging, log_event
 from ps_bridge.kv_app import KVServer, KVWorker, RequestHandle
 from ps_bridge.postoffice import Postoffice
-from ps_bridge.settings import NodeSettings, SettingError, add_node_arguments
+from ps_bridge.settings import NODE, NodeSettings, Setting, SettingError, SettingGroup
 
 log = logging.getLogger("ps_bridge.roles")
 
 
 def _settings(settings: NodeSettings | None, role: str) -> NodeSettings:
     if settings is None:
-        return NodeSettings.from_env(role=role)
+        return NodeSettings.from_env(os.environ, role=role)
     if settings.role != role:
         raise SettingError("DMLC_ROLE", f"this entry point runs a {role}, the settings say {settings.role}")
     return settings
@@ -85,14 +86,14 @@ def start_scheduler(settings: NodeSettings | None = None, *, registry: Registry 
     return po, thread
 
 
-def _run_until_finalized(po: Postoffice, before_start=None) -> int:
+def _run_until_finalized(po: Postoffice, metrics_port: int | None = None) -> int:
     def _terminate(signum, _frame):
         raise SystemExit(128 + signum)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     try:
-        serve_metrics(po, po.settings.metrics_port)
+        serve_metrics(po, metrics_port)
         po.start()
         po.finalize()
         return 0
@@ -103,39 +104,41 @@ def _run_until_finalized(po: Postoffice, before_start=None) -> int:
         po.stop()
 
 
-def run_scheduler(settings: NodeSettings | None = None, *, registry: Registry | None = None) -> int:
+def run_scheduler(settings: NodeSettings | None = None, *, registry: Registry | None = None,
+                  metrics_port: int | None = None) -> int:
     """Run a scheduler in this thread until the cluster finalizes (or SIGTERM)."""
-    return _run_until_finalized(Postoffice(_settings(settings, "scheduler"), registry))
+    return _run_until_finalized(Postoffice(_settings(settings, "scheduler"), registry), metrics_port)
 
 
 def run_server(handle: RequestHandle | None = None, settings: NodeSettings | None = None, *,
-               registry: Registry | None = None) -> int:
+               registry: Registry | None = None, metrics_port: int | None = None) -> int:
     """Run a server node in this thread until the cluster finalizes (or SIGTERM)."""
     po = Postoffice(_settings(settings, "server"), registry)
     KVServer(po, 0, handle)
-    return _run_until_finalized(po)
+    return _run_until_finalized(po, metrics_port)
 
 
-# ---------------------------------------------------------------------- livevec scheduler
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_node_arguments(parser, role="scheduler")
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_scheduler(NodeSettings.from_args(args, role="scheduler"))
+# The plain node's own settings, beside ps-lite's.
+PLAIN_NODE = SettingGroup("plain node", (
+    Setting("metrics_port", (), int, minimum=0, maximum=65535, help="serve /metrics, /health, /ready here"),
+    Setting("log_level", (), default="INFO", help="DEBUG, INFO, WARNING"),
+))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ps_bridge.roles",
                                      description="plain ps-lite roles (server: default sum handle)")
     parser.add_argument("role", choices=("scheduler", "server"))
-    add_node_arguments(parser, role="scheduler")
+    NODE.without("role").add_arguments(parser)
+    PLAIN_NODE.add_arguments(parser)
     args = parser.parse_args(argv)
-    configure_logging(args.log_level)
     try:
-        settings = NodeSettings.from_args(args, role=args.role)
-        return run_scheduler(settings) if args.role == "scheduler" else run_server(None, settings)
+        plain = PLAIN_NODE.read(args, os.environ)
+        configure_logging(plain["log_level"])
+        settings = NodeSettings.from_args(args, os.environ, role=args.role)
+        if args.role == "scheduler":
+            return run_scheduler(settings, metrics_port=plain["metrics_port"])
+        return run_server(None, settings, metrics_port=plain["metrics_port"])
     except SettingError as exc:
         print(f"ps_bridge {args.role}: configuration error: {exc}", file=sys.stderr)
         return 2

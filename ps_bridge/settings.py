@@ -1,84 +1,264 @@
-"""Typed settings for ps-lite roles, read from ``DMLC_*`` (and Marathon's ``PORT*``).
+"""Declared settings: each is written down once and that one declaration makes its flag,
+its environment read, its validation and the error that names it.
 
-Every role validates its whole configuration before it opens a socket, so that a typo
-in a deployment file stops the process at once with the setting's name in the message,
-instead of hanging at rendezvous.
+Why one mechanism: a setting that is parsed in two places drifts (other limits, another
+default, a flag that silently loses to the variable). Here a role lists the ``Setting``s
+it reads in ``SettingGroup``s; a role's ``--help`` is generated from exactly those,
+and a bad value stops the process at start with ``NAME (--flag): problem``.
+
+A flag wins over its variable, the variable over the default. ``NodeSettings`` (ps-lite's
+``DMLC_*``/``PS_*``/``PORT*``) is declared here with the same mechanism; ps_bridge knows no
+other product's names, so extensions such as elastic workers are passed in by the caller.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 class SettingError(ValueError):
     """A configuration value is missing or invalid; the message names the setting."""
 
-    def __init__(self, setting: str, problem: str):
-        super().__init__(f"{setting}: {problem}")
+    def __init__(self, setting: str, problem: str, *, label: str | None = None):
+        super().__init__(f"{label or setting}: {problem}")
         self.setting = setting
 
 
-def env_str(env: Mapping[str, str], name: str, default: str | None = None, *, required: bool = False) -> str | None:
-    value = env.get(name)
-    if value is None or value == "":
-        if required:
-            raise SettingError(name, "is required but not set")
-        return default
-    return value
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_METAVARS = {int: "N", float: "X"}
 
 
-def env_int(env: Mapping[str, str], name: str, default: int | None = None, *, required: bool = False,
-            minimum: int | None = None, maximum: int | None = None) -> int | None:
-    raw = env_str(env, name, None, required=required)
-    if raw is None:
-        return default
-    try:
-        value = int(raw, 10)
-    except ValueError:
-        raise SettingError(name, f"must be an integer, got {raw!r}") from None
-    if minimum is not None and value < minimum:
-        raise SettingError(name, f"must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise SettingError(name, f"must be <= {maximum}, got {value}")
-    return value
+@dataclass(frozen=True)
+class Setting:
+    """One setting: the field it fills, where it is read from, its type, bounds and default.
+
+    ``env`` is one variable or several (the first one set wins, as Marathon's ``PORT`` over
+    ``PORT0``); ``flags`` default to ``--field-name``, and ``()`` means the variable only.
+    ``why`` is required reading when a role gives a shared setting another default.
+    """
+
+    field: str
+    env: str | tuple[str, ...]
+    type: type = str
+    default: Any = None
+    help: str = ""
+    flags: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    why: str = ""
+    metavar: str | None = None
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        return (self.env,) if isinstance(self.env, str) else tuple(self.env)
+
+    @property
+    def name(self) -> str:
+        """How errors and help name the setting: its first variable, or its flag."""
+        if self.variables:
+            return self.variables[0]
+        return self.flag_names[0]
+
+    @property
+    def flag_names(self) -> tuple[str, ...]:
+        if self.flags is None:
+            return ("--" + self.field.replace("_", "-"),)
+        return self.flags
+
+    def label(self) -> str:
+        flags = self.flag_names
+        return f"{self.name} ({flags[0]})" if flags and self.variables else self.name
+
+    def with_default(self, default: Any, why: str) -> "Setting":
+        """The same setting with a role's own default; ``why`` says why it differs."""
+        if not why:
+            raise ValueError(f"{self.name}: a different default needs a reason")
+        return dataclasses.replace(self, default=default, why=why)
+
+    def replace(self, **changes: Any) -> "Setting":
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ parsing
+    def parse(self, raw: Any, variable: str | None = None) -> Any:
+        """Turn a flag's or a variable's text into a checked value (SettingError names it:
+        the variable it came from, else the setting and its flag)."""
+        name, label = (variable, variable) if variable else (self.name, self.label())
+        if self.type is bool:
+            if isinstance(raw, bool):
+                return raw
+            lowered = str(raw).strip().lower()
+            if lowered in _TRUE:
+                return True
+            if lowered in _FALSE:
+                return False
+            raise SettingError(name, label=label, problem=f"must be a boolean (1/0/true/false), got {raw!r}")
+        if self.type is int:
+            try:
+                value = raw if isinstance(raw, int) else int(str(raw).strip(), 10)
+            except ValueError:
+                raise SettingError(name, label=label, problem=f"must be an integer, got {raw!r}") from None
+        elif self.type is float:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise SettingError(name, label=label, problem=f"must be a number, got {raw!r}") from None
+            if value != value:
+                raise SettingError(name, label=label, problem="must be a number, got NaN")
+        else:
+            value = str(raw).strip()
+        if self.choices is not None and value not in self.choices:
+            raise SettingError(name, label=label, problem=f"must be one of {', '.join(self.choices)}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise SettingError(name, label=label, problem=f"must be >= {self.minimum}, got {value}")
+        if self.maximum is not None and value > self.maximum:
+            raise SettingError(name, label=label, problem=f"must be <= {self.maximum}, got {value}")
+        return value
+
+    def read(self, args: argparse.Namespace | None, env: Mapping[str, str]) -> Any:
+        given = getattr(args, self.field, None) if args is not None and self.flag_names else None
+        if given is not None:
+            return self.parse(given)
+        for variable in self.variables:
+            raw = env.get(variable)
+            if raw is not None and raw.strip() != "":
+                return self.parse(raw, variable)
+        if self.required:
+            raise SettingError(self.name, "is required but not set", label=self.label())
+        return self.default
+
+    # ------------------------------------------------------------------ flags
+    def help_text(self) -> str:
+        parts = [self.help] if self.help else []
+        source = ", ".join(self.variables)
+        if self.required:
+            source += ", required" if source else "required"
+        elif self.default is not None and self.default != "":
+            shown = ({True: "on", False: "off"}[self.default] if self.type is bool else self.default)
+            source += f", default {shown}" if source else f"default {shown}"
+        if source:
+            parts.append(f"({source})")
+        if self.why:
+            parts.append(f"[{self.why}]")
+        return " ".join(parts).replace("%", "%%")
+
+    def add_to(self, group) -> None:
+        if not self.flag_names:
+            return
+        if self.type is bool:
+            group.add_argument(*self.flag_names, dest=self.field, action=argparse.BooleanOptionalAction,
+                               default=None, help=self.help_text())
+        else:
+            shown = self.metavar or (None if self.choices else _METAVARS.get(self.type, "TEXT"))
+            group.add_argument(*self.flag_names, dest=self.field, default=None, choices=self.choices,
+                               metavar=shown, help=self.help_text())
 
 
-def env_float(env: Mapping[str, str], name: str, default: float | None = None, *, required: bool = False,
-              minimum: float | None = None, maximum: float | None = None) -> float | None:
-    raw = env_str(env, name, None, required=required)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingError(name, f"must be a number, got {raw!r}") from None
-    if minimum is not None and value < minimum:
-        raise SettingError(name, f"must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise SettingError(name, f"must be <= {maximum}, got {value}")
-    return value
+@dataclass(frozen=True)
+class SettingGroup:
+    """The settings of one concern (a node, the model, the stream...), as a role reads them."""
+
+    title: str
+    settings: tuple[Setting, ...]
+
+    def __post_init__(self):
+        fields = [s.field for s in self.settings]
+        if len(fields) != len(set(fields)):
+            raise ValueError(f"{self.title}: a field is declared twice")
+
+    def __iter__(self):
+        return iter(self.settings)
+
+    def __getitem__(self, field: str) -> Setting:
+        for s in self.settings:
+            if s.field == field:
+                return s
+        raise KeyError(field)
+
+    def variables(self) -> list[str]:
+        return [v for s in self.settings for v in s.variables]
+
+    def only(self, *fields: str, title: str | None = None) -> "SettingGroup":
+        """The subset a role reads (a server may need the model's size but not its window)."""
+        return SettingGroup(title or self.title, tuple(self[f] for f in fields))
+
+    def override(self, **settings: Setting) -> "SettingGroup":
+        """The same group with some settings replaced (a role's own default, with its why)."""
+        return SettingGroup(self.title, tuple(settings.get(s.field, s) for s in self.settings))
+
+    def without(self, *fields: str) -> "SettingGroup":
+        return SettingGroup(self.title, tuple(s for s in self.settings if s.field not in fields))
+
+    def plus(self, *settings: Setting) -> "SettingGroup":
+        return SettingGroup(self.title, self.settings + tuple(settings))
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The flags, and a note listing the settings read from the environment alone, so that
+        ``--help`` shows everything the group reads."""
+        env_only = [s for s in self.settings if not s.flag_names and s.variables]
+        note = None
+        if env_only:
+            note = "from the environment only: " + "; ".join(s.help_text() for s in env_only)
+        group = parser.add_argument_group(f"{self.title} (a flag wins over its variable)", note)
+        for setting in self.settings:
+            setting.add_to(group)
+
+    def read(self, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        env = os.environ if env is None else env
+        return {s.field: s.read(args, env) for s in self.settings}
 
 
-def env_bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
-    raw = env_str(env, name, None)
-    if raw is None:
-        return default
-    lowered = raw.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise SettingError(name, f"must be a boolean (1/0/true/false), got {raw!r}")
+def add_groups(parser: argparse.ArgumentParser, groups: Iterable[SettingGroup]) -> None:
+    for group in groups:
+        group.add_arguments(parser)
 
 
-def current_env() -> Mapping[str, str]:
-    return os.environ
+def namespace(**values: Any) -> argparse.Namespace:
+    """Flag values given in code instead of on a command line (tests, embedding)."""
+    return argparse.Namespace(**values)
 
 
 # ----------------------------------------------------------------------------- NodeSettings
 
 ROLES = ("scheduler", "server", "worker")
+
+
+def _host(setting: str, value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not value or any(c in value for c in " /:"):
+        raise SettingError(setting, f"must be {what}, got {value!r}")
+    return value
+
+
+NODE = SettingGroup("ps-lite node", (
+    Setting("role", "DMLC_ROLE", choices=ROLES, required=True, help="this node's role"),
+    Setting("root_uri", "DMLC_PS_ROOT_URI", required=True,
+            help="scheduler host name or IP (a DNS name is fine)"),
+    Setting("root_port", "DMLC_PS_ROOT_PORT", int, required=True, minimum=0, maximum=65535,
+            help="scheduler port (0 on the scheduler: a free port)"),
+    Setting("num_server", "DMLC_NUM_SERVER", int, required=True, minimum=1, maximum=100000),
+    Setting("num_worker", "DMLC_NUM_WORKER", int, required=True, minimum=0, maximum=100000,
+            help="workers at the start barrier (0 only with elastic workers)"),
+    Setting("node_host", "DMLC_NODE_HOST", help="address this node advertises and binds"),
+    Setting("interface", "DMLC_INTERFACE", help="take the advertised IPv4 address from this interface"),
+    Setting("port", ("PORT", "PORT0"), int, 0, minimum=0, maximum=65535,
+            help="port of this node's ps socket, as Marathon assigns it (0 = free port)"),
+    Setting("verbose", "PS_VERBOSE", int, 0, minimum=0, maximum=2, help="0, 1 (connections) or 2 (every message)"),
+    Setting("heartbeat_interval", "PS_HEARTBEAT_INTERVAL", float, minimum=0.0,
+            help="seconds between heartbeats, 0 = off (default 0, or 2 with elastic workers)"),
+    Setting("heartbeat_timeout", "PS_HEARTBEAT_TIMEOUT", float, minimum=0.0,
+            help="seconds of silence before the scheduler declares a node dead, 0 = off "
+                 "(default 0, or 10 with elastic workers)"),
+    Setting("water_mark", "DMLC_PS_WATER_MARK", int, minimum=0, help="send high-water mark (messages) of peer sockets"),
+    Setting("use_kubernetes", "DMLC_USE_KUBERNETES", bool, False, flags=(),
+            help="ps-lite's Kubernetes mode, as its launcher sets it"),
+))
 
 
 @dataclass(frozen=True)
@@ -88,7 +268,9 @@ class NodeSettings:
     Heartbeat periods are seconds and may be fractional (ps-lite reads whole seconds).
     ``port`` 0 means "bind a free port". The scheduler binds ``root_port`` (0 there picks a
     free port too, for local clusters and tests; the chosen port is logged and available
-    as ``Postoffice.my_node.port``).
+    as ``Postoffice.my_node.port``). ``elastic_workers`` is an extension the caller turns on
+    (workers that join or leave a running cluster); it needs heartbeats to notice departures,
+    so it turns them on unless the operator chose values.
     """
 
     role: str
@@ -105,101 +287,51 @@ class NodeSettings:
     water_mark: int | None = None
     use_kubernetes: bool = False
     elastic_workers: bool = False
-    metrics_port: int | None = None
 
     @property
     def is_scheduler(self) -> bool:
         return self.role == "scheduler"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "NodeSettings":
-        """Read ``DMLC_*``/``PS_*``/``PORT*``/``LIVEVEC_*``; keyword overrides (e.g. from
-        command-line flags) win over the environment when they are not None."""
-        env = dict(current_env() if env is None else env)
-        flag_names = {
-            "role": "DMLC_ROLE", "root_uri": "DMLC_PS_ROOT_URI", "root_port": "DMLC_PS_ROOT_PORT",
-            "num_server": "DMLC_NUM_SERVER", "num_worker": "DMLC_NUM_WORKER", "node_host": "DMLC_NODE_HOST",
-            "interface": "DMLC_INTERFACE", "port": "PORT", "verbose": "PS_VERBOSE",
-            "heartbeat_interval": "PS_HEARTBEAT_INTERVAL", "heartbeat_timeout": "PS_HEARTBEAT_TIMEOUT",
-            "water_mark": "DMLC_PS_WATER_MARK", "use_kubernetes": "DMLC_USE_KUBERNETES",
-            "elastic_workers": "LIVEVEC_ELASTIC_WORKERS", "metrics_port": "LIVEVEC_METRICS_PORT",
-        }
-        for key, value in overrides.items():
-            if key not in flag_names:
-                raise TypeError(f"unknown NodeSettings field {key!r}")
-            if value is not None:
-                if isinstance(value, bool):
-                    value = "1" if value else "0"
-                env[flag_names[key]] = str(value)
+    def from_args(cls, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None, *,
+                  role: str | None = None, elastic_workers: bool = False) -> "NodeSettings":
+        """Settings from flags (``NODE.add_arguments``) over ``DMLC_*``/``PS_*``/``PORT*``.
 
-        role = (env_str(env, "DMLC_ROLE", required=True) or "").strip().lower()
-        if role not in ROLES:
-            raise SettingError("DMLC_ROLE", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        is_scheduler = role == "scheduler"
-        root_uri = env_str(env, "DMLC_PS_ROOT_URI", required=True).strip()
-        if not root_uri or any(c in root_uri for c in " /:"):
-            raise SettingError("DMLC_PS_ROOT_URI", f"must be a host name or IP address, got {root_uri!r}")
-        root_port = env_int(env, "DMLC_PS_ROOT_PORT", required=True, minimum=0 if is_scheduler else 1,
-                            maximum=65535)
-        elastic = env_bool(env, "LIVEVEC_ELASTIC_WORKERS", False)
-        num_server = env_int(env, "DMLC_NUM_SERVER", required=True, minimum=1, maximum=100000)
-        num_worker = env_int(env, "DMLC_NUM_WORKER", required=True, minimum=0 if elastic else 1, maximum=100000)
-        port = env_int(env, "PORT", None, minimum=0, maximum=65535)
-        if port is None:
-            port = env_int(env, "PORT0", 0, minimum=0, maximum=65535)
-        node_host = env_str(env, "DMLC_NODE_HOST")
-        if node_host is not None:
-            node_host = node_host.strip()
-            if not node_host or any(c in node_host for c in " /:"):
-                raise SettingError("DMLC_NODE_HOST", f"must be a host name or IPv4 address, got {node_host!r}")
-        # Elastic workers can die while the cluster runs; noticing that needs heartbeats, so the
-        # extension turns them on unless the operator chose values.
-        hb_default = 2.0 if elastic else 0.0
-        hb_timeout_default = 10.0 if elastic else 0.0
-        heartbeat_interval = env_float(env, "PS_HEARTBEAT_INTERVAL", hb_default, minimum=0.0)
-        heartbeat_timeout = env_float(env, "PS_HEARTBEAT_TIMEOUT", hb_timeout_default, minimum=0.0)
-        if 0 < heartbeat_timeout <= heartbeat_interval:
-            raise SettingError("PS_HEARTBEAT_TIMEOUT", f"must exceed PS_HEARTBEAT_INTERVAL "
-                                                       f"({heartbeat_interval}), got {heartbeat_timeout}")
-        return cls(
-            role=role, root_uri=root_uri, root_port=root_port, num_server=num_server, num_worker=num_worker,
-            node_host=node_host, interface=env_str(env, "DMLC_INTERFACE"), port=port,
-            verbose=env_int(env, "PS_VERBOSE", 0, minimum=0, maximum=2),
-            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
-            water_mark=env_int(env, "DMLC_PS_WATER_MARK", None, minimum=0),
-            use_kubernetes=env_bool(env, "DMLC_USE_KUBERNETES", False),
-            elastic_workers=elastic,
-            metrics_port=env_int(env, "LIVEVEC_METRICS_PORT", None, minimum=0, maximum=65535),
-        )
+        ``role`` fixes the role of an entry point that runs only one (``DMLC_ROLE`` is then
+        not read: Marathon groups set it, and the entry point knows better)."""
+        env = os.environ if env is None else env
+        group = NODE if role is None else NODE.without("role")
+        values = group.read(args, env)
+        values.setdefault("role", role)
+        return cls.build(values, elastic_workers=elastic_workers)
 
     @classmethod
-    def from_args(cls, args, env: Mapping[str, str] | None = None, role: str | None = None) -> "NodeSettings":
-        """Settings from an argparse namespace filled by :func:`add_node_arguments` plus the environment."""
-        fields = ("root_uri", "root_port", "num_server", "num_worker", "node_host", "interface", "port",
-                  "verbose", "heartbeat_interval", "heartbeat_timeout", "water_mark", "elastic_workers",
-                  "metrics_port")
-        overrides = {f: getattr(args, f, None) for f in fields}
-        overrides["role"] = role or getattr(args, "role", None)
-        return cls.from_env(env, **overrides)
+    def from_env(cls, env: Mapping[str, str] | None = None, *, role: str | None = None,
+                 elastic_workers: bool = False, **flags: Any) -> "NodeSettings":
+        """Settings from the environment; keyword arguments stand for flags (they win)."""
+        return cls.from_args(namespace(**flags), env, role=role, elastic_workers=elastic_workers)
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any], *, elastic_workers: bool = False) -> "NodeSettings":
+        """Cross-setting rules on values already read one by one."""
+        v = dict(values)
+        v["root_uri"] = _host("DMLC_PS_ROOT_URI", v["root_uri"], "a host name or IP address")
+        v["node_host"] = _host("DMLC_NODE_HOST", v.get("node_host"), "a host name or IPv4 address")
+        if v["role"] != "scheduler" and v["root_port"] < 1:
+            raise SettingError("DMLC_PS_ROOT_PORT", f"must be >= 1 on a {v['role']}, got {v['root_port']}")
+        if not elastic_workers and v["num_worker"] < 1:
+            raise SettingError("DMLC_NUM_WORKER", f"must be >= 1 without elastic workers, got {v['num_worker']}")
+        if v.get("heartbeat_interval") is None:
+            v["heartbeat_interval"] = 2.0 if elastic_workers else 0.0
+        if v.get("heartbeat_timeout") is None:
+            v["heartbeat_timeout"] = 10.0 if elastic_workers else 0.0
+        if 0 < v["heartbeat_timeout"] <= v["heartbeat_interval"]:
+            raise SettingError("PS_HEARTBEAT_TIMEOUT", f"must exceed PS_HEARTBEAT_INTERVAL "
+                                                       f"({v['heartbeat_interval']}), got {v['heartbeat_timeout']}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: val for k, val in v.items() if k in fields}, elastic_workers=elastic_workers)
 
 
-def add_node_arguments(parser, *, role: str | None = None) -> None:
-    """Flags mirroring the ps-lite environment variables (a flag wins over its variable)."""
-    g = parser.add_argument_group("ps-lite node (flags override the environment variables)")
-    if role is None:
-        g.add_argument("--role", choices=ROLES, help="DMLC_ROLE")
-    g.add_argument("--root-uri", help="DMLC_PS_ROOT_URI: scheduler host name or IP (a DNS name is fine)")
-    g.add_argument("--root-port", type=int, help="DMLC_PS_ROOT_PORT: scheduler port")
-    g.add_argument("--num-server", type=int, help="DMLC_NUM_SERVER")
-    g.add_argument("--num-worker", type=int, help="DMLC_NUM_WORKER")
-    g.add_argument("--node-host", help="DMLC_NODE_HOST: address this node advertises and binds")
-    g.add_argument("--interface", help="DMLC_INTERFACE: take the advertised IPv4 address from this interface")
-    g.add_argument("--port", type=int, help="PORT / PORT0: port of this node's ps socket (0 = free port)")
-    g.add_argument("--verbose", type=int, help="PS_VERBOSE: 0, 1 (connections) or 2 (every message)")
-    g.add_argument("--heartbeat-interval", type=float, help="PS_HEARTBEAT_INTERVAL seconds (0 = off)")
-    g.add_argument("--heartbeat-timeout", type=float, help="PS_HEARTBEAT_TIMEOUT seconds (scheduler; 0 = off)")
-    g.add_argument("--water-mark", type=int, help="DMLC_PS_WATER_MARK: ZMQ_SNDHWM of peer sockets")
-    g.add_argument("--elastic-workers", action="store_const", const=True, default=None,
-                   help="LIVEVEC_ELASTIC_WORKERS=1: admit workers that join or leave at run time")
-    g.add_argument("--metrics-port", type=int, help="LIVEVEC_METRICS_PORT (0 = pick a free port)")
-    g.add_argument("--log-level", help="LIVEVEC_LOG_LEVEL")
+def node_group(role: str | None) -> SettingGroup:
+    """The node settings an entry point for ``role`` reads (it fixes DMLC_ROLE if it has one)."""
+    return NODE if role is None else NODE.without("role")

@@ -1,7 +1,7 @@
 """SimpleApp: small head/body commands between nodes (ps-lite ``simple_app.h``).
 
-livevec uses it for control operations next to the KV traffic (registering words,
-coordinated checkpoints, statistics): ``head`` is the command number, ``body`` its
+Applications use it for control operations next to the KV traffic (e.g. registering
+words, coordinated checkpoints, statistics): ``head`` is the command number, ``body`` its
 payload. A request goes to one node or to every node of a group and completes when all
 of them responded; :meth:`SimpleApp.wait` returns their responses.
 """

@@ -6,7 +6,6 @@ formatting prose, so that operators can filter on fields.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 
@@ -34,14 +33,15 @@ class KeyValueFormatter(logging.Formatter):
 
 
 def configure_logging(level: str | None = None) -> None:
-    level = (level or os.environ.get("LIVEVEC_LOG_LEVEL") or "INFO").upper()
+    """Log ``key=value`` lines to stderr at ``level`` (default INFO); called again, only the level changes."""
+    level = (level or "INFO").upper()
     root = logging.getLogger()
-    if any(getattr(h, "_livevec", False) for h in root.handlers):
+    if any(getattr(h, "_key_value_handler", False) for h in root.handlers):
         root.setLevel(level)
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())
-    handler._livevec = True  # type: ignore[attr-defined]
+    handler._key_value_handler = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
 

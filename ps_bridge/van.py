@@ -10,7 +10,7 @@ Robustness: a frame that cannot be decoded is counted (``pslite_frames_rejected_
 by reason), logged (rate-limited) and dropped; a handler exception is logged and the
 thread carries on. ps-lite aborts the process in both cases.
 
-Zero copy (a livevec extension that does not change the bytes on the wire): data frames
+Zero copy (an extension of ps_bridge that does not change the bytes on the wire): data frames
 are handed to libzmq by reference (``copy=False``; pyzmq still copies frames below
 ``zmq.COPY_THRESHOLD`` where that is cheaper), and received frames are exposed as
 writable memoryviews over libzmq's buffers, so ``np.frombuffer`` costs nothing. A caller

@@ -92,11 +92,11 @@ class Cluster:
 
 def read_model(cluster: Cluster, timeout: float = 30.0):
     """The whole model as the servers hold it: a ``ModelDelta`` (keys, words, vectors, counts)."""
+    from online.cluster.node_settings import node_settings
     from online.frontend.ps_source import ParameterServerSource
-    from ps_bridge.settings import NodeSettings
 
     async def fetch():
-        source = ParameterServerSource(NodeSettings.from_env(cluster.env, role="worker"))
+        source = ParameterServerSource(node_settings(None, cluster.env, "worker"))
         deadline = time.monotonic() + timeout
         try:
             while True:

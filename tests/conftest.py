@@ -32,7 +32,8 @@ def kafka_broker():
 
     Never skipped: if Java, Maven or the broker is missing, every Kafka test fails with the reason.
     """
-    from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
+    from online.stream.kafka_broker import KafkaBroker
+    from online.stream.settings import KafkaBrokerSettings
 
     settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=None, state_file=None)
     broker = KafkaBroker(settings)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from online.stream.reader import KafkaStream, StreamSettings  # noqa: E402
+from online.stream.reader import KafkaStream  # noqa: E402
+from online.stream.settings import StreamSettings  # noqa: E402
 
 
 async def main() -> None:

@@ -11,13 +11,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from online.checkpoint.participants import BatchLedger
+import orjson
+
+from online.checkpoint.participants import BatchLedger, ServerCheckpointing
+from online.checkpoint.settings import CoordinatorSettings
+from online.cluster import ps_commands as pc
+from online.cluster.server import ShardService
+from ps_bridge.metrics import Registry
+from ps_bridge.simple_app import SimpleData
 from online.checkpoint.store import (MANIFEST, CheckpointError, CheckpointStore, atomic_write, offsets_from_json,
                                      offsets_to_json, read_shard_file, restore_shard, snapshot_shard,
                                      write_shard_file)
 from online.learner.embedding_shard import EmbeddingShard
+from ps_bridge.settings import SettingError
 from ps_bridge.structured_logging import KeyValueFormatter
-from online.learner.vocab import word_key
+from online.learner.keys import output_rows, word_key, word_keys, word_rows
 
 REPO = Path(__file__).resolve().parents[1]
 HALF = (2**64 - 1) // 2
@@ -25,14 +33,14 @@ HALF = (2**64 - 1) // 2
 
 def _trained_shard(optimizer="adagrad", words=("king", "queen", "paris", "france", "über"), dim=8, seed=3):
     shard = EmbeddingShard(dim, optimizer=optimizer, seed=seed)
-    keys = np.array(sorted({word_key(w) for w in words} | {word_key(w) | 1 for w in words}), dtype=np.uint64)
+    keys = np.unique(word_rows(word_keys(words)))
     rng = np.random.default_rng(0)
     for _ in range(3):
         shard.push(keys, rng.normal(size=(len(keys), dim)).astype(np.float32))
     in_keys = np.array([word_key(w) for w in words], dtype=np.uint64)
     shard.add_counts(in_keys, np.arange(1, len(words) + 1))
     shard.set_words(in_keys, list(words))
-    shard.free(np.array([word_key(words[-1]) | 1], dtype=np.uint64))   # a freed row must not come back
+    shard.free(output_rows(word_keys(words[-1:])))   # a freed row must not come back
     return shard
 
 
@@ -201,3 +209,51 @@ def test_cli_list_verify_export(tmp_path):
     assert res.returncode == 2 and "LIVEVEC_CHECKPOINT_DIR" in res.stderr
     res = _cli("--dir", str(tmp_path / "none"), "now", "--timeout", "1")
     assert res.returncode == 1
+
+
+class _Node:
+    """The little of a server's Postoffice that its checkpoint side asks for."""
+    rank, num_servers = 0, 1
+
+    def ready(self) -> bool:
+        return False
+
+    def server_key_ranges(self):
+        return [(0, 2**64 - 1)]
+
+
+class _App:
+    def __init__(self):
+        self.answers: list[tuple[int, bytes]] = []
+
+    def response(self, req, body: bytes = b"") -> None:
+        self.answers.append((req.head, body))
+
+
+def test_the_server_hands_its_extension_the_heads_it_does_not_know_and_its_stats(tmp_path):
+    checkpointing = ServerCheckpointing(str(tmp_path), _Node())
+    service = ShardService(EmbeddingShard(4), Registry(), checkpointing)
+    assert checkpointing.service is service
+    app = _App()
+    ledger = {"ranges": [["t", 0, 0, 10]], "records": 10, "tokens": 50}
+    service.handle_simple(SimpleData(pc.HEAD_LEDGER, orjson.dumps(ledger), 9, 1, 0), app)
+    service.handle_simple(SimpleData(pc.HEAD_STATS, b"", 9, 2, 0), app)
+    service.handle_simple(SimpleData(999, b"", 9, 3, 0), app)
+    (_, ack), (_, stats), (_, rejected) = app.answers
+    assert ack == b"" and orjson.loads(stats)["ledger"]["records"] == 10
+    assert orjson.loads(stats)["checkpoint_loaded"] is None
+    assert "unknown head 999" in orjson.loads(rejected)["error"]
+
+
+def test_checkpointing_is_switched_on_by_its_directory_alone():
+    assert CoordinatorSettings.from_args(None, {}) is None
+    s = CoordinatorSettings.from_args(None, {"LIVEVEC_CHECKPOINT_DIR": "/ckpt", "LIVEVEC_CHECKPOINT_KEEP": "5"})
+    assert (s.checkpoint_dir, s.interval, s.records, s.keep, s.pause_timeout) == ("/ckpt", 60.0, 0, 5, 30.0)
+    with pytest.raises(SettingError, match="LIVEVEC_CHECKPOINT_KEEP"):
+        CoordinatorSettings.from_args(None, {"LIVEVEC_CHECKPOINT_DIR": "/ckpt", "LIVEVEC_CHECKPOINT_KEEP": "0"})
+    # The roles do not know about checkpoints: importing them loads none of online.checkpoint.
+    code = ("import sys, online.cluster.server, online.cluster.worker, online.cluster.scheduler; "
+            "print(sorted(m for m in sys.modules if m.startswith('online.checkpoint')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

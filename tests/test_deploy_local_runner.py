@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from online.deployment.local_runner import LocalRunner, flatten_group, launch_delay, start_order
+from online.deployment.local_runner import LocalRunner
+from online.deployment.marathon_group import flatten_group, launch_delay, start_order
 from online.deployment.marathon import GROUP_FILE
 from online.deployment.topology import default_topology
 

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from online.frontend.app import create_app
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta, Word2VecFileSource
-from online.learner.vocab import word_key
+from online.learner.keys import word_key
 from online.learner.word2vec_format import write_binary, write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -456,6 +456,7 @@ def test_settings_flags_over_environment_over_defaults(model_file):
     import argparse
 
     from online.frontend.settings import add_arguments, settings_from
+    from ps_bridge.settings import SettingError
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -467,7 +468,16 @@ def test_settings_flags_over_environment_over_defaults(model_file):
                                                                                   0.25, 1000)
     s = settings_from(parser.parse_args(["--port", "7000", "--sync-interval", "2", "--max-k", "5"]), env)
     assert (s.port, s.sync_interval, s.max_k) == (7000, 2.0, 5)
-    s = settings_from(parser.parse_args([]), {"DMLC_PS_ROOT_URI": "10.0.0.1"})
+    cluster = {"DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9091", "DMLC_NUM_SERVER": "2",
+               "DMLC_NUM_WORKER": "0", "LIVEVEC_ELASTIC_WORKERS": "1", "PORT": "31555"}
+    s = settings_from(parser.parse_args([]), cluster)
     assert s.source == "ps" and s.model_file is None
+    # the cluster is read and checked at start; --port is the HTTP port, PORT the ps socket's
+    s = settings_from(parser.parse_args(["--port", "7000"]), cluster)
+    assert (s.port, s.node.role, s.node.root_uri, s.node.num_server, s.node.elastic_workers, s.node.port) == \
+        (7000, "worker", "10.0.0.1", 2, True, 31555)
+    with pytest.raises(SettingError) as err:
+        settings_from(parser.parse_args([]), {**cluster, "LIVEVEC_ELASTIC_WORKERS": "0"})
+    assert err.value.setting == "DMLC_NUM_WORKER"
     s = settings_from(parser.parse_args(["--source", "online.frontend.synthetic:create_source"]), {})
     assert s.source == "online.frontend.synthetic:create_source"

@@ -14,23 +14,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from online.frontend import model_index
-from online.frontend.model_index import ModelIndex, _quantise, code_matrix
+from online.frontend import int8_prefilter
+from online.frontend.int8_prefilter import code_matrix, quantise
+from online.frontend.model_index import ModelIndex
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta
-from online.learner.vocab import word_key
+from online.learner.keys import word_key
 
 MAX_K = FrontendSettings().max_k
 TIE = 3e-6          # float32 rounding of a dot product of two unit vectors, both paths
 # Every way of scoring the int8 rows: the AVX-512 VNNI kernel (only where the CPU has it),
 # the same C loop without intrinsics, and dequantise + BLAS (the build without a compiler).
-SCANS = ["numpy"] + (["portable"] + (["vnni"] if model_index._int8_scan.has_vnni() else [])
-                     if model_index._int8_scan is not None else [])
+SCANS = ["numpy"] + (["portable"] + (["vnni"] if int8_prefilter._int8_scan.has_vnni() else [])
+                     if int8_prefilter._int8_scan is not None else [])
 
 
 @pytest.fixture(params=SCANS, autouse=True)
 def scan(request, monkeypatch):
-    monkeypatch.setattr(model_index, "SCAN", request.param)
+    monkeypatch.setattr(int8_prefilter, "SCAN", request.param)
     return request.param
 
 
@@ -144,7 +145,7 @@ def test_deltas_requantise_changed_rows():
                            dtype=np.uint64)
         index = index.apply(ModelDelta(keys, words, vectors, np.zeros(len(words), np.int64), version,
                                        removed=removed))
-        codes, scale, error, csum = _quantise(index.unit)          # what a full build would hold
+        codes, scale, error, csum = quantise(index.unit)           # what a full build would hold
         assert np.array_equal(index.codes, codes)                  # the delta re-quantised what changed
         assert np.array_equal(index.code_scale, scale) and np.array_equal(index.code_error, error)
         assert np.array_equal(index.code_sum, csum)
@@ -170,12 +171,12 @@ def test_kernel_scores_are_the_quantised_products(scan):
     index = _index(rng.standard_normal((n, dim)).astype(np.float32))
     q = index.unit[rng.choice(n, 5, replace=False)].copy()
     q[0] = 0.0                                                    # a zero query scores 0 everywhere
-    approx, tile_max, qerror = model_index._approx_scores(index.codes, index.code_scale, index.code_sum, q, n, scan)
+    approx, tile_max, qerror = int8_prefilter.approx_scores(index.codes, index.code_scale, index.code_sum, q, n, scan)
     x_hat = code_matrix(index.codes, n, dim).astype(np.float64) * index.code_scale[:n, None]
     if scan == "numpy":
         q_hat = q.astype(np.float64)
     else:
-        packed, qscale, _ = model_index._quantise_queries(q, index.codes.shape[1])
+        packed, qscale, _ = int8_prefilter.quantise_queries(q, index.codes.shape[1])
         q_hat = (packed[:, :dim].astype(np.float64) - 128) * qscale[:, None]
     assert np.allclose(approx, q_hat @ x_hat.T, rtol=1e-5, atol=1e-6)
     exact = q.astype(np.float64) @ index.unit.astype(np.float64).T

@@ -12,9 +12,9 @@ from online.learner.embedding_shard import EmbeddingShard
 from online.frontend.model_index import ModelIndex
 from online.frontend.sources import (EmbeddingShardSource, ModelDelta, ModelSource, Word2VecFileSource,
                                      trainer_source)
-from online.frontend.word2vec_format import Word2VecFormatError, read_vocab_counts, read_word2vec, sniff_format
-from online.learner.vocab import word_key, word_keys
-from online.learner.word2vec_format import write_binary, write_text
+from online.learner.keys import is_input_row, output_rows, word_key, word_keys
+from online.learner.word2vec_format import (Word2VecFormatError, read_vocab_counts, read_word2vec,
+                                            sniff_format, write_binary, write_text)
 
 
 def sample(n=50, dim=12, seed=3):
@@ -118,7 +118,7 @@ def shard_with(words, vectors, dim):
     shard = EmbeddingShard(dim)
     keys = word_keys(words)
     shard.assign(keys, vectors)
-    shard.assign(keys | np.uint64(1), np.ones_like(vectors))      # output rows must not be served
+    shard.assign(output_rows(keys), np.ones_like(vectors))      # output rows must not be served
     shard.set_words(keys, words)
     shard.add_counts(keys, np.arange(1, len(words) + 1))
     return shard, keys
@@ -141,7 +141,7 @@ async def test_shard_source_full_incremental_and_removals():
 
     d1 = await source.changes_since(0)
     assert d1.full and sorted(d1.words) == sorted(words)
-    assert np.all((d1.keys & np.uint64(1)) == 0)
+    assert is_input_row(d1.keys).all()
     index = index.apply(d1)
     got = as_dict(index)
     for i, w in enumerate(words):
@@ -157,7 +157,7 @@ async def test_shard_source_full_incremental_and_removals():
     new_key = word_keys(["newcomer"])
     shard_b.assign(new_key, np.full((1, dim), 2.0, np.float32))
     shard_b.set_words(new_key, ["newcomer"])
-    shard_a.free(np.concatenate([keys_a[[10]], keys_a[[10]] | np.uint64(1)]))
+    shard_a.free(np.concatenate([keys_a[[10]], output_rows(keys_a[[10]])]))
     d2 = await source.changes_since(d1.version)
     assert not d2.full and d2.version != d1.version
     assert set(d2.words) == {a[3], a[4], "newcomer"}

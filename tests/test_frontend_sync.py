@@ -26,7 +26,7 @@ from online.frontend.query_engine import QueryEngine
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta
 from ps_bridge.metrics import Registry
-from online.learner.vocab import word_key, word_keys
+from online.learner.keys import word_key, word_keys
 
 N = 2000
 DIM = 8

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from online.stream.kafka_broker import KafkaBrokerSettings, _pid_is_our_broker
+from online.stream.kafka_broker import is_our_broker
+from online.stream.settings import KafkaBrokerSettings
 from ps_bridge.settings import SettingError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ async def test_cli_start_prints_an_address_aiokafka_can_use_then_stops(tmp_path)
     recorded = json.loads(state.read_text())
     try:
         assert recorded["bootstrap"] == address
-        assert _pid_is_our_broker(recorded["pid"], recorded["data_dir"])
+        assert is_our_broker(recorded["pid"], recorded["data_dir"])
         assert "kafka_broker_ready" in started.stderr and "seconds=" in started.stderr
 
         status = livevec("kafka", "status", "--state-file", str(state))
@@ -81,7 +82,7 @@ async def test_cli_start_prints_an_address_aiokafka_can_use_then_stops(tmp_path)
     finally:
         stopped = livevec("kafka", "stop", "--state-file", str(state))
     assert stopped.returncode == 0, stopped.stderr
-    assert not _pid_is_our_broker(recorded["pid"], recorded["data_dir"])
+    assert not is_our_broker(recorded["pid"], recorded["data_dir"])
     assert not Path(recorded["data_dir"]).exists()
     assert not state.exists()
     status = livevec("kafka", "status", "--state-file", str(state))

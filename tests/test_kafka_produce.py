@@ -11,7 +11,8 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 
 from online.stream.producer import produce
-from online.stream.reader import KafkaStream, StreamSettings
+from online.stream.reader import KafkaStream
+from online.stream.settings import StreamSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from ps_bridge.metrics import Registry
 from online.stream.producer import produce_async
-from online.stream.reader import KafkaStream, StreamSettings
+from online.stream.reader import KafkaStream
+from online.stream.settings import StreamSettings
 
 
 def settings(bootstrap: str, topic: str, group: str, **kw) -> StreamSettings:

@@ -7,7 +7,9 @@ import lzma
 import pytest
 
 from online.stream.producer import RecordBuilder, TextSource, split_long_line
-from online.stream.reader import FileStream, OffsetTracker, StreamSettings, TextRecord, decode_record
+from online.stream.batches import OffsetTracker, TextRecord, decode_record
+from online.stream.reader import FileStream
+from online.stream.settings import StreamSettings
 from ps_bridge.settings import SettingError
 
 

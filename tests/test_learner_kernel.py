@@ -9,7 +9,7 @@ from online.learner.key_index import KeyIndex
 from online.learner.param_store import LocalParamStore, ParamStore, server_range_starts
 from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
                                 walk_gradients)
-from online.learner.vocab import word_keys
+from online.learner.keys import output_rows, word_keys, word_rows
 
 
 def _loss_and_grads(in_vecs, out_vecs, pair_in, pair_out, negs):
@@ -140,7 +140,7 @@ def test_in_place_adagrad_lowers_the_loss_of_its_batch(optimizer):
 
 def test_shard_init_is_deterministic_per_key_and_seed():
     keys = word_keys(["the", "cat", "köln"])
-    out_keys = keys | np.uint64(1)
+    out_keys = output_rows(keys)
     a = EmbeddingShard(dim=50, seed=3)
     b = EmbeddingShard(dim=50, seed=3, initial_rows=16)
     b.pull(word_keys([f"x{i}" for i in range(40)]))           # other rows first, growth in between
@@ -238,7 +238,7 @@ def test_local_store_routes_key_ranges_like_ps_lite():
     store = LocalParamStore(num_shards=3, dim=5)
     assert isinstance(store, ParamStore) and store.local_shard() is None
     keys = word_keys([f"w{i}" for i in range(300)])
-    keys = np.concatenate([keys, keys | np.uint64(1)])
+    keys = word_rows(keys)
     values = store.pull(keys)
     single = LocalParamStore(dim=5)
     np.testing.assert_array_equal(values, single.pull(keys))

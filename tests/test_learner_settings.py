@@ -5,13 +5,14 @@ import argparse
 
 import pytest
 
-from online.learner.settings import add_learner_arguments, learner_config_from_args
+from online.learner.settings import LEARNER, WORKER_MODEL, learner_config_from_args
 from ps_bridge.settings import SettingError
 
 
 def _config(argv: list[str], env: dict[str, str]):
     parser = argparse.ArgumentParser()
-    add_learner_arguments(parser)
+    WORKER_MODEL.add_arguments(parser)
+    LEARNER.add_arguments(parser)
     return learner_config_from_args(parser.parse_args(argv), env)
 
 

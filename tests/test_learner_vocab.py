@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from online.learner.tokenizer import Tokenizer, text8_tokens, unicode_tokens
-from online.learner.vocab import OnlineVocab, output_key, word_key, word_keys
+from online.learner.keys import OUTPUT_BIT, is_input_row, output_rows, word_key, word_keys, word_rows
+from online.learner.vocab import OnlineVocab
 
 
 def test_text8_normalisation_matches_the_text8_script():
@@ -38,10 +39,19 @@ def test_word_key_is_blake2b_64_little_endian_with_low_bit_cleared():
     assert word_key("the") == int.from_bytes(digest, "little") & ~1
     assert word_key("the") == 3331141520948189790        # stable across processes and versions
     keys = word_keys(["the", "köln", "", "東京"])
-    assert keys.dtype == np.uint64 and not (keys & np.uint64(1)).any()
+    assert keys.dtype == np.uint64 and not (keys & np.uint64(1)).any() and is_input_row(keys).all()
     assert int(keys[1]) == word_key("köln")
-    assert output_key(word_key("the")) == word_key("the") | 1
     assert len({word_key(f"w{i}") for i in range(20000)}) == 20000
+
+
+def test_a_words_output_row_is_its_key_with_bit_0_set():
+    keys = word_keys(["the", "köln", "東京"])
+    assert output_rows(keys).tolist() == [k | 1 for k in keys.tolist()]
+    assert int(OUTPUT_BIT) == 1
+    rows = word_rows(keys)
+    assert rows.tolist() == keys.tolist() + [k | 1 for k in keys.tolist()]
+    assert is_input_row(rows).tolist() == [True] * 3 + [False] * 3
+    assert (rows[3:] - rows[:3]).tolist() == [1, 1, 1]     # side by side: one server's key range holds both
 
 
 def test_counts_are_exact_and_words_become_trainable_at_min_count():

@@ -33,15 +33,19 @@ import json, sys
 import numpy as np
 from ps_bridge.structured_logging import configure_logging
 from ps_bridge.kv_app import KVServerDefaultHandle
+import os
 from ps_bridge.roles import start_server
+from ps_bridge.settings import NodeSettings
 configure_logging("INFO")
+# elastic workers are the caller's choice (ps_bridge reads no product's variables)
+node = NodeSettings.from_env(os.environ, role="server", elastic_workers=os.environ.get("ELASTIC") == "1")
 seen = []
 store = KVServerDefaultHandle()
 def handle(req, data, server):
     if len(data.keys):
         seen.append((int(data.keys.min()), int(data.keys.max()), len(data.keys)))
     store(req, data, server)
-server = start_server(handle, timeout=60)
+server = start_server(handle, node, timeout=60)
 def keys_seen(req, app):
     body = {"id": app.po.node_id, "min": min((s[0] for s in seen), default=None),
             "max": max((s[1] for s in seen), default=None), "count": sum(s[2] for s in seen)}
@@ -55,9 +59,12 @@ WORKER_PROGRAM = r"""
 import json, sys, traceback
 import numpy as np
 from ps_bridge.structured_logging import configure_logging
+import os
 from ps_bridge.roles import start_worker
+from ps_bridge.settings import NodeSettings
 configure_logging("INFO")
-worker = start_worker(timeout=60)
+node = NodeSettings.from_env(os.environ, role="worker", elastic_workers=os.environ.get("ELASTIC") == "1")
+worker = start_worker(node, timeout=60)
 po = worker.po
 def out(obj):
     sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
@@ -384,7 +391,7 @@ def test_garbage_frames_are_rejected_counted_and_every_node_keeps_serving(cluste
 
 
 def test_elastic_workers_join_late_leave_and_die(cluster_factory):
-    c = cluster_factory(1, 1, LIVEVEC_ELASTIC_WORKERS="1", PS_HEARTBEAT_INTERVAL="0.2",
+    c = cluster_factory(1, 1, LIVEVEC_ELASTIC_WORKERS="1", ELASTIC="1", PS_HEARTBEAT_INTERVAL="0.2",
                         PS_HEARTBEAT_TIMEOUT="1.0")
     server = c.server()
     first = c.worker("first")

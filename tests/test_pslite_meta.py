@@ -228,12 +228,19 @@ def test_unpatched_2016_meta_is_rejected():
 
 @needs_captures
 def test_every_truncation_is_rejected_or_a_valid_prefix(captures):
+    """A cut inside a field is rejected; a cut between top-level fields decodes to exactly the
+    documented fields before it and re-encodes to the cut bytes."""
     for c in captures:
+        ends = np.cumsum([0] + [len(_all_hex([f])) for f in c.fields]).tolist()
         for cut in range(len(c.meta)):
             try:
-                decode_meta(c.meta[:cut])
+                pb = decode_meta(c.meta[:cut])
             except MalformedMeta:
-                pass
+                assert cut not in ends, f"{c.ident}: cut at {cut}, a field boundary, was rejected"
+                continue
+            assert cut in ends, f"{c.ident}: cut at {cut}, inside a field, decoded to {pb!r}"
+            _check_message(pb, c.fields[:ends.index(cut)], _META_FIELDS, f"{c.ident}[:{cut}]")
+            assert encode_meta(pb) == c.meta[:cut], f"{c.ident}[:{cut}]"
 
 
 def test_fuzzed_bytes_never_raise_anything_but_malformed():

@@ -21,71 +21,26 @@ exactly "records before its offsets, each once".
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from online.cluster import ps_commands as pc
+from online.checkpoint.settings import CoordinatorSettings
 from online.checkpoint.store import Checkpoint, CheckpointStore, offsets_from_json, offsets_to_json
-from ps_bridge.metrics import Registry
-from ps_bridge.structured_logging import log_event
+from online.cluster import ps_commands as pc
+from online.cluster.extensions import SchedulerExtension
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import Role
+from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
-from ps_bridge.settings import SettingError, current_env, env_float, env_int, env_str
 from ps_bridge.simple_app import SendError, SimpleApp
+from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.checkpoint")
 _GONE = object()
-
-
-@dataclass
-class CoordinatorSettings:
-    checkpoint_dir: str
-    interval: float = 60.0        # seconds between checkpoints (0: none on a timer)
-    records: int = 0              # trained records between checkpoints (0: no record trigger)
-    keep: int = 3                 # complete checkpoints kept
-    pause_timeout: float = 30.0   # seconds the workers get to finish their batches in flight
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, env=None) -> "CoordinatorSettings | None":
-        env = current_env() if env is None else env
-        directory = getattr(args, "checkpoint_dir", None) or env_str(env, "LIVEVEC_CHECKPOINT_DIR")
-        if not directory:
-            return None
-
-        def pick(flag, name, default, reader, **kw):
-            value = getattr(args, flag, None)
-            if value is not None:
-                env2 = {name: str(value)}
-                return reader(env2, name, default, **kw)
-            return reader(env, name, default, **kw)
-
-        return cls(
-            checkpoint_dir=directory,
-            interval=pick("checkpoint_interval", "LIVEVEC_CHECKPOINT_INTERVAL", 60.0, env_float, minimum=0.0),
-            records=pick("checkpoint_records", "LIVEVEC_CHECKPOINT_RECORDS", 0, env_int, minimum=0),
-            keep=pick("checkpoint_keep", "LIVEVEC_CHECKPOINT_KEEP", 3, env_int, minimum=1),
-            pause_timeout=pick("checkpoint_pause_timeout", "LIVEVEC_CHECKPOINT_PAUSE_TIMEOUT", 30.0, env_float,
-                               minimum=0.5),
-        )
-
-
-def add_coordinator_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("checkpoints (the coordinator runs when a directory is set)")
-    g.add_argument("--checkpoint-dir", help="LIVEVEC_CHECKPOINT_DIR: where coordinated checkpoints live")
-    g.add_argument("--checkpoint-interval", type=float,
-                   help="LIVEVEC_CHECKPOINT_INTERVAL: seconds between checkpoints (60; 0 = not on a timer)")
-    g.add_argument("--checkpoint-records", type=int,
-                   help="LIVEVEC_CHECKPOINT_RECORDS: also checkpoint after this many trained records (0 = off)")
-    g.add_argument("--checkpoint-keep", type=int, help="LIVEVEC_CHECKPOINT_KEEP: complete checkpoints kept (3)")
-    g.add_argument("--checkpoint-pause-timeout", type=float,
-                   help="LIVEVEC_CHECKPOINT_PAUSE_TIMEOUT: seconds workers get to pause (30)")
 
 
 class _Metrics:
@@ -104,7 +59,7 @@ class _Metrics:
         self.recovering = r.gauge("livevec_recovering", "1 while a rollback is pending or running")
 
 
-class CheckpointCoordinator:
+class CheckpointCoordinator(SchedulerExtension):
     ROLLBACK_DELAY = 0.5      # seconds to gather rollback requests into one
     RETRY_DELAY = 1.0         # seconds between attempts of a rollback that could not complete
     STATS_INTERVAL = 2.0      # seconds between reads of server 0's ledger (record trigger)

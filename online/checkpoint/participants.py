@@ -45,14 +45,15 @@ import time
 
 import orjson
 
+from online.checkpoint.store import (CheckpointError, CheckpointStore, offsets_from_json, offsets_to_json,
+                                     read_shard_file, restore_shard, snapshot_shard, write_shard_file)
 from online.cluster import ps_commands as pc
-from online.checkpoint.store import (CheckpointError, CheckpointStore, read_shard_file, restore_shard,
-                                     snapshot_shard, write_shard_file, offsets_from_json, offsets_to_json)
-from ps_bridge.structured_logging import log_event
+from online.cluster.extensions import ServerExtension, WorkerExtension
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import SCHEDULER_ID
-from ps_bridge.settings import current_env, env_str
+from ps_bridge.postoffice import Postoffice
 from ps_bridge.simple_app import SendError
+from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.checkpoint")
 
@@ -104,13 +105,14 @@ def _json(body: bytes) -> dict:
 
 # ----------------------------------------------------------------------------- server side
 
-class ServerCheckpointing:
-    """Save, load and fence on one ``livevec server`` (created by ``online.cluster.server`` when
-    ``LIVEVEC_CHECKPOINT_DIR`` is set). ``tick()`` runs every second on the main thread."""
+class ServerCheckpointing(ServerExtension):
+    """Save, load and fence on one ``livevec server`` (its extension when ``LIVEVEC_CHECKPOINT_DIR``
+    is set). ``tick()`` runs every second on the main thread."""
 
-    def __init__(self, checkpoint_dir: str, po, server, service):
+    def __init__(self, checkpoint_dir: str, po: Postoffice):
         self.store = CheckpointStore(checkpoint_dir)
-        self.po, self.server, self.service = po, server, service
+        self.po = po
+        self.service = None                   # the ShardService, once attached
         self.ledger = BatchLedger()
         self.recovering = False
         self.loaded_id: int | None = None
@@ -119,8 +121,9 @@ class ServerCheckpointing:
         self._prepared = None                 # (checkpoint id, shard, meta) between prepare and install
         self._install_lock = threading.Lock()
         self._initial_load_done = False
-        service.extra_simple_handle = self.handle
-        service.extra_stats = self.stats
+
+    def attach(self, service) -> None:
+        self.service = service
 
     # -- helpers
     def _rank(self) -> int:
@@ -160,7 +163,7 @@ class ServerCheckpointing:
         return out
 
     # -- requests (on the node's receive thread)
-    def handle(self, req, app) -> bool:
+    def handle_simple(self, req, app) -> bool:
         try:
             return self._handle(req, app)
         except (KeyError, TypeError) as exc:   # a body without the fields its head needs
@@ -273,11 +276,12 @@ class ServerCheckpointing:
 
 # ----------------------------------------------------------------------------- worker side
 
-class WorkerCheckpointing:
-    """The checkpoint/rollback side of one ``livevec worker`` (``online.cluster.worker`` creates it).
+class WorkerCheckpointing(WorkerExtension):
+    """The checkpoint/rollback side of one ``livevec worker`` (its extension when
+    ``LIVEVEC_CHECKPOINT_DIR`` is set).
 
-    Checkpointing is on when ``LIVEVEC_CHECKPOINT_DIR`` is set (on every role, as the deployment
-    files do). The worker then starts paused and asks the coordinator to take it in: training
+    Checkpointing is on when that directory is set on every role, as the deployment files
+    do. The worker then starts paused and asks the coordinator to take it in: training
     starts with the rollback that seeks its partitions to the latest checkpoint, so nothing it
     would train before that is wasted. If the scheduler never answers (it runs without the
     directory), the worker says so in an ERROR line and trains without checkpoints.
@@ -287,17 +291,14 @@ class WorkerCheckpointing:
     CHECKPOINT_LEASE = 60.0   # a checkpoint pause longer than this ends by itself (the coordinator died)
     PROBES = 3                # unanswered requests before concluding the scheduler runs no coordinator
 
-    def __init__(self, worker, checkpoint_dir: str | None = None):
+    def attach(self, worker) -> None:
+        """Take over the worker's control requests and hold it paused until the coordinator
+        takes it in (called by ``StreamingWorker``'s constructor, on its event loop)."""
         self.worker = worker
         self.kv = worker.kv
         self.stream = worker.stream
         self.loop = asyncio.get_running_loop()
-        if checkpoint_dir is None:
-            checkpoint_dir = env_str(current_env(), "LIVEVEC_CHECKPOINT_DIR")
-        self.enabled = bool(checkpoint_dir)
         self._task = None
-        if not self.enabled:
-            return
         self.coordinator: bool | None = None   # None: not heard from yet
         self._want: str | None = "worker started"
         self._want_at = time.monotonic()
@@ -308,8 +309,6 @@ class WorkerCheckpointing:
         self._rollback_started = 0.0
         self._rebalances_seen = self._rebalances_at_seek = self._rebalances()
         self.kv.set_simple_request_handle(self._on_request)
-        worker.batch_done_hook = self._batch_done
-        worker.batch_retry_hook = self._batch_retried
         worker.paused.set()   # until the coordinator takes this worker in (a rollback's seek + resume)
         self._mode = "joining"
         self._task = self.loop.create_task(self._watch(), name="checkpoint-watch")
@@ -317,8 +316,6 @@ class WorkerCheckpointing:
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        self.worker.batch_done_hook = None
-        self.worker.batch_retry_hook = None
 
     def _rebalances(self) -> int:
         return self.stream.counters.rebalances
@@ -425,8 +422,8 @@ class WorkerCheckpointing:
         w.paused.clear()
         return {"ok": True}
 
-    # -- hooks called by the worker
-    async def _batch_done(self, batch, stats) -> bool:
+    # -- called by the worker
+    async def batch_done(self, batch, stats) -> bool:
         if self.coordinator is False:
             return True
         body = orjson.dumps({"ranges": [[t, p, s, e] for (t, p), (s, e) in batch.ranges.items()],
@@ -440,7 +437,7 @@ class WorkerCheckpointing:
                 self.want_rollback(f"ledger not acknowledged: {exc}")
             return False
 
-    def _batch_retried(self, exc: BaseException) -> None:
+    def batch_retried(self, exc: BaseException) -> None:
         # A retried batch may have been applied in part: only a rollback makes that exact again.
         self.loop.call_soon_threadsafe(self.want_rollback, f"batch retried: {type(exc).__name__}")
 

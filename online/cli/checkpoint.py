@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from online.checkpoint.settings import STORE
 from online.checkpoint.store import CheckpointError, CheckpointStore, read_shard_file
-from ps_bridge.settings import SettingError, current_env, env_str
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", help="checkpoint directory (LIVEVEC_CHECKPOINT_DIR)")
-    parser.add_argument("--log-level", help="LIVEVEC_LOG_LEVEL")
+    STORE.add_arguments(parser)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
     now = sub.add_parser("now", help="take a checkpoint now (the coordinator must be running)")
@@ -38,15 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     export.add_argument("--id", type=int, help="export this checkpoint instead of the latest complete one")
 
 
-def _store(args) -> CheckpointStore:
-    directory = args.dir or env_str(current_env(), "LIVEVEC_CHECKPOINT_DIR")
-    if not directory:
-        raise SettingError("LIVEVEC_CHECKPOINT_DIR", "set it or pass --dir")
-    return CheckpointStore(directory)
-
-
 def run(args: argparse.Namespace) -> int:
-    store = _store(args)
+    store = CheckpointStore(STORE.read(args, os.environ)["checkpoint_dir"])
     return {"now": _now, "list": _list, "verify": _verify, "export": _export}[args.action](store, args)
 
 

@@ -1,26 +1,43 @@
 """The ``livevec`` command line.
 
-Each sub-command lives in the module that owns the concept; this file only maps names
-to modules, so that ``livevec kafka`` never imports numba and ``livevec frontend`` never
-imports the Kafka client. A command module exposes ``configure(parser)`` and
-``run(args) -> int``.
+Each sub-command is one module of ``online.cli``; this file only maps names to modules,
+so that ``livevec kafka`` never imports numba and ``livevec frontend`` never imports the
+Kafka client. A command module exposes ``configure(parser)`` and ``run(args) -> int``;
+the log level is the one setting every command reads, so it is added here.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from ps_bridge.settings import Setting, SettingError, SettingGroup
+from ps_bridge.structured_logging import configure_logging
+
+LOGGING = SettingGroup("logging", (
+    Setting("log_level", "LIVEVEC_LOG_LEVEL", default="INFO",
+            help="DEBUG, INFO, WARNING or ERROR; logs are one key=value line per event on stderr"),
+))
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level(args: argparse.Namespace | None) -> str:
+    level = LOGGING.read(args, os.environ)["log_level"].upper()
+    if level not in LOG_LEVELS:
+        raise SettingError("LIVEVEC_LOG_LEVEL", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return level
 
 # name -> (module, one-line help). Imported lazily: start-up stays fast and a broken
 # optional piece cannot take the other commands down with it.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "kafka": ("online.stream.kafka_broker", "start/stop/status a local single-node KRaft Kafka broker"),
-    "produce": ("online.stream.producer", "stream a text file (plain, .gz, .xz) or stdin into a Kafka topic"),
+    "kafka": ("online.cli.kafka", "start/stop/status a local single-node KRaft Kafka broker"),
+    "produce": ("online.cli.produce", "stream a text file (plain, .gz, .xz) or stdin into a Kafka topic"),
     "train": ("online.cli.train", "train offline, in-process, and write word2vec text/binary files"),
-    "scheduler": ("online.cluster.scheduler", "run the ps-lite scheduler (and the checkpoint coordinator)"),
-    "server": ("online.cluster.server", "run a parameter server that holds a shard of the model"),
-    "worker": ("online.cluster.worker", "consume Kafka, train SGNS mini-batches, push to the servers"),
-    "frontend": ("online.frontend.app", "serve similarity queries and the live page over HTTP"),
+    "scheduler": ("online.cli.scheduler", "run the ps-lite scheduler (and the checkpoint coordinator)"),
+    "server": ("online.cli.server", "run a parameter server that holds a shard of the model"),
+    "worker": ("online.cli.worker", "consume Kafka, train SGNS mini-batches, push to the servers"),
+    "frontend": ("online.cli.frontend", "serve similarity queries and the live page over HTTP"),
     "up": ("online.cli.up", "run a whole local cluster: Kafka, scheduler, servers, workers, front end"),
     "deploy": ("online.cli.deploy", "render Marathon / Kubernetes deployment files"),
     "checkpoint": ("online.cli.checkpoint", "trigger or inspect coordinated checkpoints"),
@@ -46,12 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"livevec {name}", description=help_text)
     module.configure(parser)
+    LOGGING.add_arguments(parser)
     args = parser.parse_args(rest)
-    from ps_bridge.structured_logging import configure_logging
-    from ps_bridge.settings import SettingError
-
-    configure_logging(getattr(args, "log_level", None))
     try:
+        configure_logging(log_level(args))
         return int(module.run(args) or 0)
     except SettingError as exc:
         print(f"livevec {name}: configuration error: {exc}", file=sys.stderr)

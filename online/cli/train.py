@@ -31,10 +31,11 @@ from online.learner.param_store import LocalParamStore
 from ps_bridge.structured_logging import log_event
 from online.learner.trainer import LearnerConfig, Trainer
 from online.learner.word2vec_format import write_binary, write_text
-from ps_bridge.settings import SettingError, current_env, env_float, env_int
+from online.learner.settings import LEARNER, MODEL, learner_config
+from ps_bridge.settings import Setting, SettingError, SettingGroup, add_groups
 
 logger = logging.getLogger("livevec.train")
-DEFAULT_BATCH_WORDS = 10_000
+DEFAULT_BATCH_WORDS = LEARNER["batch_words"].default
 
 
 @dataclass
@@ -52,20 +53,6 @@ class TrainSettings:
     def validate(self) -> None:
         if not Path(self.input).is_file():
             raise SettingError("--input", f"no such file: {self.input}")
-        if self.epochs < 1:
-            raise SettingError("--epochs", "must be >= 1")
-        if self.workers < 1:
-            raise SettingError("--workers", "must be >= 1")
-        if self.batch_words < 1:
-            raise SettingError("--batch-words / LIVEVEC_BATCH_WORDS", "must be >= 1")
-        if self.shards < 1:
-            raise SettingError("--shards", "must be >= 1")
-        if self.max_tokens < 0:
-            raise SettingError("--max-tokens", "must be >= 0")
-        try:
-            self.learner.validate()
-        except ValueError as exc:
-            raise SettingError("learner", str(exc)) from None
 
 
 @dataclass
@@ -81,50 +68,29 @@ class TrainResult:
     files: dict[str, str]
 
 
+TRAIN = SettingGroup("offline training", (
+    Setting("input", (), required=True, metavar="FILE", help="text file: plain, .gz or .xz, one record per line"),
+    Setting("out", (), required=True, metavar="DIR", help="output directory (created)"),
+    Setting("epochs", (), int, 1, minimum=1, help="passes over the file"),
+    Setting("workers", (), int, 1, minimum=1, help="training threads"),
+    Setting("shards", (), int, 1, minimum=1,
+            help="1: update one in-process shard in place; N>1: pull/push mini-batches against N in-process "
+                 "shards split by key range, as against parameter servers"),
+    Setting("max_tokens", (), int, 0, minimum=0, help="stop each pass after this many tokens (0 = whole file)"),
+    Setting("progress", (), bool, True, help="progress on stderr"),
+))
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input", required=True, help="text file: plain, .gz or .xz, one record per line")
-    parser.add_argument("--out", required=True, help="output directory (created)")
-    parser.add_argument("--epochs", type=int, default=1, help="passes over the file (default 1)")
-    parser.add_argument("--workers", type=int, default=1, help="training threads (default 1)")
-    parser.add_argument("--dim", type=int, help="vector size (LIVEVEC_DIM, default 100)")
-    parser.add_argument("--window", type=int, help="max window (LIVEVEC_WINDOW, default 5)")
-    parser.add_argument("--negative", type=int, help="negatives per pair (LIVEVEC_NEGATIVE, default 5)")
-    parser.add_argument("--min-count", type=int, help="trainable from this count (LIVEVEC_MIN_COUNT, default 5)")
-    parser.add_argument("--sample", type=float, help="subsampling threshold (LIVEVEC_SAMPLE, default 1e-3)")
-    parser.add_argument("--batch-words", type=int, help=f"tokens per mini-batch (LIVEVEC_BATCH_WORDS, "
-                                                        f"default {DEFAULT_BATCH_WORDS})")
-    parser.add_argument("--tokenizer", choices=("text8", "unicode"), default="text8")
-    parser.add_argument("--optimizer", choices=("rowadagrad", "adagrad", "sgd"), default="rowadagrad",
-                        help="row-wise AdaGrad (default), per-coordinate AdaGrad, or constant-rate SGD")
-    parser.add_argument("--shards", type=int, default=1,
-                        help="1 (default): update one in-process shard in place; N>1: pull/push mini-batches "
-                             "against N in-process shards split by key range, as against parameter servers")
-    parser.add_argument("--eta", type=float, help="initial learning rate (AdaGrad 0.1, SGD 0.025)")
-    parser.add_argument("--vocab-capacity", type=int, default=1_000_000, help="max words counted at once")
-    parser.add_argument("--max-tokens", type=int, default=0, help="stop each pass after this many tokens")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
-    parser.add_argument("--log-level", default=None)
+    add_groups(parser, (TRAIN, MODEL, LEARNER))
 
 
-def settings_from_args(args: argparse.Namespace, env=None) -> TrainSettings:
-    env = current_env() if env is None else env
-
-    def pick(value, name, reader, default, **kw):
-        return value if value is not None else reader(env, name, default, **kw)
-
-    learner = LearnerConfig(
-        dim=pick(args.dim, "LIVEVEC_DIM", env_int, 100, minimum=1),
-        window=pick(args.window, "LIVEVEC_WINDOW", env_int, 5, minimum=1),
-        negative=pick(args.negative, "LIVEVEC_NEGATIVE", env_int, 5, minimum=0),
-        min_count=pick(args.min_count, "LIVEVEC_MIN_COUNT", env_int, 5, minimum=1),
-        sample=pick(args.sample, "LIVEVEC_SAMPLE", env_float, 1e-3, minimum=0.0),
-        vocab_capacity=args.vocab_capacity, optimizer=args.optimizer, eta=args.eta,
-        tokenizer=args.tokenizer, seed=args.seed)
-    settings = TrainSettings(
-        input=args.input, out=args.out, epochs=args.epochs, workers=args.workers,
-        batch_words=pick(args.batch_words, "LIVEVEC_BATCH_WORDS", env_int, DEFAULT_BATCH_WORDS, minimum=1),
-        max_tokens=args.max_tokens, shards=args.shards, progress=not args.no_progress, learner=learner)
+def read_settings(args: argparse.Namespace, env=None) -> TrainSettings:
+    env = os.environ if env is None else env
+    values = TRAIN.read(args, env)
+    model = {**MODEL.read(args, env), **LEARNER.read(args, env)}
+    batch_words = model.pop("batch_words")
+    settings = TrainSettings(**values, batch_words=batch_words, learner=learner_config(model))
     settings.validate()
     return settings
 
@@ -284,7 +250,7 @@ def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+    settings = read_settings(args)
     _, result = train_file(settings)
     print(json.dumps({"words_per_second": round(result.words_per_second),
                       "effective_words_per_second": round(result.effective_words_per_second),

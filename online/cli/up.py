@@ -18,41 +18,48 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from online.deployment.local_runner import LocalRunner
 from online.deployment.topology import default_topology
-from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings
+from online.learner.settings import MODEL
+from online.stream.kafka_broker import KafkaBroker
+from online.stream.settings import BROKER, KafkaBrokerSettings
 from online.stream.producer import produce_async
 from online.stream.sample_corpus import iter_sentences
 from ps_bridge.structured_logging import log_event
-from ps_bridge.settings import SettingError
+from ps_bridge.settings import Setting, SettingError, SettingGroup, add_groups
 
 log = logging.getLogger("livevec.up")
 TOPIC = "livevec-text"
 
 
+UP = SettingGroup("local cluster", (
+    Setting("corpus", (), metavar="FILE", help="text file to stream (plain/.gz/.xz); default: the generated sample corpus"),
+    Setting("loop", (), bool, False, help="stream --corpus again and again"),
+    Setting("servers", (), int, 1, minimum=1, help="parameter servers"),
+    Setting("workers", (), int, 2, minimum=1, help="training workers"),
+    Setting("rate", (), float, 2000.0, minimum=1e-9, help="lines per second streamed into Kafka"),
+    Setting("partitions", (), int, 4, minimum=1, help="partitions of the topic"),
+    Setting("work_dir", (), metavar="DIR", help="logs, sandboxes and checkpoints (default: a new temporary directory)"),
+    Setting("duration", (), float, 0.0, minimum=0.0, help="stop after this many seconds (0 = until Ctrl-C)"),
+))
+# The model settings the local cluster passes on to its roles (the rest keep their defaults).
+UP_MODEL = MODEL.only("dim", "min_count")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--corpus", help="text file to stream (plain/.gz/.xz); default: the generated sample corpus")
-    parser.add_argument("--loop", action="store_true", help="stream --corpus again and again")
-    parser.add_argument("--servers", type=int, default=1, help="parameter servers (1)")
-    parser.add_argument("--workers", type=int, default=2, help="training workers (2)")
-    parser.add_argument("--rate", type=float, default=2000.0, help="lines per second streamed into Kafka (2000)")
-    parser.add_argument("--partitions", type=int, default=4, help="partitions of the topic (4)")
-    parser.add_argument("--dim", type=int, default=100, help="vector size (100)")
-    parser.add_argument("--min-count", type=int, default=5, help="min_count (5)")
-    parser.add_argument("--work-dir", help="logs, sandboxes and checkpoints (default: a new temporary directory)")
-    parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0 = until Ctrl-C)")
-    parser.add_argument("--log-level", default=None)
+    add_groups(parser, (UP, UP_MODEL, BROKER))
+
+
+def read_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """The command's settings as one namespace, every value checked against its declaration."""
+    return argparse.Namespace(**UP.read(args, env), **UP_MODEL.read(args, env),
+                              broker=KafkaBrokerSettings.from_args(args, env))
 
 
 def _validate(args: argparse.Namespace) -> None:
-    if args.servers < 1:
-        raise SettingError("--servers", "must be >= 1")
-    if args.workers < 1:
-        raise SettingError("--workers", "must be >= 1")
-    if args.rate <= 0:
-        raise SettingError("--rate", "must be > 0 lines/s")
     if args.corpus and not Path(args.corpus).is_file():
         raise SettingError("--corpus", f"no such file: {args.corpus}")
 
@@ -117,6 +124,7 @@ def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, w
 
 
 def run(args: argparse.Namespace) -> int:
+    args = read_settings(args)
     _validate(args)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="livevec-up-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -125,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     t0 = time.monotonic()
     print(f"livevec up: starting Kafka (work dir {work})", file=sys.stderr, flush=True)
-    broker = KafkaBroker(KafkaBrokerSettings.from_env())
+    broker = KafkaBroker(args.broker)
     broker.start()
     runner = producer = None
     try:

@@ -1,41 +1,56 @@
-"""``livevec scheduler``: the ps-lite scheduler, plus the checkpoint coordinator when
-``LIVEVEC_CHECKPOINT_DIR`` (or ``--checkpoint-dir``) is set.
+"""The scheduler role: ps-lite's scheduler, with an optional companion beside it.
 
-Without a checkpoint directory this is exactly ``ps_bridge.roles``' plain scheduler. With one,
-the coordinator (``online.checkpoint.coordinator``) runs next to it in this process: it takes
-coordinated checkpoints and rolls the cluster back when a node dies.
+Without an extension this is exactly ``ps_bridge.roles``' plain scheduler. With one (the
+checkpoint coordinator, when ``livevec scheduler`` has a checkpoint directory) the
+extension runs in this process: the scheduler already knows who is in the cluster, and
+there is exactly one of it.
 """
 from __future__ import annotations
 
 import argparse
 import faulthandler
 import logging
+import os
 import signal
 import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from online.checkpoint.coordinator import CheckpointCoordinator, CoordinatorSettings, add_coordinator_arguments
+from online.cluster.extensions import SchedulerExtension
+from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from ps_bridge.metrics import Registry
-from ps_bridge.structured_logging import log_event
 from ps_bridge.postoffice import Postoffice
 from ps_bridge.roles import run_scheduler, serve_metrics
-from ps_bridge.settings import NodeSettings, add_node_arguments
+from ps_bridge.settings import NodeSettings
+from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.scheduler")
 
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_node_arguments(parser, role="scheduler")
-    add_coordinator_arguments(parser)
+SCHEDULER_GROUPS = node_groups()
 
 
-def run(args: argparse.Namespace) -> int:
-    node = NodeSettings.from_args(args, role="scheduler")
-    coordinated = CoordinatorSettings.from_args(args)
-    if coordinated is None:
-        return run_scheduler(node)
+@dataclass
+class SchedulerSettings:
+    node: NodeSettings
+    metrics_port: int | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) \
+            -> "SchedulerSettings":
+        env = os.environ if env is None else env
+        return cls(node=node_settings(args, env, "scheduler"), metrics_port=METRICS_PORT.read(args, env))
+
+
+def run(settings: SchedulerSettings, extension: Callable[[Postoffice], SchedulerExtension] | None = None) -> int:
+    """Run the scheduler in this thread until the cluster finalizes (or SIGTERM).
+
+    ``extension`` makes the companion from the node before the node starts, so that any
+    app it creates exists before the first node registers."""
+    if extension is None:
+        return run_scheduler(settings.node, metrics_port=settings.metrics_port)
     registry = Registry({"role": "scheduler"})
-    po = Postoffice(node, registry)
-    coordinator = CheckpointCoordinator(po, coordinated, registry)   # its app exists before anyone registers
+    po = Postoffice(settings.node, registry)
+    companion = extension(po)
 
     def _terminate(signum, _frame):
         raise SystemExit(128 + signum)
@@ -44,14 +59,14 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _terminate)
         faulthandler.register(signal.SIGUSR1)   # kill -USR1 <pid>: every thread's stack to stderr
     try:
-        serve_metrics(po, node.metrics_port)
+        serve_metrics(po, settings.metrics_port)
         po.start()
-        coordinator.start()
+        companion.start()
         po.finalize()
         return 0
     except SystemExit as exc:
         log_event(log, "terminated", role="scheduler", code=exc.code)
         return 0
     finally:
-        coordinator.stop()
+        companion.stop()
         po.stop()

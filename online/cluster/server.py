@@ -1,9 +1,10 @@
-"""``livevec server``: a ps-lite server node that holds one key-range shard of the model.
+"""The parameter server role: a ps-lite server node that holds one key-range shard of the model.
 
 The shard (``EmbeddingShard``) does the numerics; this module only translates ps-lite
 requests into calls on it (see ``online.cluster.ps_commands`` for the command numbers) and
 exposes the node's health and metrics. Requests run on the node's receive thread one at
-a time, so the shard never sees two writers from the network at once.
+a time, so the shard never sees two writers from the network at once. ``livevec server``
+(``online.cli.server``) reads the settings and runs it.
 """
 from __future__ import annotations
 
@@ -11,27 +12,32 @@ import argparse
 import logging
 import os
 import secrets
-import signal
-import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
-from online.learner.embedding_shard import OPTIMIZERS, EmbeddingShard
-from ps_bridge.metrics import Registry
-from ps_bridge.structured_logging import log_event
+from online.cluster.extensions import ServerExtension
+from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
+from online.learner.embedding_shard import EmbeddingShard
+from online.learner.keys import is_input_row
+from online.learner.settings import SERVER_MODEL
 from ps_bridge.kv_app import KVMeta, KVServer
 from ps_bridge.message import KVPairs
+from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
-from ps_bridge.roles import serve_metrics
-from ps_bridge.settings import NodeSettings, SettingError, add_node_arguments, current_env, env_float, env_int, \
-    env_str
+from ps_bridge.settings import NodeSettings
 from ps_bridge.simple_app import SimpleData
+from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.server")
+
+
+# What a server reads: its node (ps-lite's and livevec's) and the part of the model a shard needs.
+SERVER_GROUPS = (*node_groups(), SERVER_MODEL)
 
 
 @dataclass
@@ -41,23 +47,13 @@ class ServerSettings:
     optimizer: str = "adagrad"
     eta: float | None = None
     seed: int = 1
-    checkpoint_dir: str | None = None
+    metrics_port: int | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, env=None) -> "ServerSettings":
-        env = current_env() if env is None else env
-        node = NodeSettings.from_args(args, env, role="server")
-        optimizer = args.optimizer or env_str(env, "LIVEVEC_OPTIMIZER", "adagrad")
-        if optimizer not in OPTIMIZERS:
-            raise SettingError("LIVEVEC_OPTIMIZER", f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-        return cls(
-            node=node,
-            dim=args.dim if args.dim is not None else env_int(env, "LIVEVEC_DIM", 100, minimum=1, maximum=4096),
-            optimizer=optimizer,
-            eta=args.eta if args.eta is not None else env_float(env, "LIVEVEC_ETA", None, minimum=0.0),
-            seed=args.seed if args.seed is not None else env_int(env, "LIVEVEC_SEED", 1, minimum=0),
-            checkpoint_dir=args.checkpoint_dir or env_str(env, "LIVEVEC_CHECKPOINT_DIR"),
-        )
+    def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> "ServerSettings":
+        env = os.environ if env is None else env
+        return cls(node=node_settings(args, env, "server"), metrics_port=METRICS_PORT.read(args, env),
+                   **SERVER_MODEL.read(args, env))
 
 
 @dataclass
@@ -74,7 +70,7 @@ class _Counters:
 class ShardService:
     """Answers the KV and SimpleApp requests of one server node from an ``EmbeddingShard``."""
 
-    def __init__(self, shard: EmbeddingShard, registry: Registry):
+    def __init__(self, shard: EmbeddingShard, registry: Registry, extension: ServerExtension | None = None):
         self.shard = shard
         self.epoch = secrets.randbits(62)
         self.c = _Counters()
@@ -92,6 +88,8 @@ class ShardService:
         r.gauge("livevec_server_version", "shard version (bumps on every change)", fn=lambda: float(self.shard.version))
         r.gauge("livevec_server_tokens_counted", "word occurrences counted by this shard",
                 fn=lambda: float(self.c.tokens_counted))
+        self.extension = extension or ServerExtension()
+        self.extension.attach(self)
 
     # ---------------------------------------------------------------- KV
     def handle_kv(self, req: KVMeta, data: KVPairs, server: KVServer) -> None:
@@ -163,8 +161,7 @@ class ShardService:
                 self.m_requests["stats"].inc()
                 app.response(req, orjson.dumps(self.stats()))
             else:
-                extra = getattr(self, "extra_simple_handle", None)
-                if extra is None or not extra(req, app):
+                if not self.extension.handle_simple(req, app):
                     raise ValueError(f"unknown head {req.head}")
         except (ValueError, pc.PayloadError, orjson.JSONDecodeError) as exc:
             self.c.rejected += 1
@@ -178,10 +175,8 @@ class ShardService:
         full = since == 0 or changes.full_resync
         if full and since:
             changes = shard.changes_since(0)
-        even = np.uint64(1)
-        keys = changes.changed[(changes.changed & even) == 0]
-        keys, words, vectors, counts = shard.named_input_rows(keys)
-        removed = changes.removed[(changes.removed & even) == 0]
+        keys, words, vectors, counts = shard.named_input_rows(changes.changed[is_input_row(changes.changed)])
+        removed = changes.removed[is_input_row(changes.removed)]
         return pc.encode_changes(epoch=self.epoch, version=changes.version, full=full, keys=keys, words=words,
                                  vectors=vectors, counts=counts, removed=removed)
 
@@ -197,60 +192,20 @@ class ShardService:
                 "words": len(self.shard.words), "pulls": c.pulls, "pushes": c.pushes,
                 "keys_pulled": c.keys_pulled, "keys_pushed": c.keys_pushed,
                 "tokens_counted": c.tokens_counted, "rejected": c.rejected, "started": c.started,
-                **(self.extra_stats() if getattr(self, "extra_stats", None) is not None else {})}
+                **self.extension.stats()}
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_node_arguments(parser, role="server")
-    g = parser.add_argument_group("model shard")
-    g.add_argument("--dim", type=int, help="vector size (LIVEVEC_DIM, default 100); must match the workers")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, help="LIVEVEC_OPTIMIZER (default adagrad)")
-    g.add_argument("--eta", type=float, help="LIVEVEC_ETA: learning rate of the optimizer")
-    g.add_argument("--seed", type=int, help="LIVEVEC_SEED: seed of the deterministic row initialisation")
-    g.add_argument("--checkpoint-dir", help="LIVEVEC_CHECKPOINT_DIR: where coordinated checkpoints live")
+def build(settings: ServerSettings, registry: Registry | None = None,
+          extension: Callable[[Postoffice], ServerExtension] | None = None) \
+        -> tuple[Postoffice, KVServer, ShardService]:
+    """The node, its KV server and the service behind it, ready for ``po.start()``.
 
-
-def build(settings: ServerSettings, registry: Registry | None = None) -> tuple[Postoffice, KVServer, ShardService]:
+    ``extension`` makes the server's extension for its node (it needs the node's rank and
+    key range, which the service does not know)."""
     registry = registry or Registry({"role": "server"})
     po = Postoffice(settings.node, registry)
     shard = EmbeddingShard(settings.dim, optimizer=settings.optimizer, eta=settings.eta, seed=settings.seed)
-    service = ShardService(shard, registry)
+    service = ShardService(shard, registry, extension(po) if extension is not None else None)
     server = KVServer(po, 0, service.handle_kv)
     server.set_simple_request_handle(service.handle_simple)
     return po, server, service
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = ServerSettings.from_args(args)
-    po, server, service = build(settings)
-    stop = threading.Event()
-
-    def _terminate(signum, _frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)
-    serve_metrics(po, settings.node.metrics_port)
-    hooks = _checkpoint_hooks(settings, po, server, service)
-    po.start()
-    log_event(log, "server_ready", node_id=po.node_id, rank=po.rank, dim=settings.dim, pid=os.getpid())
-    try:
-        while not stop.wait(1.0):
-            if hooks is not None:
-                hooks.tick()
-    finally:
-        log_event(log, "server_stopping", node_id=po.node_id, **service.stats())
-        po.stop()
-    return 0
-
-
-def _checkpoint_hooks(settings: ServerSettings, po: Postoffice, server: KVServer, service: ShardService):
-    """Checkpoint save/restore on this server, when a checkpoint directory is configured."""
-    if not settings.checkpoint_dir:
-        return None
-    try:
-        from online.checkpoint.participants import ServerCheckpointing
-    except ImportError:
-        log_event(log, "checkpoints_unavailable", logging.WARNING, dir=settings.checkpoint_dir)
-        return None
-    return ServerCheckpointing(settings.checkpoint_dir, po, server, service)

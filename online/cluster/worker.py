@@ -1,5 +1,6 @@
-"""``livevec worker``: consume Kafka as a consumer-group member, train SGNS mini-batches, push
+"""The worker role: consume Kafka as a consumer-group member, train SGNS mini-batches, push
 to the parameter servers, and commit offsets only for what the servers acknowledged.
+``livevec worker`` (``online.cli.worker``) reads the settings and runs it.
 
 Flow per batch of records: ``KafkaStream.next_batch`` -> ``Trainer.train_records`` (one pull,
 the kernel, one push; in a thread, so the event loop keeps the consumer alive) ->
@@ -9,8 +10,8 @@ slow server therefore slows consumption instead of growing memory (backpressure)
 Failures: a batch whose pull or push is not acknowledged (a server died) is retried with
 backoff until the servers answer again; its offsets stay uncommitted meanwhile, so if
 this worker dies too, the records are redelivered to the partition's next owner. Kafka
-delivery is therefore at least once; ``online.checkpoint.participants`` adds exactly-once relative to
-a checkpoint by rolling back.
+delivery is therefore at least once; the checkpoint extension (``online.cluster.extensions``)
+adds exactly-once relative to a checkpoint by rolling back.
 """
 from __future__ import annotations
 
@@ -19,27 +20,38 @@ import asyncio
 import collections
 import logging
 import os
-import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
 
 from online.cluster import ps_commands as pc
-from online.learner.settings import add_learner_arguments, learner_config_from_args
-from ps_bridge.metrics import Registry
+from online.cluster.extensions import WorkerExtension
+from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.ps_param_store import PSParamStore
-from online.stream.reader import KafkaStream, StreamSettings, add_stream_arguments, stream_settings_from_args
-from ps_bridge.structured_logging import log_event
+from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
 from online.learner.trainer import BatchStats, LearnerConfig, Trainer
+from online.stream.settings import STREAM, StreamSettings
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.kv_app import KVWorker
-from ps_bridge.roles import serve_metrics, start_worker
-from ps_bridge.settings import NodeSettings, current_env, env_float, env_int
+from ps_bridge.metrics import Registry
+from ps_bridge.settings import NodeSettings, Setting, SettingGroup
 from ps_bridge.simple_app import SendError
+from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.worker")
+
+
+WORKER = SettingGroup("worker", (
+    Setting("max_inflight", "LIVEVEC_MAX_INFLIGHT", int, 2, minimum=1, maximum=64, help="batches trained at once"),
+    Setting("request_timeout", "LIVEVEC_REQUEST_TIMEOUT", float, 30.0, minimum=0.1,
+            help="seconds to wait for the servers before retrying a batch"),
+))
+
+# What a worker reads: its node, the stream it consumes, the model and learner it trains with.
+WORKER_GROUPS = (*node_groups(), *STREAM, WORKER_MODEL, LEARNER, WORKER)
 
 
 @dataclass
@@ -51,21 +63,16 @@ class WorkerSettings:
     batch_words: int = 10_000
     request_timeout: float = 30.0
     report_interval: float = 2.0
+    metrics_port: int | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, env=None) -> "WorkerSettings":
-        env = current_env() if env is None else env
-        return cls(
-            node=NodeSettings.from_args(args, env, role="worker"),
-            stream=stream_settings_from_args(args, env),
-            learner=learner_config_from_args(args, env),
-            max_inflight=args.max_inflight if args.max_inflight is not None else
-            env_int(env, "LIVEVEC_MAX_INFLIGHT", 2, minimum=1, maximum=64),
-            batch_words=args.batch_words if args.batch_words is not None else
-            env_int(env, "LIVEVEC_BATCH_WORDS", 10_000, minimum=1),
-            request_timeout=args.request_timeout if args.request_timeout is not None else
-            env_float(env, "LIVEVEC_REQUEST_TIMEOUT", 30.0, minimum=0.1),
-        )
+    def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> "WorkerSettings":
+        env = os.environ if env is None else env
+        node = node_settings(args, env, "worker")
+        stream = StreamSettings.from_args(args, env)
+        learner = {**WORKER_MODEL.read(args, env), **LEARNER.read(args, env)}
+        return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
+                   metrics_port=METRICS_PORT.read(args, env), **WORKER.read(args, env))
 
 
 def mini_batches(texts: list[str], max_words: int):
@@ -85,7 +92,7 @@ def mini_batches(texts: list[str], max_words: int):
 
 
 class BatchAbandoned(Exception):
-    """A rollback (``online.checkpoint.participants``) dropped this batch: it is not retried and not committed."""
+    """A rollback (the ``abandon`` event) dropped this batch: it is not retried and not committed."""
 
 
 class WorkerMetrics:
@@ -106,9 +113,15 @@ class WorkerMetrics:
 
 
 class StreamingWorker:
-    """One worker process: the Kafka stream, the trainer and the ps-lite node."""
+    """One worker process: the Kafka stream, the trainer and the ps-lite node.
 
-    def __init__(self, settings: WorkerSettings, kv: KVWorker, stream, registry: Registry):
+    Made on the event loop that will ``run`` it. An extension may hold the worker with
+    ``paused`` (it drains its batches in flight and sets ``idle``) and make batches in
+    flight give up instead of retrying with ``abandon`` (a rollback).
+    """
+
+    def __init__(self, settings: WorkerSettings, kv: KVWorker, stream, registry: Registry,
+                 extension: WorkerExtension | None = None):
         self.settings = settings
         self.kv = kv
         self.stream = stream
@@ -116,17 +129,13 @@ class StreamingWorker:
         store = PSParamStore(kv, settings.learner.dim, settings.request_timeout, registry)
         self.trainer = Trainer(settings.learner, store)
         self.stopping = asyncio.Event()
-        self.paused = asyncio.Event()   # set while a checkpoint holds the stream
+        self.paused = asyncio.Event()   # set while an extension holds the stream
         self.idle = asyncio.Event()     # set by run() once paused with nothing in flight
-        # Hooks of online.checkpoint.participants: ``abandon`` makes batches in flight give up instead of
-        # retrying (a rollback); ``batch_done_hook(batch, stats)`` runs after a batch's pushes
-        # were acknowledged and before its offsets are committed (False: do not commit it);
-        # ``batch_retry_hook(exc)`` is told, from the training thread, that a batch is retried.
         self.abandon = threading.Event()
-        self.batch_done_hook = None
-        self.batch_retry_hook = None
         self._inflight: collections.deque = collections.deque()
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
+        self.extension = extension or WorkerExtension()
+        self.extension.attach(self)
 
     # -------------------------------------------------------------- training
     def _train_blocking(self, texts: list[str]) -> BatchStats:
@@ -157,8 +166,7 @@ class StreamingWorker:
                           backoff=round(backoff, 2))
                 if self.stopping.is_set():
                     raise
-                if self.batch_retry_hook is not None:
-                    self.batch_retry_hook(exc)
+                self.extension.batch_retried(exc)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -181,12 +189,10 @@ class StreamingWorker:
             self.metrics.skipped.inc(len(batch))
             log_event(log, "batch_skipped", logging.ERROR, error=f"{type(exc).__name__}: {exc}", records=len(batch),
                       ranges=";".join(f"{t}/{p}:{a}-{b}" for (t, p), (a, b) in batch.ranges.items()))
-            stats = BatchStats()
-            if self.batch_done_hook is not None and not await self.batch_done_hook(batch, stats):
-                return
-            await self.stream.mark_processed(batch)
+            if await self.extension.batch_done(batch, BatchStats()):
+                await self.stream.mark_processed(batch)
             return
-        if self.batch_done_hook is not None and not await self.batch_done_hook(batch, stats):
+        if not await self.extension.batch_done(batch, stats):
             return
         await self.stream.mark_processed(batch)
         m = self.metrics
@@ -224,6 +230,7 @@ class StreamingWorker:
             await self.drain()
         finally:
             report.cancel()
+            self.extension.close()
 
     # ------------------------------------------------------------ reporting
     RATE_WINDOW = 10.0   # seconds of batches that words/s is averaged over
@@ -250,57 +257,3 @@ class StreamingWorker:
                 await self.kv.wait_async(ts, 5.0)
             except (RequestTimeout, SendError) as exc:
                 log_event(log, "report_failed", logging.DEBUG, error=str(exc))
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    from ps_bridge.settings import add_node_arguments
-    add_node_arguments(parser, role="worker")
-    add_stream_arguments(parser)
-    add_learner_arguments(parser)
-    g = parser.add_argument_group("worker")
-    g.add_argument("--max-inflight", type=int, help="LIVEVEC_MAX_INFLIGHT: batches trained at once (2)")
-    g.add_argument("--batch-words", type=int,
-                   help="LIVEVEC_BATCH_WORDS: most tokens in one pull/push mini-batch (10000)")
-    g.add_argument("--request-timeout", type=float,
-                   help="LIVEVEC_REQUEST_TIMEOUT: seconds to wait for the servers before retrying (30)")
-
-
-async def _main(settings: WorkerSettings) -> int:
-    registry = Registry({"role": "worker"})
-    kv = await asyncio.to_thread(start_worker, settings.node, registry=registry)
-    serve_metrics(kv.po, settings.node.metrics_port)
-    stream = KafkaStream(settings.stream, metrics=registry)
-    await stream.start()
-    worker = StreamingWorker(settings, kv, stream, registry)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stopping.set)
-    hooks = _checkpoint_hooks(worker)
-    log_event(log, "worker_ready", node_id=kv.po.node_id, pid=os.getpid(), topics=",".join(settings.stream.topics),
-              group=settings.stream.group)
-    try:
-        await worker.run()
-    finally:
-        if hooks is not None:
-            hooks.close()
-        await stream.stop()
-        t = worker.trainer.totals
-        log_event(log, "worker_stopping", node_id=kv.po.node_id, tokens=t.tokens, words=t.kept, pairs=t.pairs)
-        if kv.po.elastic:
-            await asyncio.to_thread(kv.po.leave)
-        else:
-            kv.po.stop()
-    return 0
-
-
-def _checkpoint_hooks(worker: StreamingWorker):
-    try:
-        from online.checkpoint.participants import WorkerCheckpointing
-    except ImportError:
-        return None
-    return WorkerCheckpointing(worker)
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = WorkerSettings.from_args(args)
-    return asyncio.run(_main(settings))

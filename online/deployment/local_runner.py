@@ -1,24 +1,16 @@
 """Run a Marathon group on this machine the way Marathon would, so that the deploy files
 themselves are what ``livevec up`` and the tests start.
 
-For every app and instance the runner:
+The group is first placed on this host (``local_placement``: ports, volumes, Mesos-DNS and
+caller overrides resolved up front); this module supervises the tasks that result. For
+every app and instance the runner:
 - assigns ports like Marathon: a fresh free port per ``portDefinition`` on every launch,
   exported as ``PORT0..N``, ``PORT`` (= PORT0), ``PORTS`` and ``PORT_<NAME>``, with
   ``HOST=127.0.0.1`` and the other ``MARATHON_APP_*``/``MESOS_*`` variables;
-- resolves Mesos-DNS: every ``<name>.marathon.mesos`` in an env value or the cmd is
-  **rewritten** to ``127.0.0.1`` (the whole machine is one agent). A name that matches no
-  app of the group is an error, as it would never resolve on the cluster either;
-- keeps fixed ports (``requirePorts``) stable across restarts but, by default, remaps them
-  to a free local port chosen once at start (other tests may hold the real one). Env values
-  equal to the fixed port, or ``<dns-name>:<port>``, are rewritten to match;
-- maps ``container.volumes`` host paths to local directories (``volumes=`` or a directory
-  under ``work_dir``) and rewrites env values under the container path accordingly;
 - runs ``cmd`` through ``/bin/sh -c`` in a per-instance sandbox (``MESOS_SANDBOX``, also
   the working directory) with stdout and stderr appended to ``<work_dir>/logs/<app>-<i>.log``;
-- probes the health checks (HTTP/TCP; COMMAND runs through the shell) with Marathon's
-  grace period, interval and ``maxConsecutiveFailures``, and kills unhealthy tasks. Until a
-  task's first success it probes every 0.5 s instead of ``intervalSeconds``, so waiting for
-  health is quick; readiness checks are probed until the task is ready;
+- probes the health and readiness checks as Marathon does (``task_checks``) and kills
+  unhealthy tasks;
 - relaunches tasks that exit, whatever their exit code, after the app's launch delay:
   ``backoffSeconds``, multiplied by ``backoffFactor`` on each further failure, capped at
   ``maxLaunchDelaySeconds``, and reset once a task has stayed up for 60 s (Marathon's
@@ -29,96 +21,35 @@ For every app and instance the runner:
 
 Constraints (``hostname:UNIQUE``, agent attributes) cannot be honoured on one host and are
 ignored. ``args`` apps run their argv directly (there is no image entrypoint locally).
-The caller may override env (all apps, or per app) and instance counts; when a server or
-worker count is overridden, ``DMLC_NUM_SERVER``/``DMLC_NUM_WORKER`` follow, and when it is
-not, an inconsistent group is rejected, because ps-lite rendezvous would never complete.
 """
 from __future__ import annotations
 
 import atexit
-import copy
 import json
 import logging
 import os
-import posixpath
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from online.deployment.topology import mesos_dns_name
+from online.deployment.local_placement import free_port, place_group
+from online.deployment.marathon_group import launch_delay, port_definitions, port_env_name
+from online.deployment.task_checks import CheckState, probe
 from ps_bridge.structured_logging import log_event
 
 logger = logging.getLogger("livevec.local_runner")
 
 VIABLE_TASK_SECONDS = 60.0  # Marathon's --minimum_viable_task_execution_duration
-FAST_PROBE_SECONDS = 0.5
 TICK_SECONDS = 0.1
 _INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TERM", "TMPDIR", "VIRTUAL_ENV", "JAVA_HOME")
 _INHERITED_PREFIXES = ("LC_", "PYTHON", "NUMBA_", "OMP_", "COVERAGE_")
-_DNS_NAME = re.compile(r"(?<![\w.-])([a-z0-9](?:[a-z0-9-]*[a-z0-9])?)\.marathon\.mesos(?![\w.-])")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def env_name(port_name: str) -> str:
-    return "PORT_" + re.sub(r"[^A-Z0-9_]", "_", port_name.upper())
-
-
-def flatten_group(group: Mapping, parent: str = "/") -> list[dict]:
-    """All apps of a group and its sub-groups, with absolute ids and dependencies."""
-    gid = posixpath.normpath(posixpath.join(parent, group.get("id", "/")))
-    apps = []
-    for app in group.get("apps", []):
-        app = copy.deepcopy(dict(app))
-        app["id"] = posixpath.normpath(posixpath.join(gid, app["id"]))
-        app["dependencies"] = [posixpath.normpath(posixpath.join(app["id"], d))
-                               if not d.startswith("/") else d for d in app.get("dependencies", [])]
-        apps.append(app)
-    for sub in group.get("groups", []):
-        apps.extend(flatten_group(sub, gid))
-    return apps
-
-
-def start_order(apps: Iterable[Mapping]) -> list[str]:
-    """App ids with every dependency before its dependents (Kahn; ties keep file order)."""
-    apps = list(apps)
-    ids = [a["id"] for a in apps]
-    deps = {a["id"]: set(a.get("dependencies", [])) for a in apps}
-    for app_id, ds in deps.items():
-        missing = ds - set(ids)
-        if missing:
-            raise ValueError(f"{app_id} depends on {sorted(missing)}, which the group does not define")
-    order: list[str] = []
-    while len(order) < len(ids):
-        ready = [i for i in ids if i not in order and deps[i] <= set(order)]
-        if not ready:
-            raise ValueError(f"dependency cycle among {sorted(set(ids) - set(order))}")
-        order.append(ready[0])
-    return order
-
-
-def launch_delay(app: Mapping, consecutive_failures: int) -> float:
-    """Marathon's launch delay after the n-th consecutive failure (n >= 1)."""
-    if consecutive_failures <= 0:
-        return 0.0
-    base = float(app.get("backoffSeconds", 1))
-    factor = float(app.get("backoffFactor", 1.15))
-    cap = float(app.get("maxLaunchDelaySeconds", 300))
-    return min(base * factor ** (consecutive_failures - 1), cap)
 
 
 @dataclass
@@ -139,16 +70,6 @@ class TaskStatus:
 
 
 @dataclass
-class _Check:
-    spec: dict
-    passed_once: bool = False
-    consecutive_failures: int = 0
-    next_at: float = 0.0
-    in_flight: bool = False
-    ok: bool | None = None
-
-
-@dataclass
 class _Task:
     app_id: str
     index: int
@@ -161,8 +82,8 @@ class _Task:
     launches: int = 0
     started_at: float = 0.0
     last_exit_code: int | None = None
-    health: _Check | None = None
-    readiness: _Check | None = None
+    health: CheckState | None = None
+    readiness: CheckState | None = None
     kill_deadline: float | None = None
     next_launch_at: float = 0.0
 
@@ -202,20 +123,12 @@ class LocalRunner:
         self._started = False
         self._stopped = False
         self.group_id = group.get("id", "/")
-        apps = flatten_group(group)
-        self._order = start_order(apps)
-        specs = {a["id"]: a for a in apps}
-        self._apply_instances(specs, dict(instances or {}))
-        self._fixed_ports = self._remap_fixed_ports(specs, remap_fixed_ports)
-        self._volume_dirs = self._map_volumes(specs, dict(volumes or {}))
-        dns = {mesos_dns_name(app_id): app_id for app_id in specs}
-        unknown = set(app_env or {}) - {a.rsplit("/", 1)[-1] for a in specs} - set(specs)
-        if unknown:
-            raise KeyError(f"app_env for unknown apps {sorted(unknown)}")
-        for app_id, spec in specs.items():
-            self._rewrite(spec, dns)
-            overrides = {**dict(env or {}), **dict(self._lookup(app_env or {}, app_id) or {})}
-            spec["env"] = {**spec.get("env", {}), **overrides}
+        placement = place_group(group, host=host, work_dir=self.work_dir, env=env, app_env=app_env,
+                                instances=instances, volumes=volumes, remap_fixed_ports=remap_fixed_ports)
+        self._order = placement.order
+        self._fixed_ports = placement.fixed_ports
+        self._volume_dirs = placement.volume_dirs
+        specs = placement.specs
         self._apps = {app_id: _AppState(spec) for app_id, spec in specs.items()}
         self._tasks: dict[str, list[_Task]] = {app_id: [] for app_id in specs}
 
@@ -228,119 +141,6 @@ class LocalRunner:
     def from_topology(cls, topology, **kwargs) -> LocalRunner:
         from online.deployment.marathon import render_group
         return cls(render_group(topology), **kwargs)
-
-    @staticmethod
-    def _lookup(mapping: Mapping, app_id: str):
-        name = app_id.rsplit("/", 1)[-1]
-        if app_id in mapping:
-            return mapping[app_id]
-        return mapping.get(name)
-
-    def _apply_instances(self, specs: dict[str, dict], counts: dict[str, int]) -> None:
-        names = {a.rsplit("/", 1)[-1] for a in specs} | set(specs)
-        unknown = set(counts) - names
-        if unknown:
-            raise KeyError(f"instances for unknown apps {sorted(unknown)}")
-        overridden_roles = set()
-        for app_id, spec in specs.items():
-            n = self._lookup(counts, app_id)
-            if n is not None:
-                spec["instances"] = int(n)
-                overridden_roles.add(spec.get("env", {}).get("DMLC_ROLE"))
-        totals = {"server": 0, "worker": 0}
-        for spec in specs.values():
-            role = spec.get("env", {}).get("DMLC_ROLE")
-            if role in totals:
-                totals[role] += int(spec.get("instances", 1))
-        for role, var in (("server", "DMLC_NUM_SERVER"), ("worker", "DMLC_NUM_WORKER")):
-            for app_id, spec in specs.items():
-                env = spec.get("env", {})
-                if var not in env:
-                    continue
-                if role in overridden_roles:
-                    env[var] = str(totals[role])
-                elif env[var] != str(totals[role]):
-                    raise ValueError(f"{app_id}: {var}={env[var]} but the group runs {totals[role]} "
-                                     f"{role} instance(s); ps-lite rendezvous would never complete")
-
-    def _remap_fixed_ports(self, specs: dict[str, dict], remap: bool) -> dict[str, list[int | None]]:
-        """app id -> per port definition: the fixed local port, or None for dynamic."""
-        fixed: dict[str, list[int | None]] = {}
-        rewrites: dict[int, tuple[str, int]] = {}
-        for app_id, spec in specs.items():
-            defs = self._port_definitions(spec)
-            row: list[int | None] = []
-            for d in defs:
-                if spec.get("requirePorts") and d.get("port", 0):
-                    local = free_port(self.host) if remap else int(d["port"])
-                    rewrites[int(d["port"])] = (app_id, local)
-                    row.append(local)
-                else:
-                    row.append(None)
-            fixed[app_id] = row
-        if rewrites:
-            for spec in specs.values():
-                env = spec.get("env", {})
-                for key, value in list(env.items()):
-                    if not isinstance(value, str):
-                        continue
-                    for original, (owner, local) in rewrites.items():
-                        if value == str(original):
-                            value = str(local)
-                        value = value.replace(f"{mesos_dns_name(owner)}:{original}",
-                                              f"{mesos_dns_name(owner)}:{local}")
-                    env[key] = value
-        return fixed
-
-    def _map_volumes(self, specs: dict[str, dict], volumes: dict[str, str | Path]) -> dict[str, Path]:
-        """containerPath -> local directory. A ``volumes`` key may be the container path or
-        a parent of it ({"/mnt/mfs": d} maps /mnt/mfs/livevec to d/livevec)."""
-        mapping: dict[str, Path] = {}
-        used: set[str] = set()
-        for spec in specs.values():
-            for vol in (spec.get("container") or {}).get("volumes", []):
-                cpath = vol.get("containerPath")
-                if not cpath or cpath in mapping:
-                    continue
-                parents = [k for k in volumes if cpath == k.rstrip("/") or cpath.startswith(k.rstrip("/") + "/")]
-                if parents:
-                    key = max(parents, key=len)
-                    used.add(key)
-                    mapping[cpath] = Path(volumes[key]) / cpath[len(key.rstrip("/")):].lstrip("/")
-                else:
-                    mapping[cpath] = self.work_dir / "volumes" / cpath.strip("/").replace("/", "_")
-        unused = set(volumes) - used
-        if unused:
-            raise ValueError(f"volumes {sorted(unused)} match no containerPath of the group "
-                             f"(have {sorted(mapping)})")
-        return mapping
-
-    def _rewrite(self, spec: dict, dns: Mapping[str, str]) -> None:
-        def resolve(text: str, where: str) -> str:
-            def sub(m: re.Match) -> str:
-                name = m.group(0)
-                if name not in dns:
-                    raise ValueError(f"{spec['id']}: {where} refers to {name}, but no app of the group has "
-                                     f"that Mesos-DNS name (have {sorted(dns)})")
-                return self.host
-            text = _DNS_NAME.sub(sub, text)
-            for cpath, local in self._volume_dirs.items():
-                if text == cpath or text.startswith(cpath + "/"):
-                    text = str(local) + text[len(cpath):]
-                else:
-                    text = re.sub(rf"(?<![\w/.-]){re.escape(cpath)}(?=/|\s|$|\")", str(local), text)
-            return text
-
-        spec["env"] = {k: resolve(v, f"env {k}") if isinstance(v, str) else v
-                       for k, v in spec.get("env", {}).items()}
-        if "cmd" in spec:
-            spec["cmd"] = resolve(spec["cmd"], "cmd")
-
-    @staticmethod
-    def _port_definitions(spec: Mapping) -> list[dict]:
-        if "portDefinitions" in spec:
-            return list(spec["portDefinitions"])
-        return [{"port": 0, "name": "default"}]  # what Marathon injects when omitted
 
     # -- public API ---------------------------------------------------------------------
     def app(self, name: str) -> dict:
@@ -405,7 +205,7 @@ class LocalRunner:
             out = []
             for app_id in self._order:
                 names = [d.get("name") or f"port{i}"
-                         for i, d in enumerate(self._port_definitions(self._apps[app_id].spec))]
+                         for i, d in enumerate(port_definitions(self._apps[app_id].spec))]
                 for t in self._tasks[app_id]:
                     out.append(TaskStatus(
                         app=app_id.rsplit("/", 1)[-1], app_id=app_id, index=t.index, task_id=t.task_id,
@@ -435,7 +235,7 @@ class LocalRunner:
             task = self._tasks[app_id][index]
             if isinstance(name, int):
                 return task.ports[name]
-            names = [d.get("name") for d in self._port_definitions(self._apps[app_id].spec)]
+            names = [d.get("name") for d in port_definitions(self._apps[app_id].spec)]
             return task.ports[names.index(name)]
 
     def url(self, app: str, port_name: str | int = 0, path: str = "", index: int = 0) -> str:
@@ -508,7 +308,7 @@ class LocalRunner:
     def _task_env(self, task: _Task, spec: dict) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV or k.startswith(_INHERITED_PREFIXES)}
         env["PATH"] = os.pathsep.join([*self._bin_dirs, env.get("PATH", os.defpath)])
-        defs = self._port_definitions(spec)
+        defs = port_definitions(spec)
         env.update({
             "HOST": self.host,
             "PORTS": ",".join(str(p) for p in task.ports),
@@ -530,7 +330,7 @@ class LocalRunner:
         for i, (d, port) in enumerate(zip(defs, task.ports)):
             env[f"PORT{i}"] = str(port)
             if d.get("name"):
-                env[env_name(d["name"])] = str(port)
+                env[port_env_name(d["name"])] = str(port)
         if task.ports:
             env["PORT"] = str(task.ports[0])
         for key, value in spec.get("env", {}).items():
@@ -559,9 +359,9 @@ class LocalRunner:
         task.kill_deadline = None
         now = time.monotonic()
         hcs = spec.get("healthChecks") or []
-        task.health = _Check(hcs[0], next_at=now) if hcs else None
+        task.health = CheckState(hcs[0], "health", next_at=now) if hcs else None
         rcs = spec.get("readinessChecks") or []
-        task.readiness = _Check(rcs[0], next_at=now) if rcs else None
+        task.readiness = CheckState(rcs[0], "readiness", next_at=now) if rcs else None
         if app.launched_since_failure_at is None:
             app.launched_since_failure_at = now
         log_event(logger, "task_launched", app=task.app_id, index=task.index, task=task.task_id,
@@ -624,77 +424,28 @@ class LocalRunner:
                   exit_code=code, relaunch_in_s=round(delay, 2), log=str(task.log_path))
 
     def _maybe_probe(self, task: _Task, spec: dict, now: float) -> None:
-        for kind, check in (("health", task.health), ("readiness", task.readiness)):
-            if check is None or check.in_flight or now < check.next_at:
+        for check in (task.health, task.readiness):
+            if check is None or not check.due(now):
                 continue
-            if kind == "readiness" and check.ok:
-                continue  # readiness is consulted only until the task is ready
             check.in_flight = True
-            threading.Thread(target=self._probe, args=(task, task.launches, kind, check, spec),
+            threading.Thread(target=self._probe, args=(task, task.launches, check, spec),
                              daemon=True, name=f"probe-{task.app_id}-{task.index}").start()
 
-    def _probe(self, task: _Task, launch: int, kind: str, check: _Check, spec: dict) -> None:
-        hc = check.spec
-        timeout = float(hc.get("timeoutSeconds", 20 if kind == "health" else 10))
-        ok = self._run_check(task, hc, spec, timeout)
+    def _probe(self, task: _Task, launch: int, check: CheckState, spec: dict) -> None:
+        names = [d.get("name") for d in port_definitions(spec)]
+        ok = probe(check.spec, host=self.host, ports=task.ports, port_names=names,
+                   command_env=lambda: self._task_env(task, spec), cwd=task.sandbox, timeout=check.timeout)
         now = time.monotonic()
         with self._lock:
             check.in_flight = False
             if task.launches != launch or task.state != "running":
                 return
-            interval = float(hc.get("intervalSeconds", 60 if kind == "health" else 30))
-            if ok:
-                check.ok, check.passed_once, check.consecutive_failures = True, True, 0
-                check.next_at = now + interval
-                return
-            if kind == "readiness":
-                check.ok, check.next_at = False, now + FAST_PROBE_SECONDS
-                return
-            # Failures are ignored until the grace period ends or the first success
-            # (marathon PR #293); meanwhile probe fast so the first success is seen soon.
-            in_grace = (not check.passed_once
-                        and now - task.started_at < float(hc.get("gracePeriodSeconds", 300)))
-            if in_grace:
-                check.next_at = now + FAST_PROBE_SECONDS
-                return
-            check.next_at = now + interval
-            check.ok = False
-            check.consecutive_failures += 1
-            limit = int(hc.get("maxConsecutiveFailures", 3))
-            protocol = hc.get("protocol", "HTTP")
-            if limit == 0 and not protocol.startswith("MESOS_"):
-                return  # Marathon checks: 0 means never kill
-            if check.consecutive_failures >= max(limit, 1):
+            if check.record(ok, now, task.started_at):
                 log_event(logger, "task_unhealthy_killed", logging.WARNING, app=task.app_id, index=task.index,
                           task=task.task_id, failures=check.consecutive_failures)
                 task.state = "killing"
                 task.kill_deadline = now + float(spec.get("taskKillGracePeriodSeconds", 3))
                 self._signal(task, signal.SIGTERM)
-
-    def _run_check(self, task: _Task, hc: dict, spec: dict, timeout: float) -> bool:
-        protocol = hc.get("protocol", "HTTP")
-        try:
-            if protocol == "COMMAND":
-                cmd = (hc.get("command") or {}).get("value", "exit 1")
-                env = self._task_env(task, spec)
-                return subprocess.run(["/bin/sh", "-c", cmd], env=env, cwd=task.sandbox, timeout=timeout,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-            if "portName" in hc:
-                names = [d.get("name") for d in self._port_definitions(spec)]
-                port = task.ports[names.index(hc["portName"])]
-            elif hc.get("port"):
-                port = int(hc["port"])
-            else:
-                port = task.ports[int(hc.get("portIndex", 0))]
-            if protocol.endswith("TCP"):
-                with socket.create_connection((self.host, port), timeout=timeout):
-                    return True
-            url = f"http://{self.host}:{port}{hc.get('path', '/')}"
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
-                codes = hc.get("httpStatusCodesForReady")
-                return resp.status in codes if codes else 200 <= resp.status < 400
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired, urllib.error.URLError):
-            return False
 
 
 def describe(statuses: Iterable[TaskStatus]) -> str:

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 
-from online.deployment.local_runner import flatten_group
+from online.deployment.marathon_group import flatten_group
 from online.deployment.topology import mesos_dns_name
 
 # Plain Mesos agents offer ports [31000-32000] unless started with --resources=ports:[...]

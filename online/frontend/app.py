@@ -8,10 +8,8 @@ body); anything unexpected becomes a logged JSON 500 in ``error_middleware``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import os
 import re
 import signal
 import sys
@@ -25,12 +23,12 @@ from aiohttp import web
 
 from online.frontend.blas_threads import set_blas_threads
 from online.frontend.http_metrics import HttpMetrics
-from online.frontend import model_index
+from online.frontend import int8_prefilter
 from online.frontend.model_index import ModelHolder, warm_up
 from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_PREFIX_LENGTH, MAX_VOCAB_LIMIT,
                                      MAX_WORD_LENGTH, build_openapi)
 from online.frontend.query_engine import QueryEngine
-from online.frontend.settings import FrontendSettings, add_arguments, settings_from
+from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelSource, resolve_source_factory
 from online.frontend.sync import ModelSync
 from ps_bridge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -296,8 +294,8 @@ async def _background(app: web.Application):
         changed = await asyncio.to_thread(set_blas_threads, settings.blas_threads)
         log_event(log, "blas_threads_set", threads=settings.blas_threads, libraries=len(changed))
     await asyncio.to_thread(warm_up)        # numba: 2.5 s on a cold cache, not on the first query
-    log_event(log, "similarity_search", scan=model_index.SCAN,
-              note="" if model_index.SCAN == "vnni" else "no AVX-512 VNNI kernel: exact float32 search, slower")
+    log_event(log, "similarity_search", scan=int8_prefilter.SCAN,
+              note="" if int8_prefilter.SCAN == "vnni" else "no AVX-512 VNNI kernel: exact float32 search, slower")
     # The query thread re-takes the GIL after every numpy/numba call; with the default 5 ms
     # switch interval each of those waits can cost up to 5 ms while the loop parses requests.
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
@@ -366,10 +364,6 @@ def build_source(settings: FrontendSettings, env: Mapping[str, str]) -> ModelSou
 
 
 # -------------------------------------------------------------------------- CLI
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_arguments(parser)
-
-
 async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
@@ -396,11 +390,3 @@ async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event 
     finally:
         log_event(log, "frontend_stopping")
         await runner.cleanup()
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = settings_from(args, os.environ)
-    source = build_source(settings, os.environ)
-    app = create_app(settings, source)
-    asyncio.run(serve(app, settings.host, settings.port))
-    return 0

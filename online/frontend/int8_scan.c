@@ -8,7 +8,7 @@
  * quarter of the bytes (10 MB, which fits this machine's L3). numba cannot emit
  * vpdpbusd; the measurement is in bench/README.md.
  *
- * The scores are approximate (both sides are quantised); model_index.py turns them into
+ * The scores are approximate (both sides are quantised); int8_prefilter.py turns them into
  * exact answers with an error bound per row and a float32 re-score of the few candidates.
  *
  * Maths. Row r has codes c[r, t] in [-127, 127] with x[r, t] ~ scale[r] * c[r, t]; a query
@@ -19,7 +19,7 @@
  * lane adds 4 products of at most 255 * 127 per step; 512 dims stay below 2^24, so the
  * int32 -> float32 conversion is exact too.
  *
- * Layout (written by model_index._quantise_rows): rows in tiles of 64, dims in groups of 4,
+ * Layout (written by int8_prefilter._quantise_rows): rows in tiles of 64, dims in groups of 4,
  * codes[tile][group][sub-block of 16 rows][row in sub-block][dim in group]. One 64-byte load
  * is then 16 rows x 4 dims, exactly one vpdpbusd operand, and a tile keeps four
  * independent accumulators in flight (vpdpbusd's latency is about 4 cycles). Row R, dim t

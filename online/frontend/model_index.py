@@ -9,13 +9,11 @@ this machine; the raw vectors are kept as unit rows times their norms, so there 
 matrix to copy, not two), paid off the query path.
 
 Search is exact: cosine similarity against the row-normalised float32 matrix ``unit``.
-On a large model an int8 copy of ``unit`` (built at sync time, only changed rows
-re-quantised) is scored first by a C kernel (``int8_scan.c``, AVX-512 VNNI), and only the
-rows whose error bound lets them reach the top k are re-scored in float32 (``top_k``'s
-``prefilter``; same answers). At 100k x 100 that is about 0.2 ms for one query and 0.1 ms
-per query in batches of 8, against 1.5 ms and 0.5 ms for the float32 BLAS product it
-replaced. Without the kernel (no compiler at install time, or a CPU without VNNI) the
-float32 product and a compiled top-k heap answer. An HNSW index was rejected for the
+On a large model an int8 copy of ``unit`` is scored first and only the rows that can still
+reach the top k are re-scored in float32 (``int8_prefilter``; same answers): about 0.2 ms
+for one query at 100k x 100 against 1.5 ms for the float32 BLAS product it replaced.
+Without its kernel (no compiler at install time, or a CPU without VNNI) the float32
+product and a compiled top-k heap answer. An HNSW index was rejected for the
 default path: it cannot follow a model that changes 10^5-10^6 rows per second
 (bench/README.md).
 """
@@ -28,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from online.frontend import int8_prefilter
 from online.frontend.sources import ModelDelta
-from online.learner.vocab import word_key
+from online.learner.keys import word_key
 
 _HIGHEST_CHAR = "\U0010ffff"
 
@@ -131,256 +130,11 @@ def _select_top_k(scores, exclude_ptr, exclude_rows, k, out_rows, out_scores):
             out_scores[i, t] = -np.inf
 
 
-# ------------------------------------------------------------------ int8 pre-filter
-# The exact product streams the whole float32 matrix per batch. An int8 copy of the unit
-# rows (per-row scale) is a quarter of the bytes, and the query is quantised to int8 too;
-# then the C kernel (int8_scan.c, AVX-512 VNNI) scores every row with 64 int8
-# multiply-adds per instruction. Those scores are within a per-row bound of the exact ones,
-#     |q.x - q_hat.x_hat| <= |q| |x - x_hat| + |q - q_hat| |x_hat|,   |x_hat| <= 1 + |x - x_hat|,
-# so the rows that can still reach the k-th best are known exactly and only those are
-# re-scored in float32. The answer is the exact one (up to float32 rounding of equal
-# scores); only the work changes. Without the compiled kernel the int8 rows are
-# dequantised block by block and scored with BLAS against the float32 query (|q - q_hat| = 0).
-TILE_ROWS = 64                  # the kernel's layout: rows in tiles of 64, dims in groups of 4 (int8_scan.c)
-CODE_BLOCK_ROWS = 4096          # numpy fallback: rows dequantised per step (1.6 MB of float32 stays in L2)
-MIN_ROWS_FOR_CODES = 8192       # below this the float32 product is cheap enough
-# float32 rounding of a dot product over d terms is at most about d * 2^-24 * |q| |x|; the
-# approximate and the exact score each carry it, so every bound is widened by twice that, x2.
-_ROUNDING_PER_DIM = 4 * 2.0 ** -24
-
-try:
-    from online.frontend import _int8_scan
-except ImportError:             # built without a C compiler: the numpy fallback serves
-    _int8_scan = None
-
-
-def _default_scan() -> str:
-    if _int8_scan is None:
-        return "numpy"
-    return "vnni" if _int8_scan.has_vnni() else "portable"
-
-
-# "vnni" (AVX-512 VNNI kernel), "portable" (the same C loop without intrinsics) or "numpy"
-# (dequantise + BLAS). Chosen once at import; tests switch it to cover every path.
-SCAN = _default_scan()
-# Largest batch that uses the int8 pre-filter by default. The VNNI kernel beats the float32
-# product at every batch size; the portable C loop and dequantise + BLAS lose to it at every
-# batch size here (bench/README.md), so they only run when asked (``prefilter=True``, tests).
-MAX_BATCH_FOR_CODES = {"vnni": 1 << 30, "portable": 0, "numpy": 0}
-
-
-def _layout(n: int, dim: int) -> tuple[int, int]:
-    """(tiles, groups) of the packed code array for ``n`` rows of ``dim``."""
-    return -(-n // TILE_ROWS), -(-dim // 4)
-
-
-def _empty_codes(n: int, dim: int):
-    tiles, groups = _layout(n, dim)
-    rows = tiles * TILE_ROWS
-    return (np.zeros((tiles, groups, 4, 16, 4), np.int8), np.zeros(rows, np.float32),
-            np.zeros(rows, np.float32), np.zeros(rows, np.int32))
-
-
-@njit(nogil=True, cache=True)
-def _quantise_rows(unit, rows, codes, scale, error, csum):
-    """int8 codes of ``unit[rows]`` (per-row scale max|x|/127) into the packed layout, with
-    |x - x_hat| rounded up and the code sum the kernel's unsigned-query correction needs."""
-    d = unit.shape[1]
-    for r in rows:
-        m = np.float32(0.0)
-        for t in range(d):
-            a = abs(unit[r, t])
-            if a > m:
-                m = a
-        s = np.float32(m / np.float32(127.0))
-        inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
-        e2 = 0.0
-        total = 0
-        tile, sub, lane = r >> 6, (r >> 4) & 3, r & 15
-        for t in range(d):
-            c = np.floor(unit[r, t] * inv + np.float32(0.5))                 # any rounding will do: the error is measured
-            c = min(max(c, np.float32(-127.0)), np.float32(127.0))
-            ci = np.int8(c)
-            codes[tile, t >> 2, sub, lane, t & 3] = ci
-            total += np.int32(ci)
-            diff = np.float64(unit[r, t]) - np.float64(np.float32(c) * s)    # x_hat exactly as _dequantise makes it
-            e2 += diff * diff
-        scale[r] = s
-        error[r] = np.float32(np.sqrt(e2) * 1.000001 + 1e-9)
-        csum[r] = total
-
-
-@njit(nogil=True, cache=True)
-def _dequantise(codes, scale, lo, hi, out):
-    d = out.shape[1]
-    for j in range(lo, hi):
-        s = scale[j]
-        tile, sub, lane = j >> 6, (j >> 4) & 3, j & 15
-        for t in range(d):
-            out[j - lo, t] = np.float32(codes[tile, t >> 2, sub, lane, t & 3]) * s
-
-
-@njit(nogil=True, cache=True)
-def _candidates(approx, tile_max, tile_error, qnorm, margins, error, exclude_ptr, exclude_rows, k, counts,
-                out_rows):
-    """Rows whose upper bound reaches the k-th best lower bound, per query (``approx`` is [b, n]).
-
-    One pass per query over its approximate scores: a value heap tracks the k-th largest
-    lower bound so far, rows whose upper bound reaches it are collected, and at the end those
-    the final k-th lower bound rules out are dropped (rows tied with the k-th stay). Any row
-    of the exact top k has upper bound >= its exact score >= the k-th exact score >= the
-    k-th largest lower bound, so it is kept. ``out_rows`` is [b, cap]; a query with more than ``cap`` candidates
-    gets ``counts[i] = -1`` and the caller scores all rows exactly. Excluded rows are never
-    candidates. A row's slack is ``qnorm[i] * error[row] + margins[i]``.
-
-    Rows come in tiles of TILE_ROWS with their best approximate score (``tile_max``, [b,
-    tiles]) and largest error (``tile_error``): once the threshold is known, a tile whose
-    best upper bound misses it is skipped whole, so most of the 100k rows are never looked
-    at one by one.
-    """
-    b, n = approx.shape
-    tiles = tile_max.shape[1]
-    cap = out_rows.shape[1]
-    heap = np.empty(k, dtype=np.float32)
-    for i in range(b):
-        for j in range(exclude_ptr[i], exclude_ptr[i + 1]):
-            approx[i, exclude_rows[j]] = -np.inf
-        qn = qnorm[i]
-        margin = margins[i]
-        size = 0
-        c = 0
-        threshold = -np.inf
-        for tile in range(tiles):
-            if tile_max[i, tile] + (qn * tile_error[tile] + margin) < threshold:
-                continue
-            for j in range(tile * TILE_ROWS, min(n, (tile + 1) * TILE_ROWS)):
-                s = approx[i, j]
-                if s == -np.inf:
-                    continue
-                slack = qn * error[j] + margin
-                if s + slack < threshold:          # cannot reach the current k-th lower bound
-                    continue
-                if c >= 0:
-                    if c >= cap:
-                        c = -1
-                    else:
-                        out_rows[i, c] = j
-                        c += 1
-                v = s - slack
-                if size < k:
-                    pos = size
-                    size += 1
-                    while pos > 0:
-                        parent = (pos - 1) // 2
-                        if heap[parent] <= v:
-                            break
-                        heap[pos] = heap[parent]
-                        pos = parent
-                    heap[pos] = v
-                elif v > heap[0]:
-                    pos = 0
-                    while True:
-                        child = 2 * pos + 1
-                        if child >= k:
-                            break
-                        if child + 1 < k and heap[child + 1] < heap[child]:
-                            child += 1
-                        if v <= heap[child]:
-                            break
-                        heap[pos] = heap[child]
-                        pos = child
-                    heap[pos] = v
-                if size >= k:                      # the heap is full: its root is the k-th lower bound
-                    threshold = heap[0]
-        if c > 0:                                  # drop those the final k-th lower bound rules out
-            threshold = heap[0] if size >= k else -np.inf
-            kept = 0
-            for t in range(c):
-                j = out_rows[i, t]
-                if approx[i, j] + (qn * error[j] + margin) >= threshold:
-                    out_rows[i, kept] = j
-                    kept += 1
-            c = kept
-        counts[i] = c
-
-
-def _quantise_queries(queries: np.ndarray, groups: int):
-    """int8 codes of the queries, sent as unsigned bytes (code + 128; see int8_scan.c), their
-    scales, and |q - q_hat| rounded up."""
-    b, dim = queries.shape
-    m = np.abs(queries).max(axis=1) if dim else np.zeros(b, np.float32)
-    qscale = (m / np.float32(127.0)).astype(np.float32)
-    inv = np.divide(np.float32(127.0), m, out=np.zeros_like(m), where=m > 0)
-    codes = np.clip(np.rint(queries * inv[:, None]), -127, 127)
-    packed = np.full((b, groups * 4), 128, np.uint8)
-    packed[:, :dim] = (codes + 128).astype(np.uint8)
-    diff = queries.astype(np.float64) - codes * qscale.astype(np.float64)[:, None]
-    error = (np.sqrt((diff * diff).sum(axis=1)) * 1.000001 + 1e-9).astype(np.float32)
-    return packed, qscale, error
-
-
-def _approx_scores(codes: np.ndarray, scale: np.ndarray, csum: np.ndarray, queries: np.ndarray, n: int,
-                   scan: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[b, n] scores of the int8 rows, the best score of each tile ([b, tiles]) and, per query,
-    |q - q_hat| (0 where q is not quantised)."""
-    tiles, groups = codes.shape[0], codes.shape[1]
-    b, dim = queries.shape
-    if scan != "numpy":
-        packed, qscale, qerror = _quantise_queries(queries, groups)
-        out = np.empty((b, tiles * TILE_ROWS), dtype=np.float32)
-        tile_max = np.empty((b, tiles), dtype=np.float32)
-        _int8_scan.scan(codes, csum, scale, packed, qscale, out, tile_max, tiles, groups, b, tiles * TILE_ROWS,
-                        portable=scan == "portable")
-        return out[:, :n], tile_max, qerror
-    out = np.full((b, tiles * TILE_ROWS), -np.inf, dtype=np.float32)
-    rows = min(CODE_BLOCK_ROWS, n)
-    block = np.empty((rows, dim), dtype=np.float32)
-    part = np.empty((b, rows), dtype=np.float32)
-    for lo in range(0, n, CODE_BLOCK_ROWS):
-        hi = min(n, lo + CODE_BLOCK_ROWS)
-        _dequantise(codes, scale, lo, hi, block)
-        if hi - lo == rows:
-            np.matmul(queries, block.T, out=part)
-            out[:, lo:hi] = part
-        else:
-            out[:, lo:hi] = queries @ block[:hi - lo].T
-    return out[:, :n], out.reshape(b, tiles, TILE_ROWS).max(axis=2), np.zeros(b, np.float32)
-
-
-def _quantise(unit: np.ndarray, rows: np.ndarray | None = None, codes=None):
-    """Codes of ``unit`` (all rows, or only ``rows`` into the given ``codes`` arrays):
-    (packed codes, scale, error, csum)."""
-    n, dim = unit.shape
-    if codes is None:
-        codes = _empty_codes(n, dim)
-    packed, scale, error, csum = codes
-    rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
-    if len(rows) and dim:
-        _quantise_rows(unit, rows, packed, scale, error, csum)
-    elif len(rows):
-        scale[rows] = 0
-        error[rows] = 0
-        csum[rows] = 0
-    return codes
-
-
-def code_matrix(codes: np.ndarray, n: int, dim: int) -> np.ndarray:
-    """The packed codes as an [n, dim] int8 matrix (for tests and inspection)."""
-    tiles, groups = codes.shape[0], codes.shape[1]
-    return codes.transpose(0, 2, 3, 1, 4).reshape(tiles * TILE_ROWS, groups * 4)[:n, :dim]
-
-
 def warm_up() -> None:
     """Compile (or load from numba's cache) the search kernels before the first query needs them."""
     _select_top_k(np.zeros((1, 3), np.float32), np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
                   np.empty((1, 2), np.int64), np.empty((1, 2), np.float32))
-    unit = np.eye(3, dtype=np.float32)
-    codes, scale, error, csum = _quantise(unit)
-    _dequantise(codes, scale, 0, 3, np.empty((3, 3), np.float32))
-    for approx in (np.zeros((1, 3), np.float32), np.zeros((1, 4), np.float32)[:, :3]):   # contiguous and a view
-        _candidates(approx, np.zeros((1, 1), np.float32), np.zeros(1, np.float32), np.ones(1, np.float32),
-                    np.ones(1, np.float32), error, np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
-                    np.empty(1, np.int64), np.empty((1, 3), np.int64))
+    int8_prefilter.warm_up()
 
 
 class ModelIndex:
@@ -403,7 +157,7 @@ class ModelIndex:
         self.unit = unit                                 # the searched matrix: rows of length 1 (or 0)
         self.norms = norms                               # unit * norms = the vectors (only unit is copied per sync)
         if codes is None:
-            codes = _quantise(unit)
+            codes = int8_prefilter.quantise(unit)
         # int8 copy of unit for the pre-filter, in the kernel's packed layout (rows padded to
         # whole tiles with zero codes); per row: scale, |x - x_hat| and the code sum
         self.codes, self.code_scale, self.code_error, self.code_sum = codes
@@ -467,8 +221,8 @@ class ModelIndex:
             new_unit = np.empty((n_new, dim), np.float32)
         new_norms = np.concatenate([self.norms, np.empty(n_new, np.float32)])
         new_unit[rows], new_norms[rows] = _normalise(vectors)
-        new_codes = self._grown_codes(n_old + n_new, dim)
-        _quantise(new_unit, rows, new_codes)                           # only the changed rows
+        new_codes = int8_prefilter.grown_codes(self._code_arrays, n_old, n_old + n_new, dim)
+        int8_prefilter.quantise(new_unit, rows, new_codes)                           # only the changed rows
         new_counts = np.concatenate([self.counts, np.zeros(n_new, np.int64)])
         new_counts[rows] = counts
         fresh_keys, fresh_rows = keys[is_new], rows[is_new]
@@ -514,7 +268,7 @@ class ModelIndex:
                 alpha_words = [w for w, k in zip(alpha_words, kept_alpha.tolist()) if k]
                 alpha_rows = remap[alpha_rows[kept_alpha]]
             new_unit, new_norms = new_unit[keep], new_norms[keep]
-            new_codes = _quantise(new_unit)          # rows move between tiles: re-quantise all (removals are rare)
+            new_codes = int8_prefilter.quantise(new_unit)          # rows move between tiles: re-quantise all (removals are rare)
             new_counts, new_keys = new_counts[keep], new_keys[keep]
             new_words = [w for w, k in zip(new_words, keep.tolist()) if k]
             key_order = None
@@ -525,25 +279,12 @@ class ModelIndex:
     def _tile_error(self) -> np.ndarray:
         """Largest |x - x_hat| per tile (computed on first use; the snapshot never changes)."""
         if self._tile_err is None:
-            self._tile_err = self.code_error.reshape(-1, TILE_ROWS).max(axis=1) if len(self.code_error) \
-                else np.zeros(0, np.float32)
+            self._tile_err = int8_prefilter.tile_error(self.code_error)
         return self._tile_err
 
     @property
     def _code_arrays(self):
         return self.codes, self.code_scale, self.code_error, self.code_sum
-
-    def _grown_codes(self, n: int, dim: int):
-        """Writable copies of the code arrays, with room for ``n`` rows (copy-on-write)."""
-        if self.n == 0 or self.codes.shape[1] != -(-dim // 4):
-            return _empty_codes(n, dim)
-        tiles, _ = _layout(n, dim)
-        extra = tiles - self.codes.shape[0]
-        pad = extra * TILE_ROWS
-        return (np.concatenate([self.codes, np.zeros((extra,) + self.codes.shape[1:], np.int8)]),
-                np.concatenate([self.code_scale, np.zeros(pad, np.float32)]),
-                np.concatenate([self.code_error, np.zeros(pad, np.float32)]),
-                np.concatenate([self.code_sum, np.zeros(pad, np.int32)]))
 
     # ----------------------------------------------------------------- reading
     @property
@@ -608,8 +349,8 @@ class ModelIndex:
               prefilter: bool | None = None) -> list[list[Neighbour]]:
         """Exact top ``ks[i]`` rows by cosine for each row of ``queries`` (float32 [b, dim], unit length).
 
-        ``prefilter`` (default: at least MIN_ROWS_FOR_CODES rows and at most
-        MAX_BATCH_FOR_CODES queries) scores
+        ``prefilter`` (default: at least ``int8_prefilter.MIN_ROWS_FOR_CODES`` rows and at
+        most ``MAX_BATCH_FOR_CODES`` queries) scores
         the int8 copy first and re-scores in float32 only the rows that can still make the
         top k; the answer is the same as without it.
         """
@@ -621,9 +362,11 @@ class ModelIndex:
         ptr[1:] = np.cumsum([len(rows) for rows in exclude])
         flat = np.fromiter((r for rows in exclude for r in rows), dtype=np.int64, count=int(ptr[-1]))
         if prefilter is None:
-            prefilter = n >= MIN_ROWS_FOR_CODES and b <= MAX_BATCH_FOR_CODES[SCAN]
+            prefilter = (n >= int8_prefilter.MIN_ROWS_FOR_CODES
+                         and b <= int8_prefilter.MAX_BATCH_FOR_CODES[int8_prefilter.SCAN])
         if prefilter and self.dim:
-            top, top_scores = self._top_k_prefiltered(queries, ptr, flat, kk)
+            top, top_scores = int8_prefilter.prefiltered_top_k(self.unit, self._code_arrays, self._tile_error(),
+                                                               queries, ptr, flat, kk)
         else:
             scores = queries @ self.unit.T                   # [b, n], one BLAS call for the whole batch
             top = np.empty((b, kk), dtype=np.int64)
@@ -636,37 +379,6 @@ class ModelIndex:
             out.append([Neighbour(words[r], round(s, 6)) for r, s in zip(top[i, :k].tolist(), row_scores)
                         if r >= 0 and s != -np.inf])
         return out
-
-    def _top_k_prefiltered(self, queries: np.ndarray, ptr: np.ndarray, flat: np.ndarray, kk: int):
-        b, n = len(queries), self.n
-        queries = np.ascontiguousarray(queries, dtype=np.float32)
-        approx, tile_max, qerror = _approx_scores(self.codes, self.code_scale, self.code_sum, queries, n, SCAN)
-        qnorm = np.linalg.norm(queries, axis=1).astype(np.float32)
-        cap = max(4 * kk + 256, n // 16)
-        counts = np.empty(b, dtype=np.int64)
-        cand = np.empty((b, cap), dtype=np.int64)
-        margins = (qnorm * np.float32(_ROUNDING_PER_DIM * self.dim) + np.float32(1e-6)).astype(np.float32)
-        # slack of row j: |q| e_j + |q - q_hat| (1 + e_j) + margin = (|q| + |q - q_hat|) e_j + (|q - q_hat| + margin)
-        _candidates(approx, tile_max, self._tile_error(), (qnorm + qerror).astype(np.float32),
-                    (margins + qerror).astype(np.float32), self.code_error, ptr, flat, kk, counts, cand)
-        top = np.full((b, kk), -1, dtype=np.int64)
-        top_scores = np.full((b, kk), -np.inf, dtype=np.float32)
-        for i in range(b):
-            if counts[i] < 0:                                # too many near-ties (e.g. a zero query): all rows
-                scores = self.unit @ queries[i]
-                rows_i = np.arange(n, dtype=np.int64)
-                ex = flat[ptr[i]:ptr[i + 1]]
-                keep = np.ones(n, dtype=bool)
-                keep[ex] = False
-                rows_i, scores = rows_i[keep], scores[keep]
-            else:
-                rows_i = cand[i, :counts[i]]                 # ascending row order
-                scores = self.unit[rows_i] @ queries[i]
-            order = np.lexsort((rows_i, -scores))[:kk]      # best first, ties: lower row first
-            m = len(order)
-            top[i, :m] = rows_i[order]
-            top_scores[i, :m] = scores[order]
-        return top, top_scores
 
     def most_similar(self, positive: list[str], negative: list[str] = (), k: int = 10) -> list[Neighbour]:
         """Convenience for tests and scripts: one query, unknown words raise KeyError."""

@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
+from online.frontend.settings import ps_node_settings
 from online.frontend.sources import ModelDelta
 from ps_bridge.structured_logging import log_event
 from ps_bridge.kv_app import KVWorker
@@ -151,4 +152,7 @@ class ParameterServerSource:
 
 def create_source(settings, env: Mapping[str, str]) -> ParameterServerSource:
     """``--source ps``: the ``DMLC_*`` settings of the cluster, joined as a worker node."""
-    return ParameterServerSource(NodeSettings.from_env(env, role="worker"))
+    node = getattr(settings, "node", None)
+    if node is None:
+        node = ps_node_settings(None, env)
+    return ParameterServerSource(node)

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from online.frontend.word2vec_format import read_vocab_counts, read_word2vec
-from online.learner.vocab import word_keys
+from online.learner.word2vec_format import read_vocab_counts, read_word2vec
+from online.learner.keys import is_input_row, word_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from online.learner.embedding_shard import EmbeddingShard
@@ -57,7 +57,7 @@ _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
 class ModelDelta:
     """Rows to add or replace, keys to remove, and the version they bring the caller to."""
 
-    keys: np.ndarray                  # uint64 [n] word keys (online.learner.vocab.word_key)
+    keys: np.ndarray                  # uint64 [n] word keys (online.learner.keys.word_key)
     words: list[str]                  # [n]
     vectors: np.ndarray               # float32 [n, dim], the INPUT vectors
     counts: np.ndarray                # int64 [n]
@@ -174,9 +174,9 @@ class EmbeddingShardSource:
             if changes.full_resync and not full:
                 return self._changes_since(0)
             now.append(changes.version)
-            keys = changes.changed[(changes.changed & np.uint64(1)) == 0]
+            keys = changes.changed[is_input_row(changes.changed)]
             parts.append(shard.named_input_rows(keys))
-            removed.append(changes.removed[(changes.removed & np.uint64(1)) == 0])
+            removed.append(changes.removed[is_input_row(changes.removed)])
         now_t = tuple(now)
         if not full and now_t == since:
             return ModelDelta.unchanged(version, self.shards[0].dim if self.shards else 0)

@@ -23,8 +23,9 @@ import numpy as np
 
 from online.frontend.sources import ModelDelta
 from online.stream.sample_corpus import PLANTED_PAIRS, TOPICS
-from online.learner.vocab import word_keys
-from ps_bridge.settings import env_float, env_int
+from online.learner.keys import word_keys
+from online.learner.settings import MODEL
+from ps_bridge.settings import Setting, SettingGroup
 
 
 class SyntheticSource:
@@ -126,12 +127,17 @@ class SyntheticSource:
                 "updated_at": time.time(), "synthetic": True}
 
 
+SYNTHETIC = SettingGroup("synthetic model source", (
+    Setting("n", "LIVEVEC_SYNTHETIC_WORDS", int, 10_000, minimum=100, flags=(), help="words in the model"),
+    MODEL["dim"].replace(flags=()),
+    Setting("update_rows_per_second", "LIVEVEC_SYNTHETIC_UPDATES", float, 1000.0, minimum=0.0, flags=(),
+            help="rows changed per second, as training would"),
+    Setting("new_words_per_second", "LIVEVEC_SYNTHETIC_NEW_WORDS", float, 2.0, minimum=0.0, flags=(),
+            help="words added per second"),
+    Setting("seed", "LIVEVEC_SYNTHETIC_SEED", int, 0, minimum=0, flags=()),
+))
+
+
 def create_source(settings, env: Mapping[str, str]) -> SyntheticSource:
     """Factory for ``--source online.frontend.synthetic:create_source`` (sizes from LIVEVEC_SYNTHETIC_*)."""
-    return SyntheticSource(
-        n=env_int(env, "LIVEVEC_SYNTHETIC_WORDS", 10_000, minimum=100),
-        dim=env_int(env, "LIVEVEC_DIM", 100, minimum=1),
-        update_rows_per_second=env_float(env, "LIVEVEC_SYNTHETIC_UPDATES", 1000.0, minimum=0.0),
-        new_words_per_second=env_float(env, "LIVEVEC_SYNTHETIC_NEW_WORDS", 2.0, minimum=0.0),
-        seed=env_int(env, "LIVEVEC_SYNTHETIC_SEED", 0),
-    )
+    return SyntheticSource(**SYNTHETIC.read(None, env))

@@ -1,7 +1,7 @@
 """EmbeddingShard: the part of the model one parameter server holds (also used in-process).
 
-Keys and values follow the livevec model layout: a word's input vector (syn0) at its
-``word_key`` k, its output vector (syn1neg) at k | 1, each ``dim`` float32.
+Keys and values follow the model's key layout (``online.learner.keys``): a word's input
+vector (syn0) and its output vector (syn1neg) at two keys, each ``dim`` float32.
 
 * **Rows are created on first touch** (pull, push or ``rows_for(create=True)``) with a
   deterministic value that depends only on the key and the seed: input rows uniform in
@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit
 
 from online.learner.key_index import KeyIndex
+from online.learner.keys import OUTPUT_BIT
 
 OPTIMIZERS = ("adagrad", "rowadagrad", "sgd")
 DEFAULT_ETA = {"adagrad": 0.1, "rowadagrad": 0.1, "sgd": 0.025}
@@ -62,7 +63,7 @@ def init_rows(vectors, rows, keys, seed):
     for i in range(rows.shape[0]):
         r = rows[i]
         k = keys[i]
-        if k & np.uint64(1):
+        if k & OUTPUT_BIT:
             for d in range(dim):
                 vectors[r, d] = 0.0
         else:

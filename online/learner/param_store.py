@@ -4,8 +4,8 @@
 ``LocalParamStore`` keeps them in this process in one or more ``EmbeddingShard`` s; the
 ps_bridge-backed store implements the same methods over KVWorker (ps-lite ZPull/ZPush).
 
-Contract (keys are uint64 arrays following the model layout: a word's input row at its
-``word_key`` k, its output row at k | 1; values are float32 [len(keys), dim]):
+Contract (keys are uint64 row keys of the model's key layout, ``online.learner.keys``;
+values are float32 [len(keys), dim]):
 
 ``pull(keys) -> values``
     Current rows, created with the deterministic init on first touch. Keys may repeat.
@@ -15,7 +15,7 @@ Contract (keys are uint64 arrays following the model layout: a word's input row 
     deltas: the optimizer state lives beside the rows, so any number of workers can
     push without sharing learning-rate state.
 ``free(keys)``
-    Rows of evicted words (the trainer passes both k and k | 1).
+    Rows of evicted words (the trainer passes both rows of each, ``keys.word_rows``).
 ``add_counts(keys, deltas)`` / ``set_words(keys, words)``
     Word occurrence counts (increments) and strings, keyed by input key, for the front
     end and the output files. Called once per batch with arrays.

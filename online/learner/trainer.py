@@ -35,6 +35,7 @@ from itertools import chain
 
 import numpy as np
 
+from online.learner.keys import output_rows, word_rows
 from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.learner.param_store import LocalParamStore, ParamStore
 from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
@@ -42,8 +43,6 @@ from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, b
 from online.learner.subsampling import keep_mask
 from online.learner.tokenizer import Tokenizer
 from online.learner.vocab import OnlineVocab
-
-_ONE = np.uint64(1)
 
 
 @dataclass
@@ -224,7 +223,7 @@ class Trainer:
                 out_local = np.full(len(outs), -1, dtype=np.int64)
                 out_local[valid] = out_inv
                 n_pairs = len(pair_in)
-                prepared.keys = np.concatenate([vocab.keys[in_u], vocab.keys[out_u] | _ONE])
+                prepared.keys = np.concatenate([vocab.keys[in_u], output_rows(vocab.keys[out_u])])
                 prepared.n_in = len(in_u)
                 prepared.pair_in = in_local.astype(np.int64)
                 prepared.pair_out = out_local[:n_pairs]
@@ -245,7 +244,7 @@ class Trainer:
             self.slot_in_row[upd.evicted_slots] = -1
             self.slot_out_row[upd.evicted_slots] = -1
         if len(upd.evicted_keys):
-            store.free(np.concatenate([upd.evicted_keys, upd.evicted_keys | _ONE]))
+            store.free(word_rows(upd.evicted_keys))
         if upd.counts_rescaled:
             live = np.flatnonzero(vocab.trainable)
             self.noise.rebuild(live, vocab.counts[live])
@@ -256,7 +255,7 @@ class Trainer:
             keys = vocab.keys[new]
             store.set_words(keys, [vocab.words[s] for s in new.tolist()])
             if self.shard is not None:
-                rows = self.shard.rows_for(np.concatenate([keys, keys | _ONE]), create=True)
+                rows = self.shard.rows_for(word_rows(keys), create=True)
                 self.slot_in_row[new] = rows[:len(new)]
                 self.slot_out_row[new] = rows[len(new):]
         counted = upd.new_counts >= vocab.min_count

@@ -2,21 +2,14 @@
 
 Word keys
 ---------
-``word_key(token)`` is the first 8 bytes of BLAKE2b(digest_size=8) of the token's UTF-8
-bytes, read little-endian, with the lowest bit cleared. BLAKE2b is in every Python's
-``hashlib`` and in libsodium/every language, so a C++ ps-lite node, a restarted worker and
-the front end all compute the same key without sharing any state (Python's own ``hash``
-is salted per process and would not do). The word's INPUT vector lives at key ``k`` and
-its OUTPUT vector at ``k | 1`` (see the model layout in the README), which is why bit 0
-is reserved. Keys are uniform over [0, 2^64), so ps-lite's even key-range split balances
-the servers.
+Each word is stored under ``word_key(token)`` (``online.learner.keys`` owns the layout:
+BLAKE2b-64, the input row at the key and the output row at the next one).
 
-Collisions: with 63 effective bits, n distinct words collide with probability about
-n^2 / 2^64 (3e-6 for 10 million words). If two words do share a key they share both
-rows on the servers: each reads and writes the same vectors, so they end up with one
-blended embedding, and whichever word was recorded last owns the key's string on the
-server. Nothing crashes and no other word is affected; the vocabulary itself still keeps
-their counts apart because it is indexed by the string.
+Collisions: if two words share a key they share both rows on the servers: each reads and
+writes the same vectors, so they end up with one blended embedding, and whichever word
+was recorded last owns the key's string on the server. Nothing crashes and no other word
+is affected; the vocabulary itself still keeps their counts apart because it is indexed
+by the string.
 
 Bounded counts
 --------------
@@ -34,36 +27,15 @@ of its rows.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
 
+from online.learner.keys import word_key
+
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
-KEY_MASK = (1 << 64) - 2  # clears bit 0; bit 0 selects input (0) or output (1) row
-
-
-def word_key(token: str) -> int:
-    """Stable 64-bit key of ``token``: BLAKE2b-64 of its UTF-8, little-endian, bit 0 cleared."""
-    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & KEY_MASK
-
-
-def word_keys(tokens) -> np.ndarray:
-    """``word_key`` of each token, as a uint64 array."""
-    return np.fromiter((word_key(t) for t in tokens), dtype=np.uint64, count=len(tokens))
-
-
-def input_key(key):
-    """Key of a word's input (syn0) row: the word key itself."""
-    return key
-
-
-def output_key(key):
-    """Key of a word's output (syn1neg) row: the word key with bit 0 set."""
-    return key | 1 if isinstance(key, int) else key | np.uint64(1)
 
 
 @dataclass

@@ -26,7 +26,6 @@ setting away (``LIVEVEC_KAFKA_VERSION``) because production users will want to t
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import contextlib
@@ -39,110 +38,35 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from online.stream.settings import KafkaBrokerSettings
 from ps_bridge.structured_logging import log_event
-from ps_bridge.settings import SettingError, current_env, env_float, env_int, env_str
 
 logger = logging.getLogger("livevec.kafka")
 
 # Kafka 4.1: aiokafka 0.14 negotiates every request version with the broker (ApiVersions), so it no longer
 # sends the pre-2.1 request versions that Kafka 4 removed (KIP-896). Checked end to end in tests/test_kafka_*.
-DEFAULT_KAFKA_VERSION = "4.1.2"
 # Java 17 runs every Kafka this module starts (Kafka 4 brokers need 17; 3.x runs on 11+).
 MIN_JAVA = 17
 INSTALL_JAVA = "install Java 17: apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
 INSTALL_MAVEN = "install Maven: apt-get install maven"
 POM_RESOURCE = "kafka-pom.xml"
-_HEAP_RE = re.compile(r"^\d+[kKmMgG]?$")
-_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+([.-][A-Za-z0-9]+)*$")
 
 
 class KafkaBrokerError(RuntimeError):
     """The broker cannot be fetched, started or stopped; the message says what to do about it."""
 
 
-# ----------------------------------------------------------------------------- settings
-
-def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = current_env() if env is None else env
-    explicit = env_str(env, "LIVEVEC_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = env_str(env, "XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "livevec"
-
-
-@dataclass(frozen=True)
-class KafkaBrokerSettings:
-    """How to fetch and run the local broker. Every field has a ``LIVEVEC_*`` variable and a flag."""
-
-    version: str = DEFAULT_KAFKA_VERSION
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    heap: str = "512m"
-    port: int = 0
-    data_dir: Path | None = None
-    start_timeout: float = 90.0
-    state_file: Path | None = None
-    log_level: str = "warn"
-
-    @property
-    def jars_dir(self) -> Path:
-        return self.cache_dir / f"kafka-{self.version}"
-
-    @property
-    def resolved_state_file(self) -> Path:
-        return self.state_file or (self.cache_dir / "kafka-broker.json")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "KafkaBrokerSettings":
-        env = dict(current_env() if env is None else env)
-        names = {"version": "LIVEVEC_KAFKA_VERSION", "cache_dir": "LIVEVEC_CACHE_DIR", "heap": "LIVEVEC_KAFKA_HEAP",
-                 "port": "LIVEVEC_KAFKA_PORT", "data_dir": "LIVEVEC_KAFKA_DATA_DIR",
-                 "start_timeout": "LIVEVEC_KAFKA_START_TIMEOUT", "state_file": "LIVEVEC_KAFKA_STATE_FILE",
-                 "log_level": "LIVEVEC_KAFKA_LOG_LEVEL"}
-        for key, value in overrides.items():
-            if key not in names:
-                raise TypeError(f"unknown KafkaBrokerSettings field {key!r}")
-            if value is not None:
-                env[names[key]] = str(value)
-        version = env_str(env, "LIVEVEC_KAFKA_VERSION", DEFAULT_KAFKA_VERSION).strip()
-        if not _VERSION_RE.match(version):
-            raise SettingError("LIVEVEC_KAFKA_VERSION", f"must look like 4.1.2, got {version!r}")
-        heap = env_str(env, "LIVEVEC_KAFKA_HEAP", "512m").strip()
-        if not _HEAP_RE.match(heap):
-            raise SettingError("LIVEVEC_KAFKA_HEAP", f"must be a JVM size such as 512m or 1g, got {heap!r}")
-        level = env_str(env, "LIVEVEC_KAFKA_LOG_LEVEL", "warn").strip().lower()
-        if level not in ("trace", "debug", "info", "warn", "error", "off"):
-            raise SettingError("LIVEVEC_KAFKA_LOG_LEVEL", f"must be one of trace/debug/info/warn/error/off, "
-                                                          f"got {level!r}")
-        data_dir = env_str(env, "LIVEVEC_KAFKA_DATA_DIR")
-        state_file = env_str(env, "LIVEVEC_KAFKA_STATE_FILE")
-        return cls(
-            version=version,
-            cache_dir=default_cache_dir(env),
-            heap=heap,
-            port=env_int(env, "LIVEVEC_KAFKA_PORT", 0, minimum=0, maximum=65535),
-            data_dir=Path(data_dir).expanduser() if data_dir else None,
-            start_timeout=env_float(env, "LIVEVEC_KAFKA_START_TIMEOUT", 90.0, minimum=1.0),
-            state_file=Path(state_file).expanduser() if state_file else None,
-            log_level=level,
-        )
-
-
 # ----------------------------------------------------------------------------- prerequisites
 
-def find_java() -> str:
+def find_java(java_home: str | None = None) -> str:
     """The java executable (``$JAVA_HOME/bin/java`` first), checked to be Java >= 17."""
-    java_home = os.environ.get("JAVA_HOME")
     candidates = [str(Path(java_home) / "bin" / "java")] if java_home else []
     found = shutil.which("java")
     if found:
@@ -389,7 +313,7 @@ class KafkaBroker:
         if self.process is not None:
             return self.bootstrap
         started = time.monotonic()
-        java = find_java()
+        java = find_java(self.settings.java_home)
         classpath = os.pathsep.join(str(j) for j in fetch_jars(self.settings))
         attempts = 3 if self.settings.port == 0 else 1
         last_error: Exception | None = None
@@ -514,7 +438,7 @@ class KafkaBroker:
 
 # ----------------------------------------------------------------------------- daemon state (CLI)
 
-def _pid_is_our_broker(pid: int, data_dir: str) -> bool:
+def is_our_broker(pid: int, data_dir: str) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -532,79 +456,18 @@ def read_state(path: Path) -> dict | None:
 def stop_daemon(state: dict, grace: float = 20.0) -> bool:
     """Stop a broker started by ``livevec kafka start``; False when it was not running any more."""
     pid, data_dir = int(state["pid"]), state["data_dir"]
-    alive = _pid_is_our_broker(pid, data_dir)
+    alive = is_our_broker(pid, data_dir)
     if alive:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _pid_is_our_broker(pid, data_dir):
+        while time.monotonic() < deadline and is_our_broker(pid, data_dir):
             time.sleep(0.1)
-        if _pid_is_our_broker(pid, data_dir):
+        if is_our_broker(pid, data_dir):
             log_event(logger, "kafka_broker_kill", level=logging.WARNING, pid=pid, grace=grace)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            while _pid_is_our_broker(pid, data_dir):
+            while is_our_broker(pid, data_dir):
                 time.sleep(0.05)
     if state.get("owns_data_dir"):
         shutil.rmtree(data_dir, ignore_errors=True)
     return alive
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("start", "stop", "status", "fetch"),
-                        help="start: daemonise a broker and print its bootstrap address; stop; status; "
-                             "fetch: only resolve the jars")
-    parser.add_argument("--version", dest="kafka_version", help=f"LIVEVEC_KAFKA_VERSION ({DEFAULT_KAFKA_VERSION})")
-    parser.add_argument("--port", type=int, help="LIVEVEC_KAFKA_PORT: broker port (0 = a free port)")
-    parser.add_argument("--data-dir", help="LIVEVEC_KAFKA_DATA_DIR: keep data here (default: a temporary "
-                                           "folder deleted by stop)")
-    parser.add_argument("--state-file", help="LIVEVEC_KAFKA_STATE_FILE (default $LIVEVEC_CACHE_DIR/"
-                                             "kafka-broker.json)")
-    parser.add_argument("--heap", help="LIVEVEC_KAFKA_HEAP: JVM -Xmx (512m)")
-    parser.add_argument("--start-timeout", type=float, help="LIVEVEC_KAFKA_START_TIMEOUT seconds (90)")
-    parser.add_argument("--log-level", help="LIVEVEC_LOG_LEVEL")
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = KafkaBrokerSettings.from_env(
-        version=args.kafka_version, port=args.port, data_dir=args.data_dir, state_file=args.state_file,
-        heap=args.heap, start_timeout=args.start_timeout)
-    state_path = settings.resolved_state_file
-    try:
-        if args.action == "fetch":
-            jars = fetch_jars(settings)
-            print(f"{settings.jars_dir} ({len(jars)} jars, Kafka {settings.version})")
-            return 0
-        state = read_state(state_path)
-        running = bool(state) and _pid_is_our_broker(int(state["pid"]), state["data_dir"])
-        if args.action == "status":
-            if running and probe(state["bootstrap"], timeout=5.0):
-                print(f"running {state['bootstrap']} pid={state['pid']} version={state['version']} "
-                      f"data_dir={state['data_dir']}")
-                return 0
-            print("running but not answering" if running else "not running")
-            return 1
-        if args.action == "stop":
-            if not state:
-                print("not running")
-                return 0
-            stop_daemon(state)
-            state_path.unlink(missing_ok=True)
-            print(f"stopped {state['bootstrap']}")
-            return 0
-        # start
-        if running:
-            log_event(logger, "kafka_broker_already_running", bootstrap=state["bootstrap"], pid=state["pid"])
-            print(state["bootstrap"])
-            return 0
-        broker = KafkaBroker(settings, die_with_parent=False)
-        broker.start()
-        state = broker.detach()
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(state_path)
-        print(state["bootstrap"], flush=True)
-        return 0
-    except KafkaBrokerError as exc:
-        print(f"livevec kafka {args.action}: {exc}", file=sys.stderr)
-        return 1

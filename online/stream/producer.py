@@ -19,14 +19,12 @@ acknowledged (acks=all) and raises ``ProduceError`` if any record was not.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gzip
 import io
 import logging
 import lzma
 import os
-import re
 import sys
 import threading
 import time
@@ -35,14 +33,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ps_bridge.structured_logging import log_event
-from ps_bridge.settings import SettingError, current_env, env_str
+from online.stream.settings import validate_topic
+from ps_bridge.settings import SettingError
 
 logger = logging.getLogger("livevec.produce")
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_WORDS_PER_RECORD = 1000
 MAX_RECORD_BYTES = 1024 * 1024 - 512  # aiokafka's default max_request_size, less the record overhead
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 _GZ_MAGIC = b"\x1f\x8b"
 _READ_SIZE = 1 << 20
@@ -50,12 +48,6 @@ _READ_SIZE = 1 << 20
 
 class ProduceError(RuntimeError):
     """Some records were not acknowledged by Kafka (the message says how many and why)."""
-
-
-def validate_topic(topic: str, setting: str = "--topic") -> str:
-    if not topic or not _TOPIC_RE.match(topic) or topic in (".", ".."):
-        raise SettingError(setting, f"a Kafka topic name is 1-249 characters of [A-Za-z0-9._-], got {topic!r}")
-    return topic
 
 
 # ----------------------------------------------------------------------------- text -> records
@@ -458,45 +450,3 @@ def produce(source, **kwargs) -> ProduceStats:
     if "error" in box:
         raise box["error"]
     return box["stats"]
-
-
-# ----------------------------------------------------------------------------- CLI
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE|-", help="text file (plain, .gz or .xz) or - for stdin")
-    parser.add_argument("--bootstrap", help="LIVEVEC_KAFKA_BOOTSTRAP: HOST:PORT[,HOST:PORT...]")
-    parser.add_argument("--topic", help="topic to write (default: LIVEVEC_KAFKA_TOPICS when it names one topic)")
-    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS,
-                        help=f"partitions when the topic is created ({DEFAULT_PARTITIONS})")
-    parser.add_argument("--rate", type=float, help="at most N records/s (default: as fast as Kafka takes them)")
-    parser.add_argument("--lines-per-record", type=int, default=1, help="lines grouped into one record (1)")
-    parser.add_argument("--words-per-record", type=int, default=DEFAULT_WORDS_PER_RECORD,
-                        help=f"cut longer lines into pieces of this many words "
-                             f"({DEFAULT_WORDS_PER_RECORD}; 0 = never)")
-    parser.add_argument("--compression", choices=("none", "gzip"), default="none",
-                        help="record batch compression (none: loopback and LAN links are not the bottleneck)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    parser.add_argument("--log-level", help="LIVEVEC_LOG_LEVEL")
-
-
-def run(args: argparse.Namespace) -> int:
-    env = current_env()
-    bootstrap = args.bootstrap or env_str(env, "LIVEVEC_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        raise SettingError("--bootstrap", "is required (or set LIVEVEC_KAFKA_BOOTSTRAP)")
-    topic = args.topic
-    if not topic:
-        topics = [t for t in (env_str(env, "LIVEVEC_KAFKA_TOPICS") or "").split(",") if t.strip()]
-        if len(topics) != 1:
-            raise SettingError("--topic", "is required (or set LIVEVEC_KAFKA_TOPICS to exactly one topic)")
-        topic = topics[0].strip()
-    try:
-        stats = produce(args.file, bootstrap=bootstrap, topic=topic, partitions=args.partitions, rate=args.rate,
-                        lines_per_record=args.lines_per_record, words_per_record=args.words_per_record,
-                        compression=None if args.compression == "none" else args.compression,
-                        progress=not args.no_progress)
-    except ProduceError as exc:
-        print(f"livevec produce: {exc}", file=sys.stderr)
-        return 1
-    print(stats.summary())
-    return 0

@@ -1,0 +1,58 @@
+"""``livevec server``: run a parameter server that holds one key-range shard of the model.
+
+The role itself is ``online.cluster.server``; this command reads its settings, adds the
+checkpoint side when ``LIVEVEC_CHECKPOINT_DIR`` is set, and runs the node until SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import signal
+import threading
+
+from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir
+from online.cluster.server import SERVER_GROUPS, ServerSettings, build
+from ps_bridge.roles import serve_metrics
+from ps_bridge.settings import add_groups
+from ps_bridge.structured_logging import log_event
+
+log = logging.getLogger("livevec.server")
+
+GROUPS = (*SERVER_GROUPS, CHECKPOINTS)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_groups(parser, GROUPS)
+
+
+def read_settings(args: argparse.Namespace, env=None) -> tuple[ServerSettings, str | None]:
+    env = os.environ if env is None else env
+    return ServerSettings.from_args(args, env), checkpoint_dir(args, env)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings, directory = read_settings(args)
+    extension = None
+    if directory:
+        from online.checkpoint.participants import ServerCheckpointing
+        extension = functools.partial(ServerCheckpointing, directory)
+    po, _server, service = build(settings, extension=extension)
+    stop = threading.Event()
+
+    def _terminate(signum, _frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    serve_metrics(po, settings.metrics_port)
+    po.start()
+    log_event(log, "server_ready", node_id=po.node_id, rank=po.rank, dim=settings.dim, pid=os.getpid())
+    try:
+        while not stop.wait(1.0):
+            service.extension.tick()
+    finally:
+        log_event(log, "server_stopping", node_id=po.node_id, **service.stats())
+        po.stop()
+    return 0

@@ -1,0 +1,71 @@
+"""``livevec worker``: consume Kafka, train SGNS mini-batches, push to the servers.
+
+The role itself is ``online.cluster.worker``; this command reads its settings, joins the
+cluster, opens the stream, adds the checkpoint side when ``LIVEVEC_CHECKPOINT_DIR`` is set,
+and runs until SIGTERM (an elastic worker then leaves the cluster instead of stopping it).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+
+from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir
+from online.cluster.extensions import WorkerExtension
+from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerSettings
+from online.stream.reader import KafkaStream
+from ps_bridge.metrics import Registry
+from ps_bridge.roles import serve_metrics, start_worker
+from ps_bridge.settings import add_groups
+from ps_bridge.structured_logging import log_event
+
+log = logging.getLogger("livevec.worker")
+
+GROUPS = (*WORKER_GROUPS, CHECKPOINTS)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_groups(parser, GROUPS)
+
+
+def read_settings(args: argparse.Namespace, env=None) -> tuple[WorkerSettings, str | None]:
+    env = os.environ if env is None else env
+    return WorkerSettings.from_args(args, env), checkpoint_dir(args, env)
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_main(*read_settings(args)))
+
+
+def _extension(directory: str | None) -> WorkerExtension | None:
+    if not directory:
+        return None
+    from online.checkpoint.participants import WorkerCheckpointing
+    return WorkerCheckpointing()
+
+
+async def _main(settings: WorkerSettings, directory: str | None) -> int:
+    registry = Registry({"role": "worker"})
+    kv = await asyncio.to_thread(start_worker, settings.node, registry=registry)
+    serve_metrics(kv.po, settings.metrics_port)
+    stream = KafkaStream(settings.stream, metrics=registry)
+    await stream.start()
+    worker = StreamingWorker(settings, kv, stream, registry, extension=_extension(directory))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stopping.set)
+    log_event(log, "worker_ready", node_id=kv.po.node_id, pid=os.getpid(), topics=",".join(settings.stream.topics),
+              group=settings.stream.group)
+    try:
+        await worker.run()
+    finally:
+        await stream.stop()
+        t = worker.trainer.totals
+        log_event(log, "worker_stopping", node_id=kv.po.node_id, tokens=t.tokens, words=t.kept, pairs=t.pairs)
+        if kv.po.elastic:
+            await asyncio.to_thread(kv.po.leave)
+        else:
+            kv.po.stop()
+    return 0

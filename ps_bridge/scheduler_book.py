@@ -1,0 +1,417 @@
+"""The scheduler's book of the cluster: the half of ps-lite's ``van.cc`` that only runs on
+the scheduler (``ProcessAddNodeCommandAtScheduler``, ``ProcessBarrierCommand``,
+``ProcessHearbeat``, ``GetDeadNodes``).
+
+It registers nodes (ADD_NODE), assigns ids once all of them are in (scheduler 1, server
+rank r -> 8+2r, worker rank r -> 9+2r, in ps-lite's registration order), counts barrier
+requests and releases them, tracks heartbeats and replaces dead nodes with newcomers of
+the same role (recovery). A restarted scheduler takes the running nodes back from their
+heartbeats (extension).
+
+Extension beyond ps-lite (``NodeSettings.elastic_workers``, off by default; needs this
+scheduler): the book gives a worker that joins after start-up the lowest free worker id,
+marks it ``is_recovery`` (so it skips the start barrier, like a recovered ps-lite node) and
+announces it to the servers with the same one-node ADD_NODE that ps-lite recovery uses, so
+C++ servers serve it too. A worker leaves with a LEAVE control message (cmd 100, unknown to
+C++ ps-lite), or is dropped when its heartbeats stop. Barriers over groups containing
+workers then count only live workers, and are re-checked whenever a worker goes away.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ps_bridge.message import (K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message, Meta, Node,
+                               Role, id_to_rank, server_rank_to_id, worker_rank_to_id)
+from ps_bridge.structured_logging import log_event
+
+if TYPE_CHECKING:
+    from ps_bridge.postoffice import Postoffice
+
+log = logging.getLogger("ps_bridge.postoffice")  # the logger operators already filter on
+
+
+def _registration_order(a: Node, b: Node) -> int:
+    """ps-lite sorts ADD_NODE entries by hostname descending, then port ascending (§4.6)."""
+    if a.hostname != b.hostname:
+        return -1 if a.hostname > b.hostname else 1
+    return (a.port > b.port) - (a.port < b.port)
+
+
+class SchedulerBook:
+    """The scheduler's side: registrations, id assignment, barriers, heartbeats, recovery and
+    (extension) elastic workers. Runs on the receive thread plus a small monitor thread."""
+
+    def __init__(self, po: Postoffice):
+        self.po = po
+        self.van = po.van
+        self.settings = po.settings
+        self.lock = threading.RLock()
+        self.registrations: list[Node] = []
+        self.entries: list[Node] = []  # assigned nodes in list order (shared duplicates included)
+        self.last_seen: dict[int, float] = {}
+        self.reported_dead: set[int] = set()
+        self.pending_joins: list[Node] = []
+        self.barrier_members: dict[int, set[tuple[int, int]]] = {}
+        self.barrier_request: dict[int, Meta] = {}
+        self.start_time = time.monotonic()
+        self.adopted = False   # nodes were taken back from their heartbeats (restarted scheduler)
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+        registry = po.registry
+        self.m_nodes = registry.gauge("pslite_cluster_nodes", "servers and workers in the cluster",
+                                      fn=lambda: float(len(self.distinct_ids())))
+        self.m_recovered = registry.counter("pslite_nodes_recovered_total", "dead nodes replaced by a restart")
+        self.m_joined = registry.counter("pslite_workers_joined_total", "workers admitted after start (elastic)")
+        self.m_removed = registry.counter("pslite_workers_removed_total", "workers that left or died (elastic)")
+
+    # ------------------------------------------------------------------ lifecycle and lookups
+
+    def start(self) -> None:
+        if self.settings.heartbeat_timeout > 0 or self.po.elastic:
+            self._monitor = threading.Thread(target=self._monitor_loop, name="ps-scheduler-monitor", daemon=True)
+            self._monitor.start()
+        if self.settings.num_server + self.settings.num_worker == 0:  # pragma: no cover - settings forbid it
+            self._assign()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=2.0)
+
+    def me(self) -> Node:
+        n = self.van.my_node
+        return Node(int(Role.SCHEDULER), SCHEDULER_ID, n.hostname, n.port, False, 0)
+
+    def distinct_ids(self) -> list[int]:
+        with self.lock:
+            return list(dict.fromkeys(e.id for e in self.entries))
+
+    def snapshot(self) -> dict[int, Node]:
+        with self.lock:
+            nodes = {e.id: e for e in self.entries}
+        nodes[SCHEDULER_ID] = self.me()
+        return nodes
+
+    def worker_ids(self) -> list[int]:
+        if not self.po.elastic:
+            return [worker_rank_to_id(r) for r in range(self.settings.num_worker)]
+        with self.lock:
+            return sorted({e.id for e in self.entries if e.role == Role.WORKER})
+
+    def send_list(self, recver: int, nodes: list[Node]) -> None:
+        self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=recver,
+                                   control=Control(cmd=Cmd.ADD_NODE, node=nodes))), block=False)
+
+    def dead_nodes(self) -> list[int]:
+        """ps-lite's GetDeadNodes(PS_HEARTBEAT_TIMEOUT): silent for longer than the timeout."""
+        t = self.settings.heartbeat_timeout
+        if t <= 0 or not self.po._ready.is_set():
+            return []
+        now = time.monotonic()
+        if self.start_time + t >= now:
+            return []
+        with self.lock:
+            return [i for i in self.distinct_ids() if self.last_seen.get(i, 0.0) + t < now]
+
+    # ------------------------------------------------------------------ ADD_NODE
+
+    def on_add_node(self, msg: Message) -> None:
+        if msg.meta.sender != K_EMPTY:
+            # ps-lite only registers identity-less senders; a psN sender is a node list echo or garbage.
+            self.van.reject("add_node_with_identity", msg.meta.sender)
+            return
+        nodes = msg.meta.control.node
+        if len(nodes) != 1:
+            self.van.reject("bad_add_node", msg.meta.sender, f"{len(nodes)} nodes")
+            return
+        n = nodes[0]
+        if n.role not in (Role.SERVER, Role.WORKER) or not (0 < n.port < 65536) or not n.hostname \
+                or len(n.hostname) > 255 or not n.hostname.isprintable():
+            self.van.reject("bad_add_node", msg.meta.sender, f"role={n.role} address={n.hostname!r}:{n.port}")
+            return
+        node = Node(n.role, K_EMPTY, n.hostname, n.port, False, n.customer_id)
+        with self.lock:
+            if not self.po._ready.is_set() and self.adopted:
+                self._register_while_adopting(node)
+            elif not self.po._ready.is_set():
+                self._register(node)
+            else:
+                self._admit_late(node)
+
+    def _register(self, node: Node) -> None:
+        for e in self.registrations:
+            if (e.hostname, e.port, e.customer_id, e.role) == (node.hostname, node.port, node.customer_id, node.role):
+                log_event(log, "duplicate_add_node", address=f"{node.hostname}:{node.port}")
+                return
+        wanted = self.settings.num_server if node.role == Role.SERVER else self.settings.num_worker
+        have = sum(1 for e in self.registrations if e.role == node.role)
+        if have >= wanted:
+            if self.po.elastic and node.role == Role.WORKER:
+                self.pending_joins.append(node)
+            else:
+                self.van.reject("too_many_nodes", K_EMPTY, f"{Role(node.role).name} {node.hostname}:{node.port}")
+            return
+        self.registrations.append(node)
+        log_event(log, "node_registered", role=Role(node.role).name.lower(), address=f"{node.hostname}:{node.port}",
+                  have=len(self.registrations), want=self.settings.num_server + self.settings.num_worker)
+        if len(self.registrations) == self.settings.num_server + self.settings.num_worker:
+            self._assign()
+
+    def _assign(self) -> None:
+        ordered = sorted(self.registrations, key=functools.cmp_to_key(_registration_order))
+        next_id = {Role.SERVER: server_rank_to_id(0), Role.WORKER: worker_rank_to_id(0)}
+        by_address: dict[tuple[str, int], int] = {}
+        now = time.monotonic()
+        for n in ordered:
+            addr = (n.hostname, n.port)
+            if addr in by_address:  # several customers in one process share the id (A21)
+                n.id = by_address[addr]
+                continue
+            n.id = next_id[n.role]
+            next_id[n.role] += 2
+            by_address[addr] = n.id
+            self.last_seen[n.id] = now
+            self.van.connect(n)
+        self.entries = ordered
+        self.registrations = []
+        full = self.entries + [self.me()]
+        for node_id in self.distinct_ids():
+            self.send_list(node_id, full)
+        self.po._ready.set()
+        log_event(log, "cluster_ready", servers=self.settings.num_server, workers=self.settings.num_worker,
+                  ids=",".join(str(i) for i in self.distinct_ids()))
+        pending, self.pending_joins = self.pending_joins, []
+        for node in pending:
+            self._admit_late(node)
+
+    def _admit_late(self, node: Node) -> None:
+        for e in self.entries:
+            if (e.hostname, e.port) == (node.hostname, node.port) and e.role == node.role:
+                log_event(log, "duplicate_add_node", address=f"{node.hostname}:{node.port}")
+                return
+        dead = set(self.dead_nodes())
+        for e in self.entries:
+            if e.id in dead and e.role == node.role:
+                self._replace(e.id, node, "recovered")
+                self.m_recovered.inc()
+                return
+        if self.po.elastic and node.role == Role.WORKER:
+            taken = {e.id for e in self.entries if e.role == Role.WORKER}
+            rank = 0
+            while worker_rank_to_id(rank) in taken:
+                rank += 1
+            self._replace(worker_rank_to_id(rank), node, "worker_joined")
+            self.m_joined.inc()
+            return
+        if all((p.hostname, p.port) != (node.hostname, node.port) for p in self.pending_joins):
+            self.pending_joins.append(node)
+        log_event(log, "join_pending", logging.WARNING, role=Role(node.role).name.lower(),
+                  address=f"{node.hostname}:{node.port}",
+                  reason="cluster is full; waiting for a dead node of this role to replace (PS_HEARTBEAT_TIMEOUT)")
+
+    def _replace(self, node_id: int, node: Node, event: str) -> None:
+        """ps-lite recovery (§9): the newcomer takes ``node_id``; it gets the full list, the others
+        get a list holding only it, and everyone reconnects."""
+        node.id = node_id
+        node.is_recovery = True
+        replaced = False
+        entries: list[Node] = []
+        for e in self.entries:
+            if e.id == node_id:
+                if not replaced:
+                    entries.append(node)
+                    replaced = True
+                continue
+            entries.append(e)
+        if not replaced:
+            entries.append(node)
+        self.entries = entries
+        self.last_seen[node_id] = time.monotonic()
+        self.reported_dead.discard(node_id)
+        self.van.connect(node)
+        dead = set(self.dead_nodes())
+        self.send_list(node_id, [e for e in self.entries if e.id not in dead or e.id == node_id] + [self.me()])
+        for other in self.distinct_ids():
+            if other != node_id and other not in dead:
+                self.send_list(other, [node])
+        log_event(log, event, id=node_id, address=f"{node.hostname}:{node.port}")
+        self.po.notify_membership(event, node_id, node.role)
+        self._recheck_barriers()
+
+    def _remove_worker(self, node_id: int, reason: str, linger_ms: int = 0) -> None:
+        self.entries = [e for e in self.entries if e.id != node_id]
+        self.last_seen.pop(node_id, None)
+        self.reported_dead.discard(node_id)
+        self.van.disconnect(node_id, linger_ms)
+        self.m_removed.inc()
+        log_event(log, "worker_removed", id=node_id, reason=reason, workers=len(self.worker_ids()))
+        self.po.notify_membership(f"worker_{reason}", node_id, int(Role.WORKER))
+        for group, members in self.barrier_members.items():
+            self.barrier_members[group] = {m for m in members if m[0] != node_id}
+        self._recheck_barriers()
+
+    # ------------------------------------------------------------------ heartbeats, leave, monitor
+
+    def on_heartbeat(self, msg: Message) -> None:
+        now = time.monotonic()
+        with self.lock:
+            known = {e.id for e in self.entries}
+            for n in msg.meta.control.node:
+                if n.id not in known and not self._adopt(n, msg.meta.sender):
+                    self.van.reject("heartbeat_from_unknown_node", msg.meta.sender, f"id={n.id}")
+                    return
+            for n in msg.meta.control.node:
+                self.last_seen[n.id] = now
+                if n.id in self.reported_dead:
+                    self.reported_dead.discard(n.id)
+                    log_event(log, "node_alive_again", id=n.id)
+            recvers = {n.id for n in msg.meta.control.node}
+        for recver in recvers:
+            self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=recver,
+                                       control=Control(cmd=Cmd.HEARTBEAT, node=[self.me()]))), block=False)
+
+    def _adopt(self, n: Node, sender: int) -> bool:
+        """(Extension) a heartbeat from a node this scheduler never registered: the scheduler was
+        restarted while the cluster ran. The node keeps its id (its heartbeat carries it and its
+        address), so take it back instead of leaving the cluster without a scheduler. Once every
+        server (and, without elastic workers, every worker) is back, the cluster is ready again,
+        without a start barrier (the nodes passed theirs long ago)."""
+        role = Role(n.role) if n.role in (Role.SERVER, Role.WORKER) else None
+        if role is None or n.id != sender or n.id < 8 or not (0 < n.port < 65536) or not n.hostname \
+                or len(n.hostname) > 255 or not n.hostname.isprintable():
+            return False
+        rank = id_to_rank(n.id)
+        if (role == Role.SERVER) != (n.id % 2 == 0) or (role == Role.SERVER and rank >= self.settings.num_server) \
+                or (role == Role.WORKER and not self.po.elastic and rank >= self.settings.num_worker):
+            return False
+        if any((e.hostname, e.port) == (n.hostname, n.port) for e in self.entries):
+            return False
+        node = Node(int(role), n.id, n.hostname, n.port, False, 0)
+        self.entries.append(node)
+        self.last_seen[n.id] = time.monotonic()
+        self.adopted = True
+        self.van.connect(node)
+        log_event(log, "node_adopted", id=n.id, role=role.name.lower(), address=f"{n.hostname}:{n.port}")
+        self.po.notify_membership("adopted", n.id, int(role))
+        self._ready_if_rebuilt()
+        return True
+
+    def _ready_if_rebuilt(self) -> None:
+        if self.po._ready.is_set():
+            return
+        servers = {e.id for e in self.entries if e.role == Role.SERVER}
+        workers = {e.id for e in self.entries if e.role == Role.WORKER}
+        if len(servers) < self.settings.num_server or (not self.po.elastic and len(workers) < self.settings.num_worker):
+            return
+        self.po.is_recovery = True   # no start barrier
+        self.po._ready.set()
+        log_event(log, "cluster_rebuilt", servers=len(servers), workers=len(workers),
+                  ids=",".join(str(i) for i in self.distinct_ids()))
+        pending, self.pending_joins = self.registrations + self.pending_joins, []
+        self.registrations = []
+        for node in pending:
+            self._admit_late(node)
+
+    def _register_while_adopting(self, node: Node) -> None:
+        """A node registering (ADD_NODE) with a restarted scheduler that is still taking the running
+        nodes back: a restarted server takes its missing slot; others wait for the cluster to be ready."""
+        if node.role == Role.SERVER:
+            taken = {e.id for e in self.entries if e.role == Role.SERVER}
+            free = [server_rank_to_id(r) for r in range(self.settings.num_server) if server_rank_to_id(r) not in taken]
+            if free:
+                self._replace(free[0], node, "recovered")
+                self._ready_if_rebuilt()
+                return
+        if all((p.hostname, p.port) != (node.hostname, node.port) for p in self.pending_joins):
+            self.pending_joins.append(node)
+
+    def on_leave(self, msg: Message) -> None:
+        sender = msg.meta.sender
+        with self.lock:
+            if not self.po.elastic or not msg.meta.request \
+                    or sender not in {e.id for e in self.entries if e.role == Role.WORKER}:
+                self.van.reject("unexpected_leave", sender)
+                return
+            self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=sender,
+                                       control=Control(cmd=Cmd.LEAVE))), block=False)
+            self._remove_worker(sender, "left", linger_ms=1000)
+
+    def _monitor_loop(self) -> None:
+        t = self.settings.heartbeat_timeout
+        period = min(max(t / 4.0, 0.05), 1.0) if t > 0 else 1.0
+        while not self._stop.wait(period):
+            try:
+                self._monitor_tick()
+            except Exception:  # keep watching whatever happens
+                log.exception("scheduler monitor failed")
+
+    def _monitor_tick(self) -> None:
+        with self.lock:
+            dead = self.dead_nodes()
+            for i in dead:
+                if i not in self.reported_dead:
+                    self.reported_dead.add(i)
+                    log_event(log, "node_dead", logging.WARNING, id=i,
+                              silent_for=round(time.monotonic() - self.last_seen.get(i, self.start_time), 2))
+                    role = next((e.role for e in self.entries if e.id == i), -1)
+                    self.po.notify_membership("dead", i, role)
+            if self.pending_joins and dead:
+                pending, self.pending_joins = self.pending_joins, []
+                for node in pending:
+                    self._admit_late(node)
+            if self.po.elastic:
+                for i in dead:
+                    if any(e.id == i and e.role == Role.WORKER for e in self.entries):
+                        self._remove_worker(i, "dead")
+
+    # ------------------------------------------------------------------ barriers
+
+    def group_size(self, group: int) -> int:
+        size = 1 if group & SCHEDULER_ID else 0
+        if group & SERVER_GROUP:
+            size += self.settings.num_server
+        if group & WORKER_GROUP:
+            size += len(self.worker_ids()) if self.po.elastic else self.settings.num_worker
+        return size
+
+    def on_barrier_request(self, msg: Message) -> None:
+        group = msg.meta.control.barrier_group
+        if not (1 <= group <= 7):
+            self.van.reject("bad_barrier_group", msg.meta.sender, f"group={group}")
+            return
+        sender = msg.meta.sender
+        with self.lock:
+            if sender != SCHEDULER_ID and sender not in {e.id for e in self.entries}:
+                self.van.reject("barrier_from_unknown_node", sender)
+                return
+            self.barrier_request[group] = msg.meta
+            # ps-lite counts requests; we count distinct (node, customer) pairs, which is the same
+            # for live nodes but does not count a dead node's request and its replacement's twice.
+            self.barrier_members.setdefault(group, set()).add((sender, msg.meta.customer_id))
+            self._check_barrier(group)
+
+    def _recheck_barriers(self) -> None:
+        for group in list(self.barrier_request):
+            self._check_barrier(group)
+
+    def _check_barrier(self, group: int) -> None:
+        if group not in self.barrier_request:
+            return
+        arrived = self.barrier_members.get(group, set())
+        if self.po.elastic:  # every live member has arrived
+            members = set(self.po.group_ids(group))
+            done = bool(members) and members <= {sender for sender, _ in arrived}
+        else:
+            done = len(arrived) >= self.group_size(group)
+        if not done:
+            return
+        req = self.barrier_request.pop(group)
+        self.barrier_members[group] = set()
+        for recver in dict.fromkeys(self.po.group_ids(group)):
+            self.van.send(Message(Meta(app_id=req.app_id, customer_id=req.customer_id,
+                                       timestamp=self.van.next_timestamp(), recver=recver,
+                                       control=Control(cmd=Cmd.BARRIER, barrier_group=group))), block=False)
