@@ -55,7 +55,7 @@ class Postoffice:
         self.num_workers = settings.num_worker
         self.elastic = settings.elastic_workers
         self.is_recovery = False
-        self._ready = threading.Event()
+        self.ready_event = threading.Event()
         self._nodes: dict[int, Node] = {}
         self._nodes_lock = threading.Lock()
         self._customers: dict[tuple[int, int], Customer] = {}
@@ -104,7 +104,7 @@ class Postoffice:
         return self.role == "worker"
 
     def ready(self) -> bool:
-        return self._ready.is_set() and not self._stopped
+        return self.ready_event.is_set() and not self._stopped
 
     def notify_membership(self, event: str, node_id: int, role: int) -> None:
         for listener in list(self.membership_listeners):
@@ -200,7 +200,7 @@ class Postoffice:
                                       Node(me.role, K_EMPTY, me.hostname, me.port, False, customer_id)]))))
             log_event(log, "registering", scheduler=f"{self.settings.root_uri}:{self.settings.root_port}",
                       advertised=f"{me.hostname}:{me.port}", role=self.role)
-        if not self._ready.wait(timeout):
+        if not self.ready_event.wait(timeout):
             raise RendezvousTimeout(
                 f"no node list from the scheduler at {self.settings.root_uri}:{self.settings.root_port} "
                 f"within {timeout}s (check DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT and DMLC_NUM_*)")
@@ -214,7 +214,7 @@ class Postoffice:
     def finalize(self, customer_id: int = 0, do_barrier: bool = True, timeout: float | None = None) -> None:
         """ps::Finalize: the all-nodes barrier (cluster shutdown), then close everything."""
         try:
-            if do_barrier and self._ready.is_set() and not self._stopped:
+            if do_barrier and self.ready_event.is_set() and not self._stopped:
                 self.barrier(customer_id, ALL_GROUP, timeout=timeout)
         finally:
             self.stop()
@@ -223,7 +223,7 @@ class Postoffice:
         """(Elastic extension) leave a running cluster for good without a cluster-wide barrier."""
         if not self.elastic or not self.is_worker:
             raise RuntimeError("leave() is for workers of a cluster with elastic workers; use finalize()")
-        if self._ready.is_set() and not self._stopped:
+        if self.ready_event.is_set() and not self._stopped:
             self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), request=True,
                                        recver=SCHEDULER_ID, control=Control(cmd=Cmd.LEAVE))))
             if not self._left.wait(timeout):
@@ -327,7 +327,7 @@ class Postoffice:
             self.van.reject("bad_node_list", msg.meta.sender, problem)
             return
         me = self.van.my_node
-        if not self._ready.is_set():
+        if not self.ready_event.is_set():
             mine = next((n for n in nodes if n.hostname == me.hostname and n.port == me.port
                          and n.role == me.role), None)
             if mine is None:
@@ -339,7 +339,7 @@ class Postoffice:
             os.environ["DMLC_RANK"] = str(id_to_rank(mine.id))
         for node in nodes:
             self._learn(node)
-        self._ready.set()
+        self.ready_event.set()
 
     def _learn(self, node: Node) -> None:
         me = self.van.my_node
@@ -348,7 +348,7 @@ class Postoffice:
         if node.id == SCHEDULER_ID or node.id == me.id or node.role != me.role:
             if not self.van.is_connected(node.id, node.hostname, node.port):
                 self.van.connect(node)
-                if self._ready.is_set():
+                if self.ready_event.is_set():
                     log_event(log, "peer_reconnected", peer=node.id, address=f"{node.hostname}:{node.port}",
                               recovery=node.is_recovery)
 

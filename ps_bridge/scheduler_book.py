@@ -22,14 +22,14 @@ import functools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ps_bridge.message import (K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message, Meta, Node,
                                Role, id_to_rank, server_rank_to_id, worker_rank_to_id)
+from ps_bridge.metrics import Registry
+from ps_bridge.settings import NodeSettings
 from ps_bridge.structured_logging import log_event
-
-if TYPE_CHECKING:
-    from ps_bridge.postoffice import Postoffice
+from ps_bridge.van import Van
 
 log = logging.getLogger("ps_bridge.postoffice")  # the logger operators already filter on
 
@@ -41,11 +41,27 @@ def _registration_order(a: Node, b: Node) -> int:
     return (a.port > b.port) - (a.port < b.port)
 
 
+class SchedulerNode(Protocol):
+    """What the book needs of the scheduler's Postoffice, the layer it serves: the node's
+    sockets and settings, its ready event (set once ids are assigned), and two calls back."""
+
+    van: Van
+    settings: NodeSettings
+    registry: Registry
+    elastic: bool
+    is_recovery: bool
+    ready_event: threading.Event
+
+    def group_ids(self, group: int) -> list[int]: ...
+
+    def notify_membership(self, event: str, node_id: int, role: int) -> None: ...
+
+
 class SchedulerBook:
     """The scheduler's side: registrations, id assignment, barriers, heartbeats, recovery and
     (extension) elastic workers. Runs on the receive thread plus a small monitor thread."""
 
-    def __init__(self, po: Postoffice):
+    def __init__(self, po: SchedulerNode):
         self.po = po
         self.van = po.van
         self.settings = po.settings
@@ -109,7 +125,7 @@ class SchedulerBook:
     def dead_nodes(self) -> list[int]:
         """ps-lite's GetDeadNodes(PS_HEARTBEAT_TIMEOUT): silent for longer than the timeout."""
         t = self.settings.heartbeat_timeout
-        if t <= 0 or not self.po._ready.is_set():
+        if t <= 0 or not self.po.ready_event.is_set():
             return []
         now = time.monotonic()
         if self.start_time + t >= now:
@@ -135,9 +151,9 @@ class SchedulerBook:
             return
         node = Node(n.role, K_EMPTY, n.hostname, n.port, False, n.customer_id)
         with self.lock:
-            if not self.po._ready.is_set() and self.adopted:
+            if not self.po.ready_event.is_set() and self.adopted:
                 self._register_while_adopting(node)
-            elif not self.po._ready.is_set():
+            elif not self.po.ready_event.is_set():
                 self._register(node)
             else:
                 self._admit_late(node)
@@ -181,7 +197,7 @@ class SchedulerBook:
         full = self.entries + [self.me()]
         for node_id in self.distinct_ids():
             self.send_list(node_id, full)
-        self.po._ready.set()
+        self.po.ready_event.set()
         log_event(log, "cluster_ready", servers=self.settings.num_server, workers=self.settings.num_worker,
                   ids=",".join(str(i) for i in self.distinct_ids()))
         pending, self.pending_joins = self.pending_joins, []
@@ -301,14 +317,14 @@ class SchedulerBook:
         return True
 
     def _ready_if_rebuilt(self) -> None:
-        if self.po._ready.is_set():
+        if self.po.ready_event.is_set():
             return
         servers = {e.id for e in self.entries if e.role == Role.SERVER}
         workers = {e.id for e in self.entries if e.role == Role.WORKER}
         if len(servers) < self.settings.num_server or (not self.po.elastic and len(workers) < self.settings.num_worker):
             return
         self.po.is_recovery = True   # no start barrier
-        self.po._ready.set()
+        self.po.ready_event.set()
         log_event(log, "cluster_rebuilt", servers=len(servers), workers=len(workers),
                   ids=",".join(str(i) for i in self.distinct_ids()))
         pending, self.pending_joins = self.registrations + self.pending_joins, []

@@ -31,7 +31,7 @@ import orjson
 from online.checkpoint.settings import CoordinatorSettings
 from online.checkpoint.store import Checkpoint, CheckpointStore, offsets_from_json, offsets_to_json
 from online.cluster import ps_commands as pc
-from online.cluster.extensions import SchedulerExtension
+from online.cluster.scheduler import SchedulerExtension
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import Role
 from ps_bridge.metrics import Registry

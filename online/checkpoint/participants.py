@@ -48,7 +48,8 @@ import orjson
 from online.checkpoint.store import (CheckpointError, CheckpointStore, offsets_from_json, offsets_to_json,
                                      read_shard_file, restore_shard, snapshot_shard, write_shard_file)
 from online.cluster import ps_commands as pc
-from online.cluster.extensions import ServerExtension, WorkerExtension
+from online.cluster.server import ServerExtension
+from online.cluster.worker import WorkerExtension
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import SCHEDULER_ID
 from ps_bridge.postoffice import Postoffice

@@ -13,8 +13,7 @@ import os
 import signal
 
 from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir
-from online.cluster.extensions import WorkerExtension
-from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerSettings
+from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings
 from online.stream.reader import KafkaStream
 from ps_bridge.metrics import Registry
 from ps_bridge.roles import serve_metrics, start_worker

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from online.cluster.extensions import SchedulerExtension
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
@@ -27,6 +26,22 @@ from ps_bridge.structured_logging import log_event
 log = logging.getLogger("livevec.scheduler")
 
 SCHEDULER_GROUPS = node_groups()
+
+
+# The extension point (checkpointing plugs in here; this package never imports it).
+class SchedulerExtension:
+    """Something that runs beside the ps-lite scheduler, in its process.
+
+    Made from the scheduler's ``Postoffice`` before the node starts (so any app it
+    creates exists before the first registration), ``start``-ed once the node is up and
+    ``stop``-ped when the scheduler ends.
+    """
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 @dataclass

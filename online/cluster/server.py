@@ -20,7 +20,6 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
-from online.cluster.extensions import ServerExtension
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import is_input_row
@@ -30,7 +29,7 @@ from ps_bridge.message import KVPairs
 from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
 from ps_bridge.settings import NodeSettings
-from ps_bridge.simple_app import SimpleData
+from ps_bridge.simple_app import SimpleApp, SimpleData
 from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.server")
@@ -38,6 +37,31 @@ log = logging.getLogger("livevec.server")
 
 # What a server reads: its node (ps-lite's and livevec's) and the part of the model a shard needs.
 SERVER_GROUPS = (*node_groups(), SERVER_MODEL)
+
+
+# The extension point (checkpointing plugs in here; this package never imports it).
+class ServerExtension:
+    """Extra behaviour of one ``livevec server`` node.
+
+    ``attach`` is called once by ``ShardService``'s constructor, before the node starts,
+    so the extension may keep the service (and replace ``service.shard`` / ``epoch``,
+    as a checkpoint load does). The other methods run on the node's threads: requests
+    on the receive thread, one at a time; ``tick`` about once a second on the main thread.
+    """
+
+    def attach(self, service: ShardService) -> None:
+        pass
+
+    def handle_simple(self, req: SimpleData, app: SimpleApp) -> bool:
+        """Answer a control request whose head the server does not know; False: not ours either."""
+        return False
+
+    def stats(self) -> dict:
+        """Entries merged into the server's ``HEAD_STATS`` answer."""
+        return {}
+
+    def tick(self) -> None:
+        pass
 
 
 @dataclass

@@ -10,7 +10,7 @@ slow server therefore slows consumption instead of growing memory (backpressure)
 Failures: a batch whose pull or push is not acknowledged (a server died) is retried with
 backoff until the servers answer again; its offsets stay uncommitted meanwhile, so if
 this worker dies too, the records are redelivered to the partition's next owner. Kafka
-delivery is therefore at least once; the checkpoint extension (``online.cluster.extensions``)
+delivery is therefore at least once; the checkpoint extension (``WorkerExtension``)
 adds exactly-once relative to a checkpoint by rolling back.
 """
 from __future__ import annotations
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import orjson
 
 from online.cluster import ps_commands as pc
-from online.cluster.extensions import WorkerExtension
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.ps_param_store import PSParamStore
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
 from online.learner.trainer import BatchStats, LearnerConfig, Trainer
+from online.stream.batches import Batch
 from online.stream.settings import STREAM, StreamSettings
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.kv_app import KVWorker
@@ -52,6 +52,29 @@ WORKER = SettingGroup("worker", (
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
 WORKER_GROUPS = (*node_groups(), *STREAM, WORKER_MODEL, LEARNER, WORKER)
+
+
+# The extension point (checkpointing plugs in here; this package never imports it).
+class WorkerExtension:
+    """Extra behaviour of one ``livevec worker``.
+
+    ``attach`` is called once by ``StreamingWorker``'s constructor, on the worker's event
+    loop; the extension may then drive the worker's ``paused`` / ``abandon`` events (see
+    ``StreamingWorker``). ``close`` is called when ``run`` ends, before the stream stops.
+    """
+
+    def attach(self, worker: StreamingWorker) -> None:
+        pass
+
+    async def batch_done(self, batch: Batch, stats: BatchStats) -> bool:
+        """A batch's pushes were acknowledged; its offsets are committed only if this says True."""
+        return True
+
+    def batch_retried(self, exc: BaseException) -> None:
+        """A batch is trained again after ``exc`` (called from the training thread)."""
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
