@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make up    - a whole local cluster streaming a sample corpus; prints the page's URL
 #   make test  - installs everything and runs the test suite against a real Kafka broker
+#   make image - builds deploy/Dockerfile (podman from a debootstrapped Debian base without a Docker daemon)
 # Each target does all of its own set-up on a fresh machine.
 
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test bench install kafka-jars browser clean
+.PHONY: up test bench install kafka-jars browser container-tools image clean
 
 $(STAMP): pyproject.toml setup.py online/frontend/int8_scan.c
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +29,23 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "install Debian's chromium package (sudo apt-get install chromium) for the browser test"; exit 1; fi; }
 
+# Debian's podman, runc and debootstrap, to build and run the image without a Docker daemon.
+container-tools:
+	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; \
+	  else echo "install Debian's podman, runc and debootstrap (sudo apt-get install podman runc debootstrap) to build the image"; exit 1; fi; }
+
+# The container image: docker where a daemon answers, else podman; the base and the image are
+# rebuilt only when their inputs change. Prints the tag, the size and the build time.
+IMAGE ?= livevec:0.1.0
+image: $(STAMP)
+	@docker info >/dev/null 2>&1 || $(MAKE) --no-print-directory container-tools
+	$(PY) -m online.cli deploy image --tag $(IMAGE)
+
 up: $(STAMP) kafka-jars
 	$(VENV)/bin/livevec up
 
-test: $(STAMP) kafka-jars browser
+test: $(STAMP) kafka-jars browser image
 	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
 
 # Every benchmark with small arguments; BENCH_ARGS=--full for the README's figures (hours).

@@ -9,7 +9,9 @@ ps_bridge (PBMeta, key slicing, request tracking, two sockets per round trip) ag
 bare DEALER/ROUTER echo whose server replies with the same number of bytes.
 
 Targets (issue 3): >= 0.7x raw pyzmq bandwidth at 1 MB; a 1-key pull round trip
-<= 3x a raw pyzmq round trip.
+<= 3x a raw pyzmq round trip. The CurveZMQ cost (issue 16): a third cluster, one server with
+every ps link authenticated and encrypted (PS_CURVE_*), takes its turns in the same slices; the
+load average of the shared machine is printed before and after.
 
     .venv/bin/python bench/ps_throughput.py            # about 30-40 s
 """
@@ -129,19 +131,24 @@ class RawClient:
         self.ctx.term()
 
 
-def start_ps_cluster(num_servers: int):
+def start_ps_cluster(num_servers: int, keys: Path | None = None):
     from ps_bridge.roles import start_scheduler, start_worker
     from ps_bridge.settings import NodeSettings
 
     common = dict(root_uri="127.0.0.1", num_server=num_servers, num_worker=1, node_host="127.0.0.1")
-    sched, thread = start_scheduler(NodeSettings.from_env({}, role="scheduler", root_port=0, **common))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1",
+    curve = {} if keys is None else {"curve_public_keys_file": str(keys / "cluster.keys")}
+    pair = (lambda name: {"curve_secret_key_file": str(keys / f"{name}.key_secret")}) if keys else (lambda name: {})
+    sched, thread = start_scheduler(NodeSettings.from_env({}, role="scheduler", root_port=0, **common, **curve,
+                                                          **pair("scheduler")))
+    env = {**({} if keys is None else {"PS_CURVE_PUBLIC_KEYS_FILE": str(keys / "cluster.keys"),
+                                       "PS_CURVE_SECRET_KEY_FILE": str(keys / "server.key_secret")}),
+           **os.environ, "PYTHONPATH": str(REPO), "DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1",
            "DMLC_PS_ROOT_PORT": str(sched.my_node.port), "DMLC_NUM_SERVER": str(num_servers),
            "DMLC_NUM_WORKER": "1", "DMLC_NODE_HOST": "127.0.0.1", "LIVEVEC_LOG_LEVEL": "WARNING",
            "OMP_NUM_THREADS": "1"}
     servers = [subprocess.Popen([sys.executable, __file__, "--serve-ps"], env=env) for _ in range(num_servers)]
-    worker = start_worker(NodeSettings.from_env({}, role="worker", root_port=sched.my_node.port, **common),
-                          timeout=60)
+    worker = start_worker(NodeSettings.from_env({}, role="worker", root_port=sched.my_node.port, **common,
+                                                **curve, **pair("worker")), timeout=60)
     return worker, thread, servers
 
 
@@ -162,6 +169,11 @@ def main() -> int:
         return 0
 
     started = time.perf_counter()
+    load_before = Path("/proc/loadavg").read_text().strip()
+    import tempfile
+    from ps_bridge.curve import keygen
+    keydir = Path(tempfile.mkdtemp(prefix="bench-curve-"))
+    keygen(str(keydir), ["scheduler", "server", "worker"])
     port_file = REPO / f".bench-raw-port-{os.getpid()}"
     children = [subprocess.Popen([sys.executable, __file__, "--serve-raw", str(port_file)],
                                  env={**os.environ, "PYTHONPATH": str(REPO)})]
@@ -171,13 +183,14 @@ def main() -> int:
             time.sleep(0.02)
         raw_client = RawClient(int(port_file.read_text()))
         port_file.unlink()
-        for num_servers in (1, 2):
-            worker, thread, servers = start_ps_cluster(num_servers)
+        for num_servers, keys in ((1, None), (2, None), (1, keydir)):
+            worker, thread, servers = start_ps_cluster(num_servers, keys)
             children.extend(servers)
             clusters.append((worker, thread))
-        w1, w2 = clusters[0][0], clusters[1][0]
+        w1, w2, wc = clusters[0][0], clusters[1][0], clusters[2][0]
         raw: dict[str, tuple[float, float]] = {}
         ps: dict[int, dict[str, tuple[float, float]]] = {1: {}, 2: {}}
+        secured: dict[str, tuple[float, float]] = {}
         for label, n in SIZES:
             keys = _keys(n)
             vals = np.ones(n * WIDTH, np.float32)
@@ -185,16 +198,19 @@ def main() -> int:
                 "raw": lambda: raw_client.push(keys, vals),
                 "ps1": lambda: w1.wait(w1.push(keys, vals)),
                 "ps2": lambda: w2.wait(w2.push(keys, vals)),
+                "curve": lambda: wc.wait(wc.push(keys, vals)),
             }, args.min_time)
             pull = interleaved({
                 "raw": lambda: raw_client.pull(keys),
                 "ps1": lambda: w1.wait(w1.pull(keys)),
                 "ps2": lambda: w2.wait(w2.pull(keys)),
+                "curve": lambda: wc.wait(wc.pull(keys)),
             }, args.min_time)
             assert len(w2.wait(w2.pull(keys)).vals) == n * WIDTH
             raw[label] = (push["raw"], pull["raw"])
             ps[1][label] = (push["ps1"], pull["ps1"])
             ps[2][label] = (push["ps2"], pull["ps2"])
+            secured[label] = (push["curve"], pull["curve"])
         raw_client.close()
         for worker, thread in clusters:
             worker.po.finalize(timeout=30)
@@ -221,12 +237,21 @@ def main() -> int:
                 name = f"ps {num_servers} server" + ("s" if num_servers > 1 else "")
                 print(f"{label:>8} {op:>5} {name:>14} {row(label, n, secs)} {secs * 1e6:>9.1f} "
                       f"{base / secs:>7.2f}")
+            secs = secured[label][op_i]
+            print(f"{label:>8} {op:>5} {'ps 1, CurveZMQ':>14} {row(label, n, secs)} {secs * 1e6:>9.1f} "
+                  f"{base / secs:>7.2f}")
     bw_push = raw["1 MB"][0] / ps[1]["1 MB"][0]
     bw_pull = raw["1 MB"][1] / ps[1]["1 MB"][1]
     rtt = ps[1]["1 KB"][1] / raw["1 KB"][1]
     print(f"\n1 MB bandwidth, 1 server: push {bw_push:.2f}x, pull {bw_pull:.2f}x raw pyzmq (target >= 0.70x)")
     print(f"1-key pull round trip, 1 server: {ps[1]['1 KB'][1] * 1e6:.0f} us = {rtt:.2f}x raw "
           f"{raw['1 KB'][1] * 1e6:.0f} us (target <= 3x)")
+    plain_push, curve_push = ps[1]["1 MB"][0], secured["1 MB"][0]
+    plain_rtt, curve_rtt = ps[1]["1 KB"][1], secured["1 KB"][1]
+    print(f"CurveZMQ, 1 server, same run: 1 MB push {plain_push * 1e3:.2f} -> {curve_push * 1e3:.2f} ms "
+          f"({curve_push / plain_push:.2f}x time, {1 / plain_push:.0f} -> {1 / curve_push:.0f} MB/s); "
+          f"1-key round trip {plain_rtt * 1e6:.0f} -> {curve_rtt * 1e6:.0f} us ({curve_rtt / plain_rtt:.2f}x)")
+    print(f"load average (2 cores, shared): before {load_before}; after {Path('/proc/loadavg').read_text().strip()}")
     print(f"total bench time {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -50,6 +50,7 @@ BENCHES = [
     Bench("checkpoint_numbers", ("--words", "20000", "--skip-cluster"), r"^\[.*\] \d+ words|checkpoints while|kill -9"),
     Bench("quality_vs_gensim", ("--max-tokens", "300000", "--epochs", "1", "--workers", "1"),
           r"^\s*\d+\s+(gensim|livevec|ratio)\s", needs_corpus=True),
+    Bench("kafka_tls", ("--mb", "5", "--rounds", "1"), r"plaintext .*SASL_SSL|ratio", needs_corpus=True),
     Bench("kafka_produce", ("--starts", "1", "--corpus", "{small_corpus}"),
           r"^(compressed|plain text):|ratio to bare aiokafka|kafka start to ready", needs_corpus=True),
     Bench("query_load", ("--words", "20000", "--updates", "2000", "--duration", "2", "--concurrency", "16",
@@ -58,6 +59,7 @@ BENCHES = [
     Bench("freshness", ("--trials", "3", "--warmup", "10"), r"^(visible|planted neighbour|top-1|target p99)"),
     Bench("soak", ("--duration", "30", "--kill-every", "10", "--skip-reference"),
           r'"(produced|trained_offsets|trained_twice|skipped|exactly_once|quality\w*)"'),
+    Bench("containers_vs_processes", ("--lines", "5000", "--rounds", "1"), r"^ratio container/process|^words/s"),
 ]
 
 

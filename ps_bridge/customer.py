@@ -5,10 +5,8 @@ it expects. Responses are matched by the echoed timestamp. Waiting is blocking
 (:meth:`Customer.wait`), asynchronous (:meth:`Customer.wait_async`, for asyncio callers)
 or by callback.
 
-Incoming messages are handled on the Van's receive thread (ps-lite runs a separate
-customer thread; skipping that hop saves a thread wake-up per message, which is most of
-the latency budget of a small pull). Handlers must therefore not block waiting for
-other ps-lite messages; hand such work to a thread of your own.
+Messages are handled on the Van's receive thread (ps-lite adds a customer thread; skipping
+it saves a wake-up per message): handlers must not block waiting for other ps messages.
 """
 from __future__ import annotations
 
@@ -47,12 +45,8 @@ class Customer:
         self._next_ts = 0
         self._tracker: dict[int, _Request] = {}
         self._mu = threading.Lock()
-        # Set by the Postoffice to the Van's ``defer``: waking a waiter is postponed until the
-        # receive thread is about to block again, so the woken thread does not have to wait
-        # for the GIL (measured: about 40 us per round trip on a 2-core VM).
+        # the Van's defer: wake waiters when the receive thread blocks again (no GIL wait; ~40 us/RTT)
         self.defer: Callable[[Callable[[], None]], None] | None = None
-
-    # ------------------------------------------------------------------ requests
 
     def new_request(self, expected: int, state: Any = None) -> int:
         """Register a request that waits for ``expected`` responses; returns its timestamp."""
@@ -109,8 +103,6 @@ class Customer:
         for ts in pending:
             self.fail(ts, error)
         return len(pending)
-
-    # ------------------------------------------------------------------ waiting
 
     def wait(self, ts: int, timeout: float | None = None) -> Any:
         """Block until ``ts`` completes; returns its result and forgets the request. On timeout
@@ -174,9 +166,6 @@ class Customer:
                 req._callbacks.append(cb)
                 return
         cb(req.result)
-
-    def num_outstanding(self) -> int:
-        return sum(1 for r in list(self._tracker.values()) if not r.done)
 
 
 class _Failure:

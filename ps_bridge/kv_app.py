@@ -1,14 +1,10 @@
 """KVWorker and KVServer (ps-lite ``kv_app.h``): sorted unique uint64 keys, float32 values.
 
-Worker side: ``push``/``pull``/``pushpull`` slice the keys across servers by key range
-(one ``np.searchsorted``, no per-key Python), send one message per involved server and
-return a timestamp at once. ``wait(ts)`` (or ``await wait_async(ts)``, or a callback)
-completes when every involved server answered; pulls return a :class:`KVPairs` whose
-``vals`` are numpy arrays over the received buffers (no copy with a single server).
-
-Server side: every request is validated (frame count, key/val/len sizes, sorted unique
-keys) before the request handle sees it; bad requests are counted and dropped, as the
-protocol has no error reply. The default handle has ps-lite's sum semantics.
+Worker: ``push``/``pull``/``pushpull`` slice keys across servers by range (one searchsorted),
+send one message per server and return a timestamp; ``wait``/``wait_async``/a callback
+completes when all answered; pulled ``vals`` are arrays over the received buffers.
+Server: requests are validated (frames, sizes, sorted unique keys) before the handle sees
+them; bad ones are counted and dropped (no error reply). The default handle sums.
 """
 from __future__ import annotations
 
@@ -109,8 +105,6 @@ class KVWorker(SimpleApp):
                                 + [postoffice.server_key_ranges()[-1][1]], dtype=np.uint64)
         self._server_ids = postoffice.server_ids()
 
-    # ------------------------------------------------------------------ API
-
     def push(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
              callback: Callable[[KVPairs | None], None] | None = None) -> int:
         """Add ``vals`` to ``keys`` on the servers. Do not modify the arrays until the request completed."""
@@ -137,8 +131,6 @@ class KVWorker(SimpleApp):
     def pull_sync(self, keys, cmd: int = 0, timeout: float | None = None) -> np.ndarray:
         """Convenience: pull and wait; returns the values."""
         return self.wait(self.pull(keys, cmd), timeout).vals
-
-    # ------------------------------------------------------------------ sending
 
     def _send(self, keys, vals, lens, cmd: int, push: bool, pull: bool, priority: int, callback) -> int:
         keys = _as_keys(keys)
@@ -203,8 +195,6 @@ class KVWorker(SimpleApp):
             if send(Message(meta, data)) < 0:
                 self.customer.fail(ts, SendError(f"cannot send to server {self._server_ids[rank]}"))
         return ts
-
-    # ------------------------------------------------------------------ responses
 
     def _process_kv(self, msg: Message) -> None:
         m = msg.meta
@@ -335,11 +325,8 @@ def _parse_request(msg: Message) -> KVPairs | str:
 
 class KVServerDefaultHandle:
     """ps-lite's KVServerDefaultHandle: ``store[k] += v`` on push, return ``store[k]`` on pull
-    (read after the push, so pushpull returns the new value); absent keys start at 0.
-
-    Generalised from ps-lite's one value per key to a fixed width per key (the first push
-    sets it; a pull before any push assumes 1, as ps-lite). The store is a sorted key array
-    plus a value matrix, updated with vectorised numpy (no per-key Python).
+    (pushpull returns the new value); absent keys start at 0. A fixed width per key (the first
+    push sets it; 1 before any push), in a sorted key array and a value matrix (vectorised).
     """
 
     def __init__(self) -> None:

@@ -26,10 +26,6 @@ class Role(IntEnum):
     WORKER = 1
     SCHEDULER = 2
 
-    @classmethod
-    def parse(cls, text: str) -> "Role":
-        return cls[text.strip().upper()]
-
 
 class Cmd(IntEnum):
     EMPTY = 0
@@ -78,10 +74,7 @@ class Node:
     port: int = 0
     is_recovery: bool = False
     customer_id: int = 0
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.hostname, self.port
+    public_key: str = ""  # CurveZMQ (ps_bridge.curve): secured clusters only
 
     def __str__(self) -> str:
         role = Role(self.role).name.lower() if self.role in (0, 1, 2) else f"role{self.role}"
@@ -145,8 +138,6 @@ class KVPairs:
     lens: np.ndarray | None = None
 
 
-# ----------------------------------------------------------------------------- Meta <-> PBMeta
-
 def meta_to_pb(meta: Meta) -> PBMeta:
     pb = PBMeta(head=meta.head, request=meta.request, push=meta.push, simple_app=meta.simple_app,
                 customer_id=meta.customer_id, pull=meta.pull, priority=meta.priority)
@@ -166,7 +157,8 @@ def meta_to_pb(meta: Meta) -> PBMeta:
         elif ctrl.cmd == Cmd.ACK:
             pbc.msg_sig = ctrl.msg_sig
         pbc.node = [PBNode(role=int(n.role), id=n.id, hostname=n.hostname, port=n.port,
-                           is_recovery=bool(n.is_recovery), customer_id=n.customer_id) for n in ctrl.node]
+                           is_recovery=bool(n.is_recovery), customer_id=n.customer_id,
+                           public_key=n.public_key or None) for n in ctrl.node]
         pb.control = pbc
     return pb
 
@@ -186,24 +178,16 @@ def pb_to_meta(pb: PBMeta) -> Meta:
         meta.control = Control(
             cmd=c.cmd, barrier_group=c.barrier_group or 0, msg_sig=c.msg_sig or 0,
             node=[Node(role=n.role, id=K_EMPTY if n.id is None else n.id, hostname=n.hostname or "",
-                       port=n.port or 0, is_recovery=bool(n.is_recovery), customer_id=n.customer_id or 0)
+                       port=n.port or 0, is_recovery=bool(n.is_recovery), customer_id=n.customer_id or 0,
+                       public_key=n.public_key or "")
                   for n in c.node])
     return meta
 
 
-# Data messages dominate traffic, so they are packed and unpacked by the functions below
-# without the PBMeta detour (same bytes and same results as meta_to_pb + encode_meta and
-# pb_to_meta + decode_meta; the tests check both ways, on the captures and fuzzed input).
-#
-# Between two nodes, consecutive data metas differ only in their timestamp (field 8): the
-# fields before it (head, body, request, push, simple_app, app_id) and after it (data_type,
-# customer_id, pull, priority) repeat from message to message. So both directions cache
-# those two byte runs: packing is ``prefix + varint(timestamp) + suffix`` and unpacking
-# looks both runs up by their exact bytes (about 3x faster than the field loop, which
-# matters at a few microseconds per message on the critical path of every request). The
-# caches only ever hold runs produced by the field-by-field code, and are bounded: once full
-# (a few hundred distinct head/app/customer/flag combinations, or a peer sending varied
-# garbage), new runs simply take the field-by-field path.
+# Data metas skip the PBMeta detour (same bytes both ways; the tests check it on captures and
+# fuzz). Consecutive data metas differ only in their timestamp (field 8), so the byte runs
+# before and after it are cached (bounded; filled only by the field-by-field code): packing is
+# prefix + varint(ts) + suffix, unpacking looks both runs up (about 3x faster than the loop).
 
 _SMALL = [bytes((i,)) for i in range(128)]
 _RUN_CACHE_LIMIT = 256

@@ -1,13 +1,9 @@
 """Hand-written proto2 codec for ps-lite's ``meta.proto`` (PBMeta, PBControl, PBNode).
 
-Why not the ``protobuf`` package: byte equality with C++ ps-lite depends on *which*
-fields are "set", not on their values (ps-lite's ``PackMeta`` sets ``request``,
-``push``, ``customer_id``... even when they hold their defaults, and leaves ``app_id``
-and ``timestamp`` unset when they are kEmpty; see pslite-protocol.md §2.2). Here that
-is explicit: a field is set exactly when its attribute is not ``None``, and the
-encoder writes the set fields in ascending field-number order, as protobuf-C++ does.
-There is no generated code to keep in sync, no runtime/version coupling, and the hot
-path (a 20-byte data meta per message) is one tight loop instead of a reflection walk.
+Not the ``protobuf`` package: byte equality with C++ ps-lite depends on *which* fields are
+set (ps-lite sets defaults such as ``request`` and leaves kEmpty ``app_id``/``timestamp``
+unset; pslite-protocol.md §2.2). Here a field is set exactly when its attribute is not
+``None``, written in ascending field order as protobuf-C++ does, with no generated code.
 
 Malformed input raises :class:`MalformedMeta` (never IndexError or the like), so the
 Van can count and drop the frame. Unknown fields are skipped, as protobuf does.
@@ -25,24 +21,31 @@ class MalformedMeta(ValueError):
 _U64 = (1 << 64) - 1
 
 
-class PBNode:
-    """``message PBNode``. ``None`` means "not set". role is proto2 ``required``."""
+class _Message:
+    """Equality over the slots; repr shows the set ones."""
 
-    __slots__ = ("role", "id", "hostname", "port", "is_recovery", "customer_id")
-
-    def __init__(self, role=None, id=None, hostname=None, port=None, is_recovery=None, customer_id=None):
-        self.role, self.id, self.hostname, self.port = role, id, hostname, port
-        self.is_recovery, self.customer_id = is_recovery, customer_id
+    __slots__ = ()
 
     def __eq__(self, other):
-        return isinstance(other, PBNode) and all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
+        return type(other) is type(self) and all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
 
     def __repr__(self):
-        return "PBNode(" + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__
-                                     if getattr(self, s) is not None) + ")"
+        return type(self).__name__ + "(" + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__
+                                                     if getattr(self, s) not in (None, [])) + ")"
 
 
-class PBControl:
+class PBNode(_Message):
+    """``message PBNode``. ``None`` means "not set". role is proto2 ``required``."""
+
+    __slots__ = ("role", "id", "hostname", "port", "is_recovery", "customer_id", "public_key")
+
+    def __init__(self, role=None, id=None, hostname=None, port=None, is_recovery=None, customer_id=None,
+                 public_key=None):  # public_key: field 15, ps_bridge's (CurveZMQ clusters only)
+        self.role, self.id, self.hostname, self.port = role, id, hostname, port
+        self.is_recovery, self.customer_id, self.public_key = is_recovery, customer_id, public_key
+
+
+class PBControl(_Message):
     """``message PBControl``. cmd is proto2 ``required``; ``node`` is repeated."""
 
     __slots__ = ("cmd", "node", "barrier_group", "msg_sig")
@@ -52,15 +55,8 @@ class PBControl:
         self.node = [] if node is None else node
         self.barrier_group, self.msg_sig = barrier_group, msg_sig
 
-    def __eq__(self, other):
-        return isinstance(other, PBControl) and all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
 
-    def __repr__(self):
-        return f"PBControl(cmd={self.cmd!r}, node={self.node!r}, barrier_group={self.barrier_group!r}, " \
-               f"msg_sig={self.msg_sig!r})"
-
-
-class PBMeta:
+class PBMeta(_Message):
     """``message PBMeta`` (master dialect: fields 1-13). ``data_type`` is repeated, packed."""
 
     __slots__ = ("head", "body", "control", "request", "push", "simple_app", "app_id", "timestamp",
@@ -75,15 +71,6 @@ class PBMeta:
         self.data_type = [] if data_type is None else data_type
         self.customer_id, self.data_size, self.pull, self.priority = customer_id, data_size, pull, priority
 
-    def __eq__(self, other):
-        return isinstance(other, PBMeta) and all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
-
-    def __repr__(self):
-        return "PBMeta(" + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__
-                                     if getattr(self, s) not in (None, [])) + ")"
-
-
-# ----------------------------------------------------------------------------- encoding
 
 def _varint(out: bytearray, value: int) -> None:
     value &= _U64  # int32/int64 negatives are sign-extended to 10 bytes, as protobuf does
@@ -122,6 +109,8 @@ def encode_node(node: PBNode) -> bytes:
         out += b"\x28\x01" if node.is_recovery else b"\x28\x00"
     if node.customer_id is not None:
         _int_field(out, 0x50, node.customer_id)
+    if node.public_key is not None:
+        _len_field(out, 0x7A, node.public_key.encode("ascii"))
     return bytes(out)
 
 
@@ -178,8 +167,6 @@ def encode_meta(pb: PBMeta) -> bytes:
         _int_field(out, 0x68, pb.priority)
     return bytes(out)
 
-
-# ----------------------------------------------------------------------------- decoding
 
 def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
     result = 0
@@ -269,6 +256,8 @@ def _decode_node(buf, pos: int, end: int) -> PBNode:
                 node.customer_id = _int32(value)
         elif wire == 2 and field == 3:
             node.hostname = bytes(buf[value[0]:value[1]]).decode("utf-8", "surrogateescape")
+        elif wire == 2 and field == 15:
+            node.public_key = bytes(buf[value[0]:value[1]]).decode("ascii", "replace")
     if node.role is None:
         raise MalformedMeta("PBNode without its required role")
     return node

@@ -1,9 +1,8 @@
 """Prometheus metrics without a client library: counters, gauges and histograms
 rendered in the text exposition format (version 0.0.4).
 
-Every long-running role (server, worker, front end) owns one ``Registry``. Processes
-without an aiohttp app expose it with ``serve_http`` (a daemon thread on the
-``metrics``/health port that Marathon and Kubernetes probe).
+Every long-running role owns one ``Registry``; processes without an aiohttp app serve it
+with ``serve_http`` (a daemon thread on the metrics/health port the orchestrator probes).
 """
 from __future__ import annotations
 

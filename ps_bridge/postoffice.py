@@ -1,15 +1,10 @@
 """The Postoffice: who is in the cluster (ps-lite ``postoffice.h`` plus the control-message
 half of ``van.cc`` that every node runs).
 
-It owns the Van, runs the start-up handshake (ADD_NODE), learns the node list the
-scheduler sends, waits at barriers, heartbeats, answers group and key-range questions
-and routes data messages to the apps' Customers. Key ranges are ps-lite's even split of
-[0, 2^64-1). On the scheduler, registration, id assignment, barrier counting, dead-node
-detection and recovery live in the :class:`~ps_bridge.scheduler_book.SchedulerBook`.
-
-Extension beyond ps-lite (``NodeSettings.elastic_workers``, off by default; needs a
-ps_bridge scheduler): workers may join after start-up and leave (:meth:`Postoffice.leave`)
-or die while the cluster runs; see :mod:`ps_bridge.scheduler_book`.
+It owns the Van, runs the start-up handshake, learns the node list, waits at barriers,
+heartbeats, answers group and key-range questions (ps-lite's even split of [0, 2^64-1)) and
+routes data messages to the apps' Customers. The scheduler's half is the SchedulerBook; with
+``elastic_workers`` (extension) workers may join, leave (:meth:`Postoffice.leave`) or die.
 """
 from __future__ import annotations
 
@@ -72,12 +67,9 @@ class Postoffice:
         self._key_ranges = server_key_ranges(self.num_servers)
         self._book = SchedulerBook(self) if settings.is_scheduler else None
         self.scheduler_last_seen = 0.0
-        # (Scheduler) called as listener(event, node_id, role) when membership changes: "dead",
-        # "recovered", "worker_joined", "worker_left", "worker_dead". Runs on the receive or
-        # monitor thread with the scheduler's book locked: listeners must only record the event.
+        # (Scheduler) listener(event, node_id, role) on "dead", "recovered", "worker_joined/left/dead";
+        # called with the book locked, on the receive or monitor thread: only record the event.
         self.membership_listeners: list[Callable[[str, int, int], None]] = []
-
-    # ------------------------------------------------------------------ identity
 
     @property
     def my_node(self) -> Node:
@@ -96,10 +88,6 @@ class Postoffice:
         return self.role == "scheduler"
 
     @property
-    def is_server(self) -> bool:
-        return self.role == "server"
-
-    @property
     def is_worker(self) -> bool:
         return self.role == "worker"
 
@@ -112,8 +100,6 @@ class Postoffice:
                 listener(event, node_id, role)
             except Exception:  # a listener must never break the scheduler
                 log.exception("membership listener failed")
-
-    # ------------------------------------------------------------------ groups and keys
 
     def server_key_ranges(self) -> list[tuple[int, int]]:
         return self._key_ranges
@@ -150,8 +136,6 @@ class Postoffice:
         with self._nodes_lock:
             return dict(self._nodes)
 
-    # ------------------------------------------------------------------ customers
-
     def add_customer(self, customer: Customer) -> None:
         key = (customer.app_id, customer.customer_id)
         with self._route_lock:
@@ -170,8 +154,6 @@ class Postoffice:
     def remove_customer(self, customer: Customer) -> None:
         with self._route_lock:
             self._customers.pop((customer.app_id, customer.customer_id), None)
-
-    # ------------------------------------------------------------------ start / stop
 
     def bind(self) -> Node:
         """Bind the receive socket now (start() does it otherwise); returns this node's address,
@@ -239,8 +221,6 @@ class Postoffice:
         self.van.stop()
         log_event(log, "node_stopped", role=self.role, id=self.node_id)
 
-    # ------------------------------------------------------------------ barrier
-
     def barrier(self, customer_id: int = 0, group: int = ALL_GROUP, timeout: float | None = None) -> None:
         """Block until every node of ``group`` called barrier (ps-lite §5)."""
         if not self.elastic and len(self.group_ids(group)) <= 1:
@@ -254,8 +234,6 @@ class Postoffice:
         with self._barrier_cv:
             if not self._barrier_cv.wait_for(lambda: self._barrier_done.get(key, True) or self._stopped, timeout):
                 raise RendezvousTimeout(f"barrier on group {group} not released within {timeout}s")
-
-    # ------------------------------------------------------------------ receiving
 
     def _on_message(self, msg: Message) -> None:
         control = msg.meta.control

@@ -6,9 +6,8 @@
     ...
     worker.po.finalize()                      # cluster-wide barrier, then close
 
-Settings come from ``DMLC_*``/``PS_*``/``PORT`` (see ``NodeSettings``), or pass a
-``NodeSettings``. ``python -m ps_bridge.roles {scheduler,server}`` runs a plain
-scheduler or a server with ps-lite's default (sum) handle, e.g. next to C++ ps-lite.
+Settings: ``DMLC_*``/``PS_*``/``PORT`` or a ``NodeSettings``. ``python -m ps_bridge.roles
+{scheduler,server}`` runs a scheduler or a sum-handle server, e.g. next to C++ ps-lite.
 """
 from __future__ import annotations
 

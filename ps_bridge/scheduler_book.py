@@ -2,19 +2,13 @@
 the scheduler (``ProcessAddNodeCommandAtScheduler``, ``ProcessBarrierCommand``,
 ``ProcessHearbeat``, ``GetDeadNodes``).
 
-It registers nodes (ADD_NODE), assigns ids once all of them are in (scheduler 1, server
-rank r -> 8+2r, worker rank r -> 9+2r, in ps-lite's registration order), counts barrier
-requests and releases them, tracks heartbeats and replaces dead nodes with newcomers of
-the same role (recovery). A restarted scheduler takes the running nodes back from their
-heartbeats (extension).
-
-Extension beyond ps-lite (``NodeSettings.elastic_workers``, off by default; needs this
-scheduler): the book gives a worker that joins after start-up the lowest free worker id,
-marks it ``is_recovery`` (so it skips the start barrier, like a recovered ps-lite node) and
-announces it to the servers with the same one-node ADD_NODE that ps-lite recovery uses, so
-C++ servers serve it too. A worker leaves with a LEAVE control message (cmd 100, unknown to
-C++ ps-lite), or is dropped when its heartbeats stop. Barriers over groups containing
-workers then count only live workers, and are re-checked whenever a worker goes away.
+It registers nodes, assigns ids (scheduler 1, server rank r -> 8+2r, worker r -> 9+2r, in
+ps-lite's order), releases barriers, tracks heartbeats and replaces dead nodes with newcomers
+of their role (recovery). Extensions: a restarted scheduler takes the running nodes back from
+their heartbeats; with ``elastic_workers`` a late worker gets the lowest free worker id, is
+marked ``is_recovery`` (no start barrier) and announced with ps-lite's one-node ADD_NODE (C++
+servers serve it too); it leaves with LEAVE (cmd 100) or when its heartbeats stop, and
+barriers then count live workers only.
 """
 from __future__ import annotations
 
@@ -84,8 +78,6 @@ class SchedulerBook:
         self.m_joined = registry.counter("pslite_workers_joined_total", "workers admitted after start (elastic)")
         self.m_removed = registry.counter("pslite_workers_removed_total", "workers that left or died (elastic)")
 
-    # ------------------------------------------------------------------ lifecycle and lookups
-
     def start(self) -> None:
         if self.settings.heartbeat_timeout > 0 or self.po.elastic:
             self._monitor = threading.Thread(target=self._monitor_loop, name="ps-scheduler-monitor", daemon=True)
@@ -100,7 +92,7 @@ class SchedulerBook:
 
     def me(self) -> Node:
         n = self.van.my_node
-        return Node(int(Role.SCHEDULER), SCHEDULER_ID, n.hostname, n.port, False, 0)
+        return Node(int(Role.SCHEDULER), SCHEDULER_ID, n.hostname, n.port, False, 0, n.public_key)
 
     def distinct_ids(self) -> list[int]:
         with self.lock:
@@ -133,8 +125,6 @@ class SchedulerBook:
         with self.lock:
             return [i for i in self.distinct_ids() if self.last_seen.get(i, 0.0) + t < now]
 
-    # ------------------------------------------------------------------ ADD_NODE
-
     def on_add_node(self, msg: Message) -> None:
         if msg.meta.sender != K_EMPTY:
             # ps-lite only registers identity-less senders; a psN sender is a node list echo or garbage.
@@ -149,7 +139,7 @@ class SchedulerBook:
                 or len(n.hostname) > 255 or not n.hostname.isprintable():
             self.van.reject("bad_add_node", msg.meta.sender, f"role={n.role} address={n.hostname!r}:{n.port}")
             return
-        node = Node(n.role, K_EMPTY, n.hostname, n.port, False, n.customer_id)
+        node = Node(n.role, K_EMPTY, n.hostname, n.port, False, n.customer_id, n.public_key)
         with self.lock:
             if not self.po.ready_event.is_set() and self.adopted:
                 self._register_while_adopting(node)
@@ -270,8 +260,6 @@ class SchedulerBook:
             self.barrier_members[group] = {m for m in members if m[0] != node_id}
         self._recheck_barriers()
 
-    # ------------------------------------------------------------------ heartbeats, leave, monitor
-
     def on_heartbeat(self, msg: Message) -> None:
         now = time.monotonic()
         with self.lock:
@@ -291,11 +279,9 @@ class SchedulerBook:
                                        control=Control(cmd=Cmd.HEARTBEAT, node=[self.me()]))), block=False)
 
     def _adopt(self, n: Node, sender: int) -> bool:
-        """(Extension) a heartbeat from a node this scheduler never registered: the scheduler was
-        restarted while the cluster ran. The node keeps its id (its heartbeat carries it and its
-        address), so take it back instead of leaving the cluster without a scheduler. Once every
-        server (and, without elastic workers, every worker) is back, the cluster is ready again,
-        without a start barrier (the nodes passed theirs long ago)."""
+        """(Extension) a heartbeat from a node never registered here (this scheduler restarted): the
+        node keeps its id and is taken back; once all servers (and non-elastic workers) are back,
+        the cluster is ready again without a start barrier."""
         role = Role(n.role) if n.role in (Role.SERVER, Role.WORKER) else None
         if role is None or n.id != sender or n.id < 8 or not (0 < n.port < 65536) or not n.hostname \
                 or len(n.hostname) > 255 or not n.hostname.isprintable():
@@ -306,7 +292,7 @@ class SchedulerBook:
             return False
         if any((e.hostname, e.port) == (n.hostname, n.port) for e in self.entries):
             return False
-        node = Node(int(role), n.id, n.hostname, n.port, False, 0)
+        node = Node(int(role), n.id, n.hostname, n.port, False, 0, n.public_key)
         self.entries.append(node)
         self.last_seen[n.id] = time.monotonic()
         self.adopted = True
@@ -383,8 +369,6 @@ class SchedulerBook:
                 for i in dead:
                     if any(e.id == i and e.role == Role.WORKER for e in self.entries):
                         self._remove_worker(i, "dead")
-
-    # ------------------------------------------------------------------ barriers
 
     def group_size(self, group: int) -> int:
         size = 1 if group & SCHEDULER_ID else 0

@@ -1,14 +1,11 @@
 """Declared settings: each is written down once and that one declaration makes its flag,
 its environment read, its validation and the error that names it.
 
-Why one mechanism: a setting that is parsed in two places drifts (other limits, another
-default, a flag that silently loses to the variable). Here a role lists the ``Setting``s
-it reads in ``SettingGroup``s; a role's ``--help`` is generated from exactly those,
-and a bad value stops the process at start with ``NAME (--flag): problem``.
-
-A flag wins over its variable, the variable over the default. ``NodeSettings`` (ps-lite's
-``DMLC_*``/``PS_*``/``PORT*``) is declared here with the same mechanism; ps_bridge knows no
-other product's names, so extensions such as elastic workers are passed in by the caller.
+A setting parsed in two places drifts; so a role lists the ``Setting``s it reads in
+``SettingGroup``s, its ``--help`` is generated from exactly those, and a bad value stops it
+at start with ``NAME (--flag): problem``. A flag wins over its variable, the variable over
+the default. ``NodeSettings`` (ps-lite's ``DMLC_*``/``PS_*``/``PORT*``) uses the same
+mechanism; extensions such as elastic workers are passed in by the caller.
 """
 from __future__ import annotations
 
@@ -84,7 +81,6 @@ class Setting:
     def replace(self, **changes: Any) -> "Setting":
         return dataclasses.replace(self, **changes)
 
-    # ------------------------------------------------------------------ parsing
     def parse(self, raw: Any, variable: str | None = None) -> Any:
         """Turn a flag's or a variable's text into a checked value (SettingError names it:
         the variable it came from, else the setting and its flag)."""
@@ -132,7 +128,6 @@ class Setting:
             raise SettingError(self.name, "is required but not set", label=self.label())
         return self.default
 
-    # ------------------------------------------------------------------ flags
     def help_text(self) -> str:
         parts = [self.help] if self.help else []
         source = ", ".join(self.variables)
@@ -223,8 +218,6 @@ def namespace(**values: Any) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-# ----------------------------------------------------------------------------- NodeSettings
-
 ROLES = ("scheduler", "server", "worker")
 
 
@@ -258,6 +251,11 @@ NODE = SettingGroup("ps-lite node", (
     Setting("water_mark", "DMLC_PS_WATER_MARK", int, minimum=0, help="send high-water mark (messages) of peer sockets"),
     Setting("use_kubernetes", "DMLC_USE_KUBERNETES", bool, False, flags=(),
             help="ps-lite's Kubernetes mode, as its launcher sets it"),
+    Setting("curve_secret_key_file", "PS_CURVE_SECRET_KEY_FILE", metavar="FILE",
+            help="this node's CurveZMQ key pair (python -m ps_bridge.curve keygen): ps traffic authenticated and "
+                 "encrypted; C++ ps-lite nodes cannot join"),
+    Setting("curve_public_keys_file", "PS_CURVE_PUBLIC_KEYS_FILE", metavar="FILE",
+            help="the cluster's allowed public keys, 'KEY NAME' per line (the key named scheduler is the scheduler's)"),
 ))
 
 
@@ -265,12 +263,9 @@ NODE = SettingGroup("ps-lite node", (
 class NodeSettings:
     """Everything a ps-lite node needs, with ps-lite's names and meanings (pslite-protocol.md §10).
 
-    Heartbeat periods are seconds and may be fractional (ps-lite reads whole seconds).
-    ``port`` 0 means "bind a free port". The scheduler binds ``root_port`` (0 there picks a
-    free port too, for local clusters and tests; the chosen port is logged and available
-    as ``Postoffice.my_node.port``). ``elastic_workers`` is an extension the caller turns on
-    (workers that join or leave a running cluster); it needs heartbeats to notice departures,
-    so it turns them on unless the operator chose values.
+    Heartbeats are seconds, fractional allowed. ``port`` 0 binds a free port; so does
+    ``root_port`` 0 on the scheduler (``Postoffice.my_node.port``). ``elastic_workers``
+    (extension, turned on by the caller) turns heartbeats on unless they were chosen.
     """
 
     role: str
@@ -286,6 +281,8 @@ class NodeSettings:
     heartbeat_timeout: float = 0.0
     water_mark: int | None = None
     use_kubernetes: bool = False
+    curve_secret_key_file: str | None = None
+    curve_public_keys_file: str | None = None
     elastic_workers: bool = False
 
     @property
@@ -328,10 +325,9 @@ class NodeSettings:
         if 0 < v["heartbeat_timeout"] <= v["heartbeat_interval"]:
             raise SettingError("PS_HEARTBEAT_TIMEOUT", f"must exceed PS_HEARTBEAT_INTERVAL "
                                                        f"({v['heartbeat_interval']}), got {v['heartbeat_timeout']}")
+        if bool(v.get("curve_secret_key_file")) != bool(v.get("curve_public_keys_file")):
+            missing = "PS_CURVE_PUBLIC_KEYS_FILE" if v.get("curve_secret_key_file") else "PS_CURVE_SECRET_KEY_FILE"
+            raise SettingError(missing, "is required with the other PS_CURVE_* setting (a secured cluster)")
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: val for k, val in v.items() if k in fields}, elastic_workers=elastic_workers)
 
-
-def node_group(role: str | None) -> SettingGroup:
-    """The node settings an entry point for ``role`` reads (it fixes DMLC_ROLE if it has one)."""
-    return NODE if role is None else NODE.without("role")

@@ -1,9 +1,7 @@
 """SimpleApp: small head/body commands between nodes (ps-lite ``simple_app.h``).
 
-Applications use it for control operations next to the KV traffic (e.g. registering
-words, coordinated checkpoints, statistics): ``head`` is the command number, ``body`` its
-payload. A request goes to one node or to every node of a group and completes when all
-of them responded; :meth:`SimpleApp.wait` returns their responses.
+For control operations next to the KV traffic: ``head`` is the command, ``body`` its payload.
+A request goes to one node or a group; :meth:`SimpleApp.wait` returns all their responses.
 """
 from __future__ import annotations
 
@@ -59,8 +57,6 @@ class SimpleApp:
         self.customer = Customer(app_id, customer_id, self._process)
         postoffice.add_customer(self.customer)
 
-    # ------------------------------------------------------------------ API
-
     def request(self, head: int, body: bytes = b"", recv_id: int = SERVER_GROUP) -> int:
         """Send ``head``/``body`` to node ``recv_id`` or every node of group ``recv_id``; returns a timestamp."""
         ids = list(dict.fromkeys(self.po.group_ids(recv_id)))
@@ -101,8 +97,6 @@ class SimpleApp:
 
     def close(self) -> None:
         self.po.remove_customer(self.customer)
-
-    # ------------------------------------------------------------------ receiving
 
     def _process(self, msg: Message) -> None:
         if msg.meta.simple_app:

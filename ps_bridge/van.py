@@ -1,20 +1,14 @@
 """The Van: ps-lite's ZMQ transport (``src/zmq_van.h``), over pyzmq.
 
-One ROUTER receives everything; one DEALER per peer sends, with routing identity
-``ps<my id>`` (none before the scheduler assigned an id). A receive thread decodes
-``[routing id, PBMeta, data...]`` into :class:`Message` objects and hands them to the
-layer above (the Postoffice). The Van knows nothing about membership: it only moves
-messages, keeps the van-level timestamp counter, and sends heartbeats when asked.
+One ROUTER receives everything; one DEALER per peer sends, with identity ``ps<my id>`` (none
+before the scheduler assigned one). A receive thread decodes ``[routing id, PBMeta, data...]``
+into :class:`Message` objects for the Postoffice. The Van knows nothing about membership.
+An undecodable frame is counted (``pslite_frames_rejected_total``), logged and dropped, and a
+handler exception is logged; ps-lite aborts in both cases.
 
-Robustness: a frame that cannot be decoded is counted (``pslite_frames_rejected_total``
-by reason), logged (rate-limited) and dropped; a handler exception is logged and the
-thread carries on. ps-lite aborts the process in both cases.
-
-Zero copy (an extension of ps_bridge that does not change the bytes on the wire): data frames
-are handed to libzmq by reference (``copy=False``; pyzmq still copies frames below
-``zmq.COPY_THRESHOLD`` where that is cheaper), and received frames are exposed as
-writable memoryviews over libzmq's buffers, so ``np.frombuffer`` costs nothing. A caller
-must not modify an array it pushed until the request completed (``KVWorker.wait``).
+Zero copy (same bytes on the wire): large data frames go to libzmq by reference and received
+frames are memoryviews over libzmq's buffers; do not modify a pushed array before ``wait``.
+With ``PS_CURVE_*`` set, every socket is CurveZMQ (:mod:`ps_bridge.curve`).
 """
 from __future__ import annotations
 
@@ -29,6 +23,7 @@ from collections.abc import Callable
 
 import zmq
 
+from ps_bridge.curve import CurveGate, load_keys, secure_client
 from ps_bridge.metrics import Registry
 from ps_bridge.structured_logging import log_event
 from ps_bridge.message import K_EMPTY, SCHEDULER_ID, Cmd, Control, Message, Meta, Node, Role, pack_meta, unpack_meta
@@ -40,12 +35,9 @@ log = logging.getLogger("ps_bridge.van")
 SEND_TIMEOUT_MS = 10_000  # a blocking send gives up (and counts a drop) after this long
 STOP_LINGER_MS = 500
 
-# pyzmq's Python layer (``send_multipart``/``recv_multipart``: keyword handling, IntFlag
-# arithmetic, a ``getsockopt(RCVMORE)`` per part) costs 10 - 15 us per 3-frame message on
-# this VM, against about 1 us for the compiled methods underneath; a round trip pays it four
-# times. So the Van calls the compiled ``send``/``recv`` directly with plain int flags and
-# reads ``Frame.more``. Frames below ``ZERO_COPY_MIN`` bytes are copied (pyzmq would copy
-# them anyway, after building a Frame object); larger ones go to libzmq by reference.
+# pyzmq's send_multipart/recv_multipart cost 10 - 15 us per 3-frame message here against ~1 us
+# for the compiled send/recv, so the Van calls those with int flags. Frames below ZERO_COPY_MIN
+# bytes are copied (pyzmq would copy them anyway); larger ones go to libzmq by reference.
 _zsend = zmq.backend.Socket.send
 _zrecv = zmq.backend.Socket.recv
 _SNDMORE = int(zmq.SNDMORE)
@@ -158,9 +150,7 @@ class Van:
         registry = registry if registry is not None else Registry()
         self.registry = registry
         self._rejected: dict[str, object] = {}
-        # Only the Van writes these four counters, and per message: the receive thread without a
-        # lock (it is the only writer of the received pair), senders under _sent_lock (one lock
-        # instead of two Counter.inc calls).
+        # per message: received ones by the receive thread alone (no lock), sent ones under _sent_lock
         self._m_recv = registry.counter("pslite_messages_received_total", "ps-lite messages received")
         self._m_sent = registry.counter("pslite_messages_sent_total", "ps-lite messages sent")
         self._m_recv_bytes = registry.counter("pslite_received_bytes_total", "payload bytes received")
@@ -168,8 +158,8 @@ class Van:
         self._m_send_fail = registry.counter("pslite_send_failures_total",
                                              "messages that could not be sent (no route, queue full)")
         self.rejected_total = 0
-
-    # ------------------------------------------------------------------ counters
+        self.curve = load_keys(settings)  # None: a plain cluster, byte-compatible with C++ ps-lite
+        self.gate: CurveGate | None = None
 
     def reject(self, reason: str, sender: int | str = "?", detail: str = "") -> None:
         """Count and log a message that is dropped because it is malformed or unexpected."""
@@ -186,14 +176,6 @@ class Van:
             log_event(log, "frame_rejected", logging.WARNING, reason=reason, sender=sender,
                       count=n, total=self.rejected_total, detail=detail[:200])
 
-    def rejected(self, reason: str | None = None) -> int:
-        if reason is None:
-            return self.rejected_total
-        c = self._rejected.get(reason)
-        return int(c.value) if c is not None else 0
-
-    # ------------------------------------------------------------------ set-up
-
     def next_timestamp(self) -> int:
         with self._ts_lock:
             ts = self._ts
@@ -208,6 +190,8 @@ class Van:
         # Lets a restarted peer (recovery) take over its old identity at once, even if the dead
         # connection has not been noticed yet. Receive-side only: nothing changes on the wire.
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if self.curve is not None:
+            self.gate = CurveGate(self._ctx, router, self.curve, self.registry)
         if s.is_scheduler:
             host = s.root_uri
             bind_host = host
@@ -251,6 +235,7 @@ class Van:
                     raise
             self.my_node = Node(role=self.my_node.role, id=K_EMPTY, hostname=host, port=port)
         self._router = router
+        self.my_node.public_key = self.curve.public.decode() if self.curve else ""
         self.bind_endpoint = f"tcp://{bind_host}:{self.my_node.port}"
         log_event(log, "van_bound", endpoint=self.bind_endpoint, advertised=f"{self.my_node.hostname}:{self.my_node.port}",
                   role=self.settings.role)
@@ -272,16 +257,15 @@ class Van:
         self.my_node.id = node_id
         self.my_node.is_recovery = is_recovery
 
-    # ------------------------------------------------------------------ peers
-
     def connect(self, node: Node) -> None:
         """(Re)open the DEALER for ``node.id`` to its address, with identity ``ps<my id>``."""
-        self._open_peer(node.id, node.hostname, node.port, identity=True)
+        self._open_peer(node.id, node.hostname, node.port, True, node.public_key)
 
     def connect_scheduler_anonymously(self) -> None:
         """The first DEALER to the scheduler carries no identity (ps-lite §4.3): the scheduler
         only registers ADD_NODEs from identity-less senders."""
-        self._open_peer(SCHEDULER_ID, self.settings.root_uri, self.settings.root_port, identity=False)
+        self._open_peer(SCHEDULER_ID, self.settings.root_uri, self.settings.root_port, False,
+                        self.curve.scheduler if self.curve else "")
 
     def disconnect(self, node_id: int, linger_ms: int = 0) -> None:
         with self._peers_lock:
@@ -294,11 +278,15 @@ class Van:
         peer = self._peers.get(node_id)
         return peer is not None and peer.identified and peer.address == f"tcp://{hostname}:{port}"
 
-    def _open_peer(self, node_id: int, hostname: str, port: int, identity: bool) -> None:
+    def _open_peer(self, node_id: int, hostname: str, port: int, identity: bool, server_key: str | bytes) -> None:
         address = f"tcp://{hostname}:{port}"
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+        if self.curve is not None:
+            if not server_key:  # the handshake will fail: the scheduler did not vouch for this peer
+                log_event(log, "peer_without_key", logging.WARNING, peer=node_id, address=address)
+            secure_client(sock, self.curve, server_key or self.curve.public)
         if identity:
             sock.setsockopt(zmq.IDENTITY, b"ps%d" % self.my_node.id)
             if self.settings.water_mark is not None:
@@ -313,8 +301,6 @@ class Van:
                 old.sock.close(0)
         if self.settings.verbose >= 1:
             log_event(log, "van_connected", peer=node_id, address=address, identity=identity)
-
-    # ------------------------------------------------------------------ sending
 
     def send(self, msg: Message, block: bool = True) -> int:
         """Send ``msg`` to ``msg.meta.recver``. Returns the bytes sent, or -1 if it was dropped
@@ -351,8 +337,6 @@ class Van:
             log_event(log, "van_send", recver=meta.recver, meta=meta, frames=len(frames))
         return size
 
-    # ------------------------------------------------------------------ receiving
-
     def _receiving(self) -> None:
         try:
             self._receive_loop()
@@ -375,6 +359,8 @@ class Van:
         deferred = self._deferred
         idents: dict[bytes, int] = {}
         verbose = self._verbose
+        # secured scheduler: a node entry gets the key its sender authenticated with (User-Id)
+        stamp = self.curve is not None and self.settings.is_scheduler
         self._recv_ident = threading.get_ident()
         while True:
             if deferred:
@@ -406,6 +392,9 @@ class Van:
                 continue
             meta.sender = sender
             meta.recver = self.my_node.id
+            if stamp and meta.control.node:
+                for n in meta.control.node:
+                    n.public_key = frames[1].get("User-Id")
             data = [memoryview(f) for f in frames[2:]]  # what Frame.buffer returns, minus its weakref cache
             self._m_recv.value += 1  # only this thread writes these two: no lock needed
             self._m_recv_bytes.value += sum(map(len, frames)) - len(ident)
@@ -422,8 +411,6 @@ class Van:
             except Exception as exc:  # one bad message must never take the node down
                 self.reject("handler_error", sender, f"{type(exc).__name__}: {exc}")
                 log.exception("message handler failed")
-
-    # ------------------------------------------------------------------ heartbeats
 
     def start_heartbeat(self, interval: float) -> None:
         if interval <= 0 or self._hb_thread is not None:
@@ -443,8 +430,6 @@ class Van:
             except zmq.ZMQError:
                 if self._stopping.is_set():
                     return
-
-    # ------------------------------------------------------------------ shutdown
 
     def stop(self) -> None:
         """ps-lite's Van::Stop: TERMINATE to ourselves ends the receive thread; then close."""

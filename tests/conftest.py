@@ -27,15 +27,28 @@ def _run_coroutine_blocking(make_coro):
 
 
 @pytest.fixture(scope="session")
-def kafka_broker():
-    """ONE real single-node KRaft broker for the whole session (jars fetched with Maven on first use).
+def kafka_tls(tmp_path_factory):
+    """Throw-away TLS material made at the start of the session (``tests.kafka_tls.TlsMaterial``): a CA, the
+    broker's certificate for ``localhost``, a client certificate, an untrusted second CA, a SASL user."""
+    from tests.kafka_tls import make_tls_material
+
+    return make_tls_material(tmp_path_factory.mktemp("kafka-tls"))
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_tls):
+    """ONE real single-node KRaft broker for the whole session (jars fetched with Maven on first use): a
+    plaintext listener (``bootstrap``) and, next to it, a SASL_SSL one (``sasl_ssl_bootstrap``) with the
+    session's throw-away certificate and SCRAM/PLAIN user (``kafka_tls``).
 
     Never skipped: if Java, Maven or the broker is missing, every Kafka test fails with the reason.
     """
     from online.stream.kafka_broker import KafkaBroker
     from online.stream.settings import KafkaBrokerSettings
 
-    settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=None, state_file=None)
+    settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=None, state_file=None,
+                                   sasl_ssl_port=0, tls_cert_file=kafka_tls.broker_cert,
+                                   tls_key_file=kafka_tls.broker_key, users_file=kafka_tls.users_file)
     broker = KafkaBroker(settings)
     broker.start()
     try:
@@ -48,6 +61,15 @@ def kafka_broker():
 def kafka_bootstrap(kafka_broker) -> str:
     """``127.0.0.1:PORT`` of the session's broker."""
     return kafka_broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl_ssl(kafka_broker, kafka_tls) -> dict[str, str]:
+    """The ``LIVEVEC_KAFKA_*`` environment of a client of the session broker's SASL_SSL listener (SCRAM-SHA-512,
+    the password in a file, the throw-away CA)."""
+    from tests.kafka_tls import client_env
+
+    return client_env(kafka_tls, kafka_broker.sasl_ssl_bootstrap)
 
 
 @pytest.fixture
@@ -66,6 +88,5 @@ def kafka_topic(kafka_bootstrap):
 def pytest_collection_modifyitems(config, items):
     # Tests that use the broker carry the `kafka` marker (`pytest -m kafka` runs just them).
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()) or "kafka_broker" in getattr(
-                item, "fixturenames", ()):
+        if {"kafka_bootstrap", "kafka_broker", "kafka_sasl_ssl"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)

@@ -4,6 +4,8 @@ the Marathon group on this machine.
     livevec deploy render --target marathon|k8s [--out DIR] [--servers N] [--workers M] ...
     livevec deploy check  [--target marathon|k8s]     # the platform rules no schema expresses
     livevec deploy run-local [--group FILE] [--servers N] [--workers M] [--env K=V] ...
+                             [--containers IMAGE]     # each task a container of IMAGE (podman)
+    livevec deploy image [--tag T] [--engine auto|podman|docker] [--base auto|debootstrap|default|IMAGE]
     livevec deploy healthcheck                        # the container image's HEALTHCHECK
 """
 from __future__ import annotations
@@ -57,7 +59,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run_local.add_argument("--instances", action="append", default=[], metavar="APP=N",
                            help="instance count of an app; DMLC_NUM_* follow (repeatable)")
     run_local.add_argument("--status-every", type=float, default=30.0, help="seconds between status tables")
+    run_local.add_argument("--containers", metavar="IMAGE", default=None,
+                           help="run each task as a container of IMAGE (podman, host networking, uid 10001, "
+                                "read-only root) instead of as a process; build it with `make image`")
     topology_flags(run_local)
+
+    image = sub.add_parser("image", help="build deploy/Dockerfile (docker with a daemon, else podman from a "
+                                         "debootstrapped Debian base); prints the tag, size and build time")
+    image.add_argument("--tag", default="livevec:0.1.0", help="the image's tag")
+    image.add_argument("--engine", choices=("auto", "podman", "docker"), default="auto",
+                       help="auto: docker when its daemon answers, else podman")
+    image.add_argument("--base", default="auto", metavar="auto|debootstrap|default|IMAGE",
+                       help="the base image: debootstrap (podman's default), default (the Dockerfile's "
+                            "python:3.11-slim-bookworm, docker's default) or an image reference")
+    image.add_argument("--force", action="store_true", help="build even when the inputs are unchanged")
 
     sub.add_parser("healthcheck", help="probe this container's role (the image's HEALTHCHECK); exit 0 if healthy")
 
@@ -106,6 +121,8 @@ def run(args) -> int:
         return 0
     if args.action == "check":
         return _check(args)
+    if args.action == "image":
+        return _image(args)
     if args.action == "healthcheck":
         import os
 
@@ -115,6 +132,19 @@ def run(args) -> int:
         print(message)
         return 0 if ok else 1
     return _run_local(args)
+
+
+def _image(args) -> int:
+    from online.deployment.image_build import ImageBuildError, build_image, detect_engine
+
+    try:
+        result = build_image(args.tag, engine=detect_engine(args.engine), base=args.base, force=args.force,
+                             say=lambda line: print(line, flush=True))
+    except ImageBuildError as exc:
+        print(f"livevec deploy image: {exc}", file=sys.stderr)
+        return 1
+    print(result.summary(), flush=True)
+    return 0
 
 
 def _check(args) -> int:
@@ -157,7 +187,8 @@ def _run_local(args) -> int:
         from online.deployment.marathon import render_group
         group = render_group(_topology(args))
     try:
-        runner = LocalRunner(group, work_dir=args.work_dir, env=env, app_env=app_env, instances=instances)
+        runner = LocalRunner(group, work_dir=args.work_dir, env=env, app_env=app_env, instances=instances,
+                             containers=args.containers)
     except (KeyError, ValueError) as exc:
         raise SettingError("--group", str(exc)) from None
 

@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         running = bool(state) and is_our_broker(int(state["pid"]), state["data_dir"])
         if args.action == "status":
             if running and probe(state["bootstrap"], timeout=5.0):
-                print(f"running {state['bootstrap']} pid={state['pid']} version={state['version']} "
+                sasl_ssl = f" sasl_ssl={state['sasl_ssl_bootstrap']}" if state.get("sasl_ssl_bootstrap") else ""
+                print(f"running {state['bootstrap']}{sasl_ssl} pid={state['pid']} version={state['version']} "
                       f"data_dir={state['data_dir']}")
                 return 0
             print("running but not answering" if running else "not running")
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
         tmp = state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(state_path)
-        print(state["bootstrap"], flush=True)
+        print(state["bootstrap"], flush=True)   # stdout: the plaintext address alone, for scripts
+        if state.get("sasl_ssl_bootstrap"):
+            print(f"livevec kafka start: SASL_SSL listener on {state['sasl_ssl_bootstrap']}", file=sys.stderr)
         return 0
     except KafkaBrokerError as exc:
         print(f"livevec kafka {args.action}: {exc}", file=sys.stderr)

@@ -6,7 +6,9 @@ import sys
 from collections.abc import Mapping
 
 from online.stream.producer import DEFAULT_PARTITIONS, DEFAULT_WORDS_PER_RECORD, ProduceError, produce
-from online.stream.settings import KAFKA, parse_topics, validate_bootstrap, validate_topic
+from online.stream.security import KafkaUnreachable
+from online.stream.settings import KAFKA, KAFKA_SECURITY, KafkaSecurity, parse_topics, validate_bootstrap, \
+    validate_topic
 from ps_bridge.settings import Setting, SettingError, SettingGroup
 
 # The producer reads the same Kafka declarations as the workers; it writes one topic, and
@@ -31,13 +33,15 @@ PRODUCE = SettingGroup("produce", (
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE|-", help="text file (plain, .gz or .xz) or - for stdin")
     PRODUCE_KAFKA.add_arguments(parser)
+    KAFKA_SECURITY.add_arguments(parser)
     PRODUCE.add_arguments(parser)
 
 
 def read_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict:
-    """Every setting of the command, checked; ``bootstrap`` and ``topic`` resolved."""
+    """Every setting of the command, checked; ``bootstrap``, ``topic`` and ``security`` resolved."""
     kafka = PRODUCE_KAFKA.read(args, env)
     opts = PRODUCE.read(args, env)
+    opts["security"] = KafkaSecurity.from_args(args, env)
     opts["bootstrap"] = validate_bootstrap(kafka["bootstrap"])
     if opts["topic"]:
         validate_topic(opts["topic"])
@@ -57,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
                         rate=opts["rate"], lines_per_record=opts["lines_per_record"],
                         words_per_record=opts["words_per_record"],
                         compression=None if opts["compression"] == "none" else opts["compression"],
-                        progress=opts["progress"])
-    except ProduceError as exc:
+                        progress=opts["progress"], security=opts["security"])
+    except (ProduceError, KafkaUnreachable) as exc:
         print(f"livevec produce: {exc}", file=sys.stderr)
         return 1
     print(stats.summary())

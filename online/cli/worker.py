@@ -47,9 +47,10 @@ def _extension(directory: str | None) -> WorkerExtension | None:
 
 async def _main(settings: WorkerSettings, directory: str | None) -> int:
     registry = Registry({"role": "worker"})
+    stream = KafkaStream(settings.stream, metrics=registry)
+    await stream.check()   # Kafka's TLS and SASL settings fail here, before this worker joins anything
     kv = await asyncio.to_thread(start_worker, settings.node, registry=registry)
     serve_metrics(kv.po, settings.metrics_port)
-    stream = KafkaStream(settings.stream, metrics=registry)
     await stream.start()
     worker = StreamingWorker(settings, kv, stream, registry, extension=_extension(directory))
     loop = asyncio.get_running_loop()

@@ -72,15 +72,30 @@ def _shared_volume(topology: Topology) -> dict:
     return {"name": "shared", "persistentVolumeClaim": {"claimName": topology.shared.claim_name}}
 
 
+def _kafka_credentials_volume(topology: Topology) -> dict:
+    """The Secret with Kafka's SASL password and CA (``kubectl create secret generic livevec-kafka
+    --from-file=password --from-file=ca.pem``). Optional: a plaintext cluster needs none. Readable by the
+    pod's group (fsGroup), not by others."""
+    credentials = topology.kafka_credentials
+    return {"name": "kafka-credentials", "secret": {
+        "secretName": credentials.secret_name, "optional": True, "defaultMode": 0o440,
+        "items": [{"key": credentials.password_file, "path": credentials.password_file},
+                  {"key": credentials.ca_file, "path": credentials.ca_file}]}}
+
+
 def _container(topology: Topology, role: Role) -> dict:
     env: list[dict] = [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
                        for var in role.host_env]
     env += [{"name": var, "value": str(role.port(port).container_port)} for var, port in role.port_env.items()]
-    env += [{"name": k, "value": v} for k, v in sorted(role.env.items())]
+    own_env = {**(topology.kafka_credentials.env() if role.kafka_client else {}), **role.env}
+    env += [{"name": k, "value": v} for k, v in sorted(own_env.items())]
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]
     if role.mounts_shared:
         mounts.append({"name": "shared", "mountPath": topology.shared.container_path,
                        **({"readOnly": True} if role.shared_read_only else {})})
+    if role.kafka_client:
+        mounts.append({"name": "kafka-credentials", "mountPath": topology.kafka_credentials.mount_path,
+                       "readOnly": True})
     container: dict = {
         "name": role.name,
         "image": topology.image,
@@ -120,7 +135,8 @@ def _pod_template(topology: Topology, role: Role, *, anti_affinity: bool) -> dic
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [_container(topology, role)],
-        "volumes": [{"name": "tmp", "emptyDir": {}}] + ([_shared_volume(topology)] if role.mounts_shared else []),
+        "volumes": [{"name": "tmp", "emptyDir": {}}] + ([_shared_volume(topology)] if role.mounts_shared else [])
+        + ([_kafka_credentials_volume(topology)] if role.kafka_client else []),
     }
     if anti_affinity:
         # Soft: two shards on one node is better than a shard that cannot be scheduled.

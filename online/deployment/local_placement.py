@@ -11,7 +11,8 @@ ports and the host paths are not ours, so the app definitions are rewritten once
   free local port chosen now; env values equal to the fixed port, or
   ``<dns-name>:<port>``, follow;
 - ``container.volumes`` map to local directories (``volumes=`` or a directory under
-  ``work_dir``) and env values under a container path follow;
+  ``work_dir``) and env values under a container path follow (unless the tasks run in
+  containers, which see each volume at its container path: ``rewrite_volume_paths=False``);
 - every ``<name>.marathon.mesos`` in an env value or the cmd becomes the host (the whole
   machine is one agent); a name that matches no app of the group is an error, as it would
   never resolve on the cluster either;
@@ -61,7 +62,7 @@ def place_group(group: Mapping, *, host: str, work_dir: Path,
                 app_env: Mapping[str, Mapping[str, str]] | None = None,
                 instances: Mapping[str, int] | None = None,
                 volumes: Mapping[str, str | Path] | None = None,
-                remap_fixed_ports: bool = True) -> Placement:
+                remap_fixed_ports: bool = True, rewrite_volume_paths: bool = True) -> Placement:
     apps = flatten_group(group)
     order = start_order(apps)
     specs = {a["id"]: a for a in apps}
@@ -73,7 +74,7 @@ def place_group(group: Mapping, *, host: str, work_dir: Path,
     if unknown:
         raise KeyError(f"app_env for unknown apps {sorted(unknown)}")
     for app_id, spec in specs.items():
-        _resolve(spec, dns, host, volume_dirs)
+        _resolve(spec, dns, host, volume_dirs if rewrite_volume_paths else {})
         overrides = {**dict(env or {}), **dict(for_app(app_env or {}, app_id) or {})}
         spec["env"] = {**spec.get("env", {}), **overrides}
     return Placement(order, specs, fixed_ports, volume_dirs)

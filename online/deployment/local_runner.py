@@ -21,6 +21,12 @@ every app and instance the runner:
 
 Constraints (``hostname:UNIQUE``, agent attributes) cannot be honoured on one host and are
 ignored. ``args`` apps run their argv directly (there is no image entrypoint locally).
+
+With ``containers=IMAGE`` each task runs as a container of that image instead, as Marathon's
+Docker containerizer would (``online.deployment.containers``): host networking, the same
+ports and Marathon environment, the group's volumes at their container paths, uid 10001
+and a read-only root. Only how a task is started and signalled differs; the supervision
+above is the same.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from online.deployment.containers import ContainerLauncher, TaskLauncher
 from online.deployment.local_placement import free_port, place_group
 from online.deployment.marathon_group import launch_delay, port_definitions, port_env_name
 from online.deployment.task_checks import CheckState, probe
@@ -67,6 +74,8 @@ class TaskStatus:
     launches: int
     last_exit_code: int | None
     log_path: Path
+    container: str | None = None  # the container's name, in container mode
+    up_after_s: float | None = None  # launch to first healthy and ready (None: not yet, or no checks)
 
 
 @dataclass
@@ -86,6 +95,52 @@ class _Task:
     readiness: CheckState | None = None
     kill_deadline: float | None = None
     next_launch_at: float = 0.0
+    container: str | None = None
+    main_pid: int | None = None
+    up_at: float | None = None
+
+
+class ProcessLauncher:
+    """Tasks as processes of this machine: ``cmd`` through ``/bin/sh -c`` in the sandbox, in
+    a session of their own (signals go to the whole process group), with the runner's
+    ``PATH`` (``bin_dirs`` first) and a few of its variables passed on."""
+
+    rewrites_volume_paths = True  # there is no container path: env values point at the local directory
+
+    def __init__(self, bin_dirs: Iterable[str | Path] | None = None):
+        self._bin_dirs = [str(p) for p in (bin_dirs if bin_dirs is not None else [Path(sys.executable).parent])]
+
+    def prepare(self, volume_dirs: Mapping[str, Path], sandboxes: Path) -> None:
+        for local in volume_dirs.values():
+            local.mkdir(parents=True, exist_ok=True)
+
+    def sandbox_path(self, task: _Task) -> str:
+        return str(task.sandbox)
+
+    def task_env(self, marathon_env: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV or k.startswith(_INHERITED_PREFIXES)}
+        env["PATH"] = os.pathsep.join([*self._bin_dirs, env.get("PATH", os.defpath)])
+        return {**env, **marathon_env}
+
+    def start(self, task: _Task, spec: Mapping, env: dict[str, str], log) -> subprocess.Popen:
+        argv = ["/bin/sh", "-c", spec["cmd"]] if "cmd" in spec else list(spec["args"])
+        return subprocess.Popen(argv, cwd=task.sandbox, env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def signal(self, task: _Task, sig: int) -> None:
+        try:
+            os.killpg(task.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def main_pid(self, task: _Task) -> int | None:
+        return task.proc.pid if task.proc is not None else None
+
+    def cleanup(self, task: _Task) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -111,12 +166,18 @@ class LocalRunner:
                  host: str = "127.0.0.1",
                  remap_fixed_ports: bool = True,
                  dependency_timeout: float = 120.0,
-                 bin_dirs: Iterable[str | Path] | None = None):
+                 bin_dirs: Iterable[str | Path] | None = None,
+                 containers: str | None = None,
+                 launcher: TaskLauncher | None = None):
         self.host = host
         self.work_dir = Path(work_dir)
         self.log_dir = self.work_dir / "logs"
         self.dependency_timeout = dependency_timeout
-        self._bin_dirs = [str(p) for p in (bin_dirs if bin_dirs is not None else [Path(sys.executable).parent])]
+        if launcher is None:
+            # os.environ is passed on as the podman client's own environment (PATH, storage).
+            launcher = ContainerLauncher(containers, client_env=os.environ) if containers \
+                else ProcessLauncher(bin_dirs)
+        self._launcher = launcher
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,7 +185,8 @@ class LocalRunner:
         self._stopped = False
         self.group_id = group.get("id", "/")
         placement = place_group(group, host=host, work_dir=self.work_dir, env=env, app_env=app_env,
-                                instances=instances, volumes=volumes, remap_fixed_ports=remap_fixed_ports)
+                                instances=instances, volumes=volumes, remap_fixed_ports=remap_fixed_ports,
+                                rewrite_volume_paths=launcher.rewrites_volume_paths)
         self._order = placement.order
         self._fixed_ports = placement.fixed_ports
         self._volume_dirs = placement.volume_dirs
@@ -152,8 +214,7 @@ class LocalRunner:
             raise RuntimeError("LocalRunner.start() called twice")
         self._started = True
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for local in self._volume_dirs.values():
-            local.mkdir(parents=True, exist_ok=True)
+        self._launcher.prepare(self._volume_dirs, self.work_dir / "sandboxes")
         atexit.register(self.stop)
         self._thread = threading.Thread(target=self._supervise, name="local-runner", daemon=True)
         self._thread.start()
@@ -195,8 +256,10 @@ class LocalRunner:
             for t in self._tasks[app_id]:
                 if t.proc is not None:
                     t.last_exit_code = t.proc.poll()
+                    self._launcher.cleanup(t)
                 t.state = "stopped"
             log_event(logger, "app_stopped", app=app_id, tasks=len(tasks))
+        self._launcher.close()
         self._stopped = True
         atexit.unregister(self.stop)
 
@@ -209,11 +272,14 @@ class LocalRunner:
                 for t in self._tasks[app_id]:
                     out.append(TaskStatus(
                         app=app_id.rsplit("/", 1)[-1], app_id=app_id, index=t.index, task_id=t.task_id,
-                        state=t.state, pid=t.proc.pid if t.proc is not None and t.state == "running" else None,
+                        state=t.state,
+                        pid=self._launcher.main_pid(t) if t.proc is not None and t.state == "running" else None,
                         host=self.host, ports=dict(zip(names, t.ports)),
                         healthy=t.health.ok if t.health else None,
                         ready=t.readiness.ok if t.readiness else None,
-                        launches=t.launches, last_exit_code=t.last_exit_code, log_path=t.log_path))
+                        launches=t.launches, last_exit_code=t.last_exit_code, log_path=t.log_path,
+                        container=t.container,
+                        up_after_s=None if t.up_at is None else round(t.up_at - t.started_at, 3)))
             return out
 
     def wait_healthy(self, apps: Iterable[str] | None = None, timeout: float = 60.0) -> bool:
@@ -256,13 +322,15 @@ class LocalRunner:
             self._kill_now(t, float(self._apps[app_id].spec.get("taskKillGracePeriodSeconds", 3)))
 
     def kill_task(self, app: str, index: int = 0, sig: int = signal.SIGKILL) -> int | None:
-        """Send ``sig`` to one task (it will be relaunched, as on Marathon). Returns the pid."""
+        """Send ``sig`` to one task (it will be relaunched, as on Marathon). Returns the pid
+        (in container mode: the host pid of the container's first process)."""
         with self._lock:
             task = self._tasks[self._app_id(app)][index]
             if task.proc is None or task.proc.poll() is not None:
                 return None
+            pid = self._launcher.main_pid(task)
             self._signal(task, sig)
-            return task.proc.pid
+            return pid
 
     def __enter__(self) -> LocalRunner:
         self.start()
@@ -306,14 +374,17 @@ class LocalRunner:
         return task
 
     def _task_env(self, task: _Task, spec: dict) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV or k.startswith(_INHERITED_PREFIXES)}
-        env["PATH"] = os.pathsep.join([*self._bin_dirs, env.get("PATH", os.defpath)])
+        return self._launcher.task_env(self._marathon_env(task, spec))
+
+    def _marathon_env(self, task: _Task, spec: dict) -> dict[str, str]:
+        """What Marathon and Mesos give the task: its ports, ids, resources and the app's env."""
+        env: dict[str, str] = {}
         defs = port_definitions(spec)
         env.update({
             "HOST": self.host,
             "PORTS": ",".join(str(p) for p in task.ports),
             "MESOS_TASK_ID": task.task_id,
-            "MESOS_SANDBOX": str(task.sandbox),
+            "MESOS_SANDBOX": self._launcher.sandbox_path(task),
             "MARATHON_APP_ID": task.app_id,
             "MARATHON_APP_VERSION": spec.get("version", "1970-01-01T00:00:00.000Z"),
             "MARATHON_APP_RESOURCE_CPUS": str(float(spec.get("cpus", 1))),
@@ -347,14 +418,13 @@ class LocalRunner:
         task.launches += 1
         task.task_id = f"{task.app_id.strip('/').replace('/', '_')}.instance-{uuid.uuid4()}._app.{task.launches}"
         env = self._task_env(task, spec)
-        argv = ["/bin/sh", "-c", spec["cmd"]] if "cmd" in spec else list(spec["args"])
         with open(task.log_path, "ab") as log:
             log.write(f"--- launch {task.launches} task={task.task_id} ports={task.ports} "
                       f"at={time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
             log.flush()
-            task.proc = subprocess.Popen(argv, cwd=task.sandbox, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            task.proc = self._launcher.start(task, spec, env, log)
         task.started_at = time.monotonic()
+        task.up_at = None
         task.state = "running"
         task.kill_deadline = None
         now = time.monotonic()
@@ -368,10 +438,7 @@ class LocalRunner:
                   pid=task.proc.pid, ports=",".join(map(str, task.ports)), launch=task.launches)
 
     def _signal(self, task: _Task, sig: int) -> None:
-        try:
-            os.killpg(task.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._launcher.signal(task, sig)
 
     def _kill_now(self, task: _Task, grace: float) -> None:
         if task.proc is None or task.proc.poll() is not None:
@@ -414,6 +481,7 @@ class LocalRunner:
 
     def _on_exit(self, app: _AppState, task: _Task, code: int, now: float) -> None:
         task.last_exit_code = code
+        self._launcher.cleanup(task)
         app.failures += 1
         delay = launch_delay(app.spec, app.failures)
         app.deadline = now + delay
@@ -440,7 +508,10 @@ class LocalRunner:
             check.in_flight = False
             if task.launches != launch or task.state != "running":
                 return
-            if check.record(ok, now, task.started_at):
+            killed = check.record(ok, now, task.started_at)
+            if task.up_at is None and all(c is None or c.ok for c in (task.health, task.readiness)):
+                task.up_at = now
+            if killed:
                 log_event(logger, "task_unhealthy_killed", logging.WARNING, app=task.app_id, index=task.index,
                           task=task.task_id, failures=check.consecutive_failures)
                 task.state = "killing"

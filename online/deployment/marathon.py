@@ -60,7 +60,12 @@ def render_app(topology: Topology, role: Role) -> dict:
                 "containerPath": topology.shared.container_path,
                 "hostPath": topology.shared.host_path,
                 "mode": "RO" if role.shared_read_only else "RW",
-            }] if role.mounts_shared else []),
+            }] if role.mounts_shared else []) + ([{
+                # Kafka's password and CA, a directory on every agent (KafkaCredentials)
+                "containerPath": topology.kafka_credentials.mount_path,
+                "hostPath": topology.kafka_credentials.host_path,
+                "mode": "RO",
+            }] if role.kafka_client else []),
         },
         "networks": [{"mode": "host"}],
         "portDefinitions": [

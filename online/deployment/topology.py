@@ -101,6 +101,29 @@ class SharedStorage:
 
 
 @dataclass(frozen=True)
+class KafkaCredentials:
+    """Where Kafka's TLS and SASL secrets reach the roles that talk to Kafka (workers, the producer).
+
+    One directory holding ``password`` (the SASL password) and ``ca.pem`` (the CA that signs the brokers'
+    certificates), mounted read-only at ``mount_path``: on Kubernetes from the Secret ``secret_name``
+    (optional, so a plaintext cluster needs none), on Marathon from ``host_path``, a directory your
+    configuration management puts on every agent (DC/OS Enterprise can inject its secret store instead, see
+    the runbook). The environment points the settings at those files; ``LIVEVEC_KAFKA_SECURITY_PROTOCOL``
+    alone turns them on (with PLAINTEXT the client reads none of them).
+    """
+
+    secret_name: str = "livevec-kafka"
+    mount_path: str = "/etc/livevec/kafka"
+    host_path: str = "/etc/livevec/kafka"
+    password_file: str = "password"
+    ca_file: str = "ca.pem"
+
+    def env(self) -> dict[str, str]:
+        return {"LIVEVEC_KAFKA_SASL_PASSWORD_FILE": f"{self.mount_path}/{self.password_file}",
+                "LIVEVEC_KAFKA_SSL_CA_FILE": f"{self.mount_path}/{self.ca_file}"}
+
+
+@dataclass(frozen=True)
 class Upgrade:
     minimum_health_capacity: float
     maximum_over_capacity: float
@@ -162,6 +185,7 @@ class Role:
     kill_grace_seconds: int = 30
     autoscale: Autoscale | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    kafka_client: bool = False   # mounts the Kafka credentials (KafkaCredentials)
 
     def port(self, name: str) -> Port:
         for p in self.ports:
@@ -266,6 +290,7 @@ class Topology:
     shared: SharedStorage = SharedStorage()
     export: ExportJob = ExportJob()
     capacity: Capacity = Capacity()
+    kafka_credentials: KafkaCredentials = KafkaCredentials()
     kafka_partitions: int = 8
     cluster_domain: str = "cluster.local"
     # Values that differ by platform, e.g. the Kafka bootstrap address of each cluster.
@@ -314,6 +339,8 @@ class Topology:
     def env(self, role: str, platform: Platform) -> dict[str, str]:
         """The static environment of one role (without the per-task host and ports)."""
         env = self.cluster_env(platform)
+        if self.role(role).kafka_client:
+            env.update(self.kafka_credentials.env())
         env.update(self.role(role).env)
         return dict(sorted(env.items()))
 
@@ -384,6 +411,11 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         "LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "LIVEVEC_KAFKA_TOPICS": kafka_topic,
         "LIVEVEC_KAFKA_GROUP": kafka_group,
+        # Kafka's TLS and SASL: SASL_SSL turns on what the workers' mounted credentials hold (KafkaCredentials);
+        # the mechanism and user are read only then.
+        "LIVEVEC_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT",
+        "LIVEVEC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "LIVEVEC_KAFKA_SASL_USERNAME": "livevec",
         "LIVEVEC_DIM": str(capacity.dim),
         "LIVEVEC_WINDOW": "5",
         "LIVEVEC_NEGATIVE": "5",
@@ -456,6 +488,7 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         kill_grace_seconds=30,  # finish in-flight batches and commit offsets
         autoscale=Autoscale(min_replicas=workers, max_replicas=max(kafka_partitions, workers)),
         labels={"livevec.role": "worker"},
+        kafka_client=True,
     )
     frontend = Role(
         name="frontend", command="livevec frontend", instances=frontends, workload="replicated",
@@ -495,6 +528,7 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         constraints=(moosefs,),
         backoff=Backoff(10, 1.0, 10),
         labels={"livevec.role": "producer-example"},
+        kafka_client=True,
     )
     return Topology(
         roles=(scheduler, server, worker, frontend, producer),

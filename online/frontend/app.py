@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 
 from online.frontend.blas_threads import set_blas_threads
+from online.frontend.guards import Guards, GuardedRunner
 from online.frontend.http_metrics import HttpMetrics
 from online.frontend import int8_prefilter
 from online.frontend.model_index import ModelHolder, warm_up
@@ -47,6 +48,7 @@ SYNC = web.AppKey("sync", ModelSync)
 REGISTRY = web.AppKey("registry", Registry)
 HTTP_METRICS = web.AppKey("http_metrics", HttpMetrics)
 OPENAPI = web.AppKey("openapi", bytes)
+GUARDS = web.AppKey("guards", Guards)
 _DIGITS = re.compile(r"[0-9]{1,9}")
 
 
@@ -136,7 +138,13 @@ async def similar_get(request: web.Request) -> web.Response:
 
 async def similar_post(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    body = await request.read()
+    if (request.content_length or 0) > settings.max_body_bytes:   # refused before a byte of it is read
+        raise ApiError(413, "body_too_large", f"the body may hold at most {settings.max_body_bytes} bytes")
+    try:
+        async with asyncio.timeout(settings.body_timeout):
+            body = await request.read()
+    except TimeoutError:
+        raise ApiError(408, "body_timeout", f"the body did not arrive within {settings.body_timeout:g} s") from None
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -282,6 +290,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         log.exception("unhandled error in %s %s", request.method, request.path)
         log_event(log, "internal_error", logging.ERROR, method=request.method, path=request.path, error=repr(exc))
         response = error_response(500, "internal_error", "the server failed to answer; this is a bug and was logged")
+    if response.status in (408, 413):   # the rest of that body is not worth waiting for
+        response.force_close()
     request.app[HTTP_METRICS].observe(_route_name(request), request.method, response.status,
                                       time.perf_counter() - started)
     return response
@@ -325,9 +335,14 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
     """The application serving ``source`` with ``settings`` (already validated)."""
     registry = registry or Registry(const_labels={"role": "frontend"})
     # Long request lines are answered by our own JSON 400s (parameter limits), not by the
-    # HTTP parser's plain-text 400 at its default 8 KB.
-    app = web.Application(middlewares=[error_middleware], client_max_size=4 * 1024 * 1024,
-                          handler_args={"max_line_size": 128 * 1024, "max_field_size": 32 * 1024})
+    # HTTP parser's plain-text 400 at its default 8 KB. aiohttp's keep-alive timer also runs from
+    # the moment a connection opens and closes it if no complete request head arrived by then.
+    # No lingering: an unread (oversized) body is not drained; the connection is closed instead.
+    guards = Guards(registry, settings.max_concurrent_requests, settings.token(), error_response)
+    app = web.Application(middlewares=[error_middleware, guards.middleware], client_max_size=settings.max_body_bytes,
+                          handler_args={"max_line_size": 128 * 1024, "max_field_size": 32 * 1024,
+                                        "keepalive_timeout": settings.header_timeout, "lingering_time": 0})
+    app[GUARDS] = guards
     holder = ModelHolder()
     app[SETTINGS] = settings
     app[SOURCE] = source
@@ -365,9 +380,13 @@ def build_source(settings: FrontendSettings, env: Mapping[str, str]) -> ModelSou
 
 # -------------------------------------------------------------------------- CLI
 async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None) -> None:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    settings = app[SETTINGS]
+    runner = GuardedRunner(app, settings.max_connections, settings.max_connections_per_client,
+                           app[GUARDS].refused["too_many_connections"],
+                           access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    tls = settings.ssl_context()
+    site = web.TCPSite(runner, host, port, ssl_context=tls, backlog=1024)
     try:
         await site.start()
     except OSError as exc:       # the port is taken, the address does not exist here
@@ -382,9 +401,11 @@ async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event 
             pass
     bound = [a for a in runner.addresses if isinstance(a, tuple)]
     shown_host = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    url = f"http://{shown_host}:{bound[0][1]}/" if bound else f"http://{host}:{port}/"
+    scheme = "https" if tls else "http"
+    url = f"{scheme}://{shown_host}:{bound[0][1]}/" if bound else f"{scheme}://{host}:{port}/"
     print(f"livevec frontend: serving {url}", flush=True)
-    log_event(log, "frontend_listening", url=url, source=app[SETTINGS].source)
+    log_event(log, "frontend_listening", url=url, source=settings.source, tls=bool(tls),
+              api_token=settings.token() is not None, max_connections=settings.max_connections)
     try:
         await stop.wait()
     finally:

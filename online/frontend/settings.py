@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 
 from online.cluster.node_settings import ELASTIC_WORKERS
 from online.learner.word2vec_format import FORMATS
@@ -41,6 +42,28 @@ FRONTEND = SettingGroup("front end", (
             help="compute queries in a thread (else on the event loop)"),
     Setting("blas_threads", "LIVEVEC_BLAS_THREADS", int, 1, minimum=0, maximum=256,
             help="BLAS threads on the query path, 0 = leave as is"),
+    # under abuse (README "Security", docs/operations.md 10.3)
+    Setting("max_body_bytes", "LIVEVEC_MAX_BODY_BYTES", int, 4 * 1024 * 1024, minimum=1024, maximum=1 << 30,
+            help="largest request body; larger is answered 413 without reading it all"),
+    Setting("max_concurrent_requests", "LIVEVEC_MAX_CONCURRENT_REQUESTS", int, 256, minimum=1, maximum=100_000,
+            help="requests handled at once; more are answered 503 with Retry-After (/health, /ready exempt)"),
+    Setting("max_connections", "LIVEVEC_MAX_CONNECTIONS", int, 4096, minimum=1, maximum=1_000_000,
+            help="open client connections; a new one beyond this gets a 503 and is closed (keep it below ulimit -n)"),
+    Setting("max_connections_per_client", "LIVEVEC_MAX_CONNECTIONS_PER_CLIENT", int, 512, minimum=1,
+            maximum=1_000_000, help="open connections from one client address (behind a proxy: the proxy's)"),
+    Setting("header_timeout", "LIVEVEC_HEADER_TIMEOUT", float, 10.0, minimum=0.1, maximum=3600,
+            help="seconds a connection may take to send a complete request head, or stay idle between requests"),
+    Setting("body_timeout", "LIVEVEC_BODY_TIMEOUT", float, 10.0, minimum=0.1, maximum=3600,
+            help="seconds a client may take to send a request body (then 408)"),
+    # --token-file, not --api-token-file: argparse would take --api-token (a secret on the command line) for it
+    Setting("api_token_file", "LIVEVEC_API_TOKEN_FILE", metavar="FILE", flags=("--token-file",),
+            help="require 'Authorization: Bearer <token>' on /v1/* and /metrics, the token read from this file "
+                 "(/health, /ready, the page and /openapi.json stay open)"),
+    Setting("api_token", "LIVEVEC_API_TOKEN", flags=(),
+            help="the API token itself, when no file is mounted (never a flag; never logged)"),
+    Setting("tls_cert_file", "LIVEVEC_TLS_CERT_FILE", metavar="FILE",
+            help="serve HTTPS with this PEM certificate (chain), where no proxy terminates TLS"),
+    Setting("tls_key_file", "LIVEVEC_TLS_KEY_FILE", metavar="FILE", help="the PEM private key of --tls-cert-file"),
 ))
 
 # ``--source ps`` joins the cluster as a worker node. Its ps socket's port comes from PORT
@@ -65,6 +88,16 @@ class FrontendSettings:
     query_batch: int = 64
     query_thread: bool = True
     blas_threads: int = 1
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_concurrent_requests: int = 256
+    max_connections: int = 4096
+    max_connections_per_client: int = 512
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    api_token_file: str | None = None
+    api_token: str | None = field(default=None, repr=False)   # a secret: never in a repr or a log line
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     node: NodeSettings | None = None     # the cluster to join with --source ps
 
     def validate(self) -> "FrontendSettings":
@@ -87,7 +120,39 @@ class FrontendSettings:
                 raise SettingError("LIVEVEC_MODEL_FILE", f"not readable: {self.model_file}")
         if self.vocab_counts_file and not os.path.isfile(self.vocab_counts_file):
             raise SettingError("LIVEVEC_VOCAB_COUNTS_FILE", f"no such file: {self.vocab_counts_file}")
+        self.token()
+        self.ssl_context()
         return self
+
+    def token(self) -> str | None:
+        """The API token (file over variable), or None when the API is open."""
+        if self.api_token_file:
+            try:
+                with open(self.api_token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SettingError("LIVEVEC_API_TOKEN_FILE", f"cannot read {self.api_token_file}: {exc}") from None
+            name = "LIVEVEC_API_TOKEN_FILE"
+        else:
+            token, name = self.api_token, "LIVEVEC_API_TOKEN"
+        if token is not None and (len(token) < 16 or not token.isprintable() or " " in token):
+            raise SettingError(name, "the token must be at least 16 printable characters without spaces")
+        return token
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls_cert_file and not self.tls_key_file:
+            return None
+        if not self.tls_cert_file or not self.tls_key_file:
+            raise SettingError("LIVEVEC_TLS_KEY_FILE" if self.tls_cert_file else "LIVEVEC_TLS_CERT_FILE",
+                               "is required with the other LIVEVEC_TLS_* setting")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise SettingError("LIVEVEC_TLS_CERT_FILE", f"cannot load {self.tls_cert_file} with its key "
+                                                        f"{self.tls_key_file}: {exc}") from None
+        return context
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,6 +30,7 @@ import asyncio
 import base64
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ import uuid
 from importlib import resources
 from pathlib import Path
 
-from online.stream.settings import KafkaBrokerSettings
+from online.stream.settings import KafkaBrokerSettings, Secret, read_users_file
 from ps_bridge.structured_logging import log_event
 
 logger = logging.getLogger("livevec.kafka")
@@ -178,19 +179,74 @@ def _new_cluster_id() -> str:
             return cluster_id
 
 
-def _server_properties(port: int, controller_port: int, log_dir: Path) -> str:
+# ----------------------------------------------------------------------------- the SASL_SSL listener
+
+SASL_SSL_HOST = "localhost"   # advertised name of the SASL_SSL listener: the broker certificate must hold it
+SCRAM_ITERATIONS = 8192
+_SCRAM = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
+
+
+def scram_credentials(users: dict[str, Secret]) -> list[str]:
+    """``kafka-storage format --add-scram`` values, salted here: the passwords never reach a command line."""
+    out = []
+    for name, password in users.items():
+        for mechanism, digest in _SCRAM.items():
+            salt = os.urandom(16)
+            salted = hashlib.pbkdf2_hmac(digest, password.reveal().encode(), salt, SCRAM_ITERATIONS)
+            out.append(f'{mechanism}=[name={name},iterations={SCRAM_ITERATIONS},'
+                       f'salt="{base64.b64encode(salt).decode()}",saltedpassword="{base64.b64encode(salted).decode()}"]')
+    return out
+
+
+def _properties_value(text: str) -> str:
+    # java.util.Properties reads ISO-8859-1 with backslash escapes: escape what is not plain ASCII
+    return "".join(c if 32 <= ord(c) < 127 and c != "\\" else f"\\u{ord(c):04x}" for c in text)
+
+
+def _sasl_ssl_properties(port: int, keystore: Path, users: dict[str, Secret]) -> dict[str, str]:
+    plain_users = " ".join(f'user_{name}="{secret.reveal()}"' for name, secret in users.items())
+    prefix = "listener.name.sasl_ssl."
+    return {
+        "sasl.enabled.mechanisms": ",".join(("PLAIN", *_SCRAM)),
+        prefix + "ssl.keystore.type": "PEM",
+        prefix + "ssl.keystore.location": str(keystore),
+        prefix + "plain.sasl.jaas.config":
+            f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};",
+        **{prefix + f"{m.lower()}.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+           for m in _SCRAM},
+        "_port": str(port),
+    }
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii", errors="strict") as f:
+        f.write(text)
+
+
+def _server_properties(port: int, controller_port: int, log_dir: Path, sasl_ssl: dict[str, str] | None = None) -> str:
     # One process is controller and broker. Thread counts are cut to fit a 2-core machine shared with the
     # workers; replication factors are 1 because there is one node; group.initial.rebalance.delay.ms=0 lets a
-    # consumer group form at once instead of waiting 3 s for more members.
+    # consumer group form at once instead of waiting 3 s for more members. With ``sasl_ssl`` a SASL_SSL
+    # listener runs next to the plaintext one (which the broker itself and the readiness probe keep using).
+    sasl_ssl = dict(sasl_ssl or {})
+    extra_port = sasl_ssl.pop("_port", None)
+    listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}"
+    advertised = f"PLAINTEXT://127.0.0.1:{port}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    if extra_port:
+        listeners += f",SASL_SSL://127.0.0.1:{extra_port}"
+        advertised += f",SASL_SSL://{SASL_SSL_HOST}:{extra_port}"
+        protocols += ",SASL_SSL:SASL_SSL"
     props = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": listeners,
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": protocols,
         "log.dirs": str(log_dir),
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
@@ -210,8 +266,9 @@ def _server_properties(port: int, controller_port: int, log_dir: Path) -> str:
         "log.cleaner.threads": "1",
         "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
         "socket.request.max.bytes": str(100 * 1024 * 1024),
+        **sasl_ssl,
     }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
+    return "".join(f"{k}={_properties_value(v)}\n" for k, v in props.items())
 
 
 def _jvm_options(settings: KafkaBrokerSettings) -> list[str]:
@@ -285,6 +342,7 @@ class KafkaBroker:
         self.settings = settings or KafkaBrokerSettings.from_env()
         self.die_with_parent = die_with_parent
         self.port: int | None = None
+        self.sasl_ssl_port: int | None = None
         self.controller_port: int | None = None
         self.data_dir: Path | None = None
         self.owns_data_dir = False
@@ -297,6 +355,11 @@ class KafkaBroker:
         if self.port is None:
             raise KafkaBrokerError("the broker is not started")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str | None:
+        """``localhost:PORT`` of the SASL_SSL listener, when the settings turn it on."""
+        return f"{SASL_SSL_HOST}:{self.sasl_ssl_port}" if self.sasl_ssl_port else None
 
     @property
     def log_path(self) -> Path | None:
@@ -331,8 +394,9 @@ class KafkaBroker:
         else:
             raise last_error  # type: ignore[misc]
         self.start_seconds = time.monotonic() - started
-        log_event(logger, "kafka_broker_ready", bootstrap=self.bootstrap, version=self.settings.version,
-                  pid=self.process.pid, seconds=round(self.start_seconds, 2), data_dir=str(self.data_dir))
+        log_event(logger, "kafka_broker_ready", bootstrap=self.bootstrap, sasl_ssl=self.sasl_ssl_bootstrap,
+                  version=self.settings.version, pid=self.process.pid, seconds=round(self.start_seconds, 2),
+                  data_dir=str(self.data_dir))
         return self.bootstrap
 
     def _launch(self, java: str, classpath: str) -> None:
@@ -349,11 +413,23 @@ class KafkaBroker:
             self.controller_port = _free_port()
         log_dir = self.data_dir / "kraft-logs"
         config = self.data_dir / "server.properties"
-        config.write_text(_server_properties(self.port, self.controller_port, log_dir))
+        sasl_ssl, scram = None, []
+        if self.settings.sasl_ssl:
+            self.sasl_ssl_port = self.settings.sasl_ssl_port or _free_port()
+            while self.sasl_ssl_port in (self.port, self.controller_port):
+                self.sasl_ssl_port = _free_port()
+            users = read_users_file(self.settings.users_file)
+            keystore = self.data_dir / "sasl-ssl-keystore.pem"   # Kafka's PEM key store: the key, then the chain
+            _write_private(keystore, self.settings.tls_key_file.read_text().strip() + "\n"
+                           + self.settings.tls_cert_file.read_text().strip() + "\n")
+            sasl_ssl = _sasl_ssl_properties(self.sasl_ssl_port, keystore, users)
+            scram = [arg for credential in scram_credentials(users) for arg in ("--add-scram", credential)]
+        # 0600: with a SASL_SSL listener it holds the PLAIN users' passwords
+        _write_private(config, _server_properties(self.port, self.controller_port, log_dir, sasl_ssl))
         base = [java, *_jvm_options(self.settings), "-cp", classpath]
         if not (log_dir / "meta.properties").exists():
             fmt = subprocess.run([*base, "kafka.tools.StorageTool", "format", "--cluster-id", _new_cluster_id(),
-                                  "--config", str(config), "--ignore-formatted"],
+                                  "--config", str(config), "--ignore-formatted", *scram],
                                  capture_output=True, text=True, timeout=self.settings.start_timeout)
             if fmt.returncode != 0:
                 raise KafkaBrokerError(f"kafka-storage format failed (exit {fmt.returncode}):\n"
@@ -425,6 +501,7 @@ class KafkaBroker:
         if not self.is_running():
             raise KafkaBrokerError("the broker is not running")
         state = {"pid": self.process.pid, "bootstrap": self.bootstrap, "port": self.port,
+                 "sasl_ssl_bootstrap": self.sasl_ssl_bootstrap,
                  "controller_port": self.controller_port, "data_dir": str(self.data_dir),
                  "owns_data_dir": self.owns_data_dir, "version": self.settings.version,
                  "log": str(self.log_path), "start_seconds": round(self.start_seconds or 0.0, 2),

@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ps_bridge.structured_logging import log_event
-from online.stream.settings import validate_topic
+from online.stream.security import check_kafka, client_options
+from online.stream.settings import KafkaSecurity, validate_topic
 from ps_bridge.settings import SettingError
 
 logger = logging.getLogger("livevec.produce")
@@ -187,12 +188,14 @@ class TextSource:
 # ----------------------------------------------------------------------------- topic admin
 
 async def ensure_topic(bootstrap: str, topic: str, partitions: int = DEFAULT_PARTITIONS,
-                       replication_factor: int = 1, timeout: float = 30.0) -> bool:
+                       replication_factor: int = 1, timeout: float = 30.0,
+                       security: KafkaSecurity | None = None) -> bool:
     """Create ``topic`` unless it exists; wait until every partition has a leader. True when it was created."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     validate_topic(topic)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000),
+                                **client_options(security or KafkaSecurity()))
     await admin.start()
     try:
         response = await admin.create_topics([NewTopic(topic, partitions, replication_factor)])
@@ -318,8 +321,12 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
                         max_record_bytes: int = MAX_RECORD_BYTES, compression: str | None = None,
                         linger_ms: int = 20, create_topic: bool = True,
                         progress: bool | ProgressBar = False,
-                        on_progress: Callable[[ProduceStats], None] | None = None) -> ProduceStats:
-    """Stream ``source`` into ``topic``; see the module docstring. Raises ProduceError if records failed."""
+                        on_progress: Callable[[ProduceStats], None] | None = None,
+                        security: KafkaSecurity | None = None, client_id: str | None = None) -> ProduceStats:
+    """Stream ``source`` into ``topic``; see the module docstring. Raises ProduceError if records failed.
+
+    ``security`` (TLS, SASL) is checked against the brokers first: a wrong password or an untrusted CA raises
+    ``SettingError`` naming the setting before any record is read from the input or sent."""
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
@@ -329,14 +336,21 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
     if rate is not None and rate <= 0:
         raise SettingError("--rate", f"must be > 0 records/s, got {rate}")
     builder = RecordBuilder(lines_per_record, words_per_record)
-    src = TextSource(source)
+    security = security or KafkaSecurity()
+    src = TextSource(source)   # a missing file is named before Kafka is contacted
+    try:
+        await check_kafka(bootstrap, security, client_id=client_id or "livevec-produce")
+    except BaseException:
+        src.close()
+        raise
     if create_topic:
-        await ensure_topic(bootstrap, topic, partitions)
+        await ensure_topic(bootstrap, topic, partitions, security=security)
     bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
     stats = ProduceStats(topic=topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
                                 max_batch_size=1024 * 1024, max_request_size=1024 * 1024,
-                                compression_type=compression, request_timeout_ms=60000)
+                                compression_type=compression, request_timeout_ms=60000,
+                                **({"client_id": client_id} if client_id else {}), **client_options(security))
     await producer.start()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=8)

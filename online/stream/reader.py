@@ -62,6 +62,7 @@ from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStat
 from online.stream.batches import (MALFORMED_REASONS, Batch, OffsetTracker, StreamCounters, TextRecord,
                                    TopicPartitionKey, decode_record)
 from online.stream.producer import DEFAULT_WORDS_PER_RECORD, RecordBuilder, TextSource
+from online.stream.security import check_kafka, client_options
 from online.stream.settings import StreamSettings
 from ps_bridge.structured_logging import log_event
 
@@ -240,8 +241,15 @@ class KafkaStream(_TextStreamBase):
         self._started = False
 
     # -- lifecycle
+    async def check(self) -> None:
+        """Connect to the brokers as the consumer will, before joining the group: a wrong password, an untrusted
+        CA or the wrong protocol raises ``SettingError`` naming the setting (``online.stream.security``)."""
+        await check_kafka(self.settings.bootstrap, self.settings.security, client_id=self.settings.client_id)
+
     async def start(self) -> None:
+        await self.check()
         options = dict(
+            **client_options(self.settings.security),
             bootstrap_servers=self.settings.bootstrap, group_id=self.settings.group,
             client_id=self.settings.client_id, enable_auto_commit=False,
             auto_offset_reset=self.settings.offset_reset, session_timeout_ms=self.settings.session_timeout_ms,
@@ -260,7 +268,7 @@ class KafkaStream(_TextStreamBase):
         self._consumer.subscribe(list(self.settings.topics), listener=_RebalanceListener(self))
         self._started = True
         log_event(logger, "stream_started", bootstrap=self.settings.bootstrap, topics=",".join(self.settings.topics),
-                  group=self.settings.group)
+                  group=self.settings.group, security=self.settings.security.describe())
 
     async def stop(self) -> None:
         if not self._started:

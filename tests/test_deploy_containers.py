@@ -1,0 +1,258 @@
+"""The container image, built (``make image``: podman from a debootstrapped Debian base here)
+and run: the committed Marathon group as containers of that image, with host networking.
+
+The image is built by the ``image`` fixture through the same function as ``make image``;
+``make test`` builds it first, so here it is the cached build (inputs unchanged: well
+under a second). No part of podman is mocked. Then one containerised group (scheduler,
+2 servers, 2 workers, 1 front end, the group's own env, ports, volumes and checks) serves
+the tests below in order: every role reports ready; the image's HEALTHCHECK passes on a
+healthy task and fails on a hung one; it trains from Kafka while a server's container is
+killed with SIGKILL, which the runner relaunches, and the #8 ledger shows every record
+trained exactly once; the front end serves the planted neighbours; and every process ran
+as uid 10001 and wrote nothing outside /tmp and the volume.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import uuid
+from pathlib import Path
+
+import pytest
+
+from online.checkpoint.store import CheckpointStore
+from online.deployment.containers import RUN_AS, SANDBOX
+from online.deployment.image_build import DEFAULT_TAG, RUN_FLAGS, build_image, podman
+from online.deployment.local_runner import LocalRunner, describe
+from online.deployment.marathon import GROUP_FILE
+from online.learner.tokenizer import Tokenizer
+from online.stream.producer import ensure_topic
+from online.stream.sample_corpus import generate_lines, planted_groups
+from tests.cluster_harness import wait_until
+from tests.test_checkpoint_recovery import ClusterProbe, Producer, _ledger
+from tests.test_deploy_e2e import _get
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+VOLUME = "/mnt/mfs/livevec"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return podman()
+
+
+@pytest.fixture(scope="module")
+def image(engine):
+    result = build_image(DEFAULT_TAG, engine=engine)
+    print(result.summary())
+    return result.tag
+
+
+def _run(engine, image, *args, entrypoint="/bin/sh", timeout=120):
+    argv = engine.argv("run", "--rm", *RUN_FLAGS, "--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp",
+                       "--entrypoint", entrypoint, image, *args)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------ the image itself
+def test_the_image_has_no_compiler_no_pip_cache_and_runs_as_10001(engine, image):
+    done = _run(engine, image, "-c",
+                "id -u; id -g; for c in gcc cc c++ clang; do command -v $c && echo COMPILER $c; done; "
+                "find / -xdev \\( -path '*/.cache/pip' -o -path '*/pip/http*' -o -path '/root/.cache' \\) -print; "
+                "ls /var/lib/apt/lists | grep -v '^lock$\\|^partial$\\|^auxfiles$' || true")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    assert lines[:2] == [str(RUN_AS), str(RUN_AS)], done.stdout
+    assert lines[2:] == [], f"compiler, pip cache or apt lists in the runtime image: {lines[2:]}"
+    config = json.loads(engine.run("image", "inspect", image).stdout)[0]["Config"]
+    assert config["User"] == f"{RUN_AS}:{RUN_AS}" and config["Entrypoint"] == ["livevec"]
+
+
+def test_every_module_and_the_int8_kernel_are_installed(engine, image):
+    # the installed copy, not the repository: the list of modules it has, and the compiled kernel
+    done = _run(engine, image, "-c", "import online, ps_bridge, pathlib; "
+                "from online.frontend import _int8_scan, int8_prefilter; print(int8_prefilter.SCAN); "
+                "[print(p.relative_to(pathlib.Path(m.__file__).parent.parent)) for m in (online, ps_bridge) "
+                "for p in pathlib.Path(m.__file__).parent.rglob('*.py')]", entrypoint="python")
+    assert done.returncode == 0, done.stderr
+    scan, *installed = done.stdout.split()
+    assert scan in ("vnni", "portable")
+    wanted = {str(p.relative_to(REPO)) for pkg in ("online", "ps_bridge") for p in (REPO / pkg).rglob("*.py")
+              if "__pycache__" not in p.parts}
+    assert wanted - set(installed) == set(), "modules the image lacks"
+
+
+def test_the_entrypoint_renders_the_committed_deploy_files(engine, image):
+    done = _run(engine, image, "deploy", "render", "--target", "marathon", entrypoint="livevec")
+    assert done.returncode == 0, done.stderr
+    rendered = json.loads(done.stdout)
+    for f in (REPO / "deploy" / "marathon").glob("*.json"):
+        assert rendered[f.name] == json.loads(f.read_text()), f.name
+
+
+# ------------------------------------------------------------ the group, in containers
+@pytest.fixture(scope="module")
+def group(image, kafka_bootstrap, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("containers")
+    topic = f"containers-{uuid.uuid4().hex[:10]}"
+    asyncio.run(ensure_topic(kafka_bootstrap, topic, 4))
+    env = {"LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+           "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "3",
+           "LIVEVEC_CHECKPOINT_INTERVAL": "2", "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3",
+           "LIVEVEC_KAFKA_BATCH_RECORDS": "15", "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000",
+           "LIVEVEC_REQUEST_TIMEOUT": "4", "LIVEVEC_SYNC_INTERVAL": "0.3"}
+    runner = LocalRunner.from_file(
+        REPO / "deploy" / "marathon" / GROUP_FILE, work_dir=tmp / "run", containers=image,
+        instances={"server": 2, "worker": 2, "frontend": 1}, env=env,
+        app_env={"frontend": {"LIVEVEC_HTTP_HOST": "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
+        volumes={VOLUME: tmp / "mfs"}, dependency_timeout=120)
+    t0 = time.monotonic()
+    try:
+        runner.start()
+        runner.started_in = time.monotonic() - t0
+        runner.topic, runner.mfs, runner.bootstrap = topic, tmp / "mfs", kafka_bootstrap
+        yield runner
+    finally:
+        runner.stop()
+        leftover = podman().run("ps", "-a", "-q", "--filter", "label=org.livevec.local-runner", check=False)
+        assert not [c for c in leftover.stdout.split()
+                    if c in {s.container for s in runner.status()}], "containers left after stop()"
+
+
+def _task(runner, app, index=0):
+    return next(s for s in runner.status() if s.app == app and s.index == index)
+
+
+def test_every_role_starts_in_its_container_and_reports_ready(group, engine):
+    assert group.wait_healthy(timeout=180), describe(group.status())
+    running = {c.split()[0] for c in engine.run("ps", "--format", "{{.Names}}").stdout.splitlines()}
+    for s in group.status():
+        assert s.container in running, f"{s.app}#{s.index} is not a container: {s}"
+        assert s.up_after_s is not None and s.launches == 1, s
+    for app, n in (("server", 2), ("worker", 2)):
+        for i in range(n):
+            assert _get(group.url(app, "metrics", "/ready", i)) == {"ready": True}
+    assert _get(group.url("frontend", "http", "/ready"))["ready"] is True
+    # the role really runs inside: its host pid is in the container's cgroup/pid namespace
+    server = _task(group, "server")
+    inside = engine.run("exec", server.container, "cat", "/proc/1/cmdline").stdout.replace("\0", " ")
+    assert "livevec server" in inside
+    assert os.readlink(f"/proc/{server.pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+
+
+def _healthcheck(engine, container: str) -> subprocess.CompletedProcess:
+    return engine.run("healthcheck", "run", container, check=False, timeout=60)
+
+
+def test_the_image_healthcheck_passes_on_a_healthy_task_and_fails_on_an_unhealthy_one(group, engine):
+    assert group.wait_healthy(timeout=60)
+    for app in ("scheduler", "server", "worker", "frontend"):
+        done = _healthcheck(engine, _task(group, app).container)
+        assert done.returncode == 0 and "unhealthy" not in done.stdout, (app, done.stdout, done.stderr)
+    # A hung front end (SIGSTOP): its /health no longer answers, so the image's check fails.
+    frontend = _task(group, "frontend")
+    os.kill(frontend.pid, signal.SIGSTOP)
+    try:
+        done = _healthcheck(engine, frontend.container)
+    finally:
+        os.kill(frontend.pid, signal.SIGCONT)
+    assert done.returncode != 0 and "unhealthy" in done.stdout + done.stderr, (done.stdout, done.stderr)
+    assert _healthcheck(engine, frontend.container).returncode == 0
+
+
+def test_the_group_trains_from_kafka_through_a_server_container_killed_with_sigkill(group):
+    """The #8 ledger: every produced record trained exactly once although a server's container
+    was killed (kill -9 of its process from the host) and relaunched by the runner."""
+    assert group.wait_healthy(timeout=60)
+    lines = generate_lines(3600, seed=11)
+    producer = Producer(group.bootstrap, group.topic, lines, rate=40.0)   # 900 records over ~22 s
+    tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(producer.records))
+    store = CheckpointStore(group.mfs / "checkpoints")
+    probe = ClusterProbe(group.port("scheduler", "ps"), servers=2)
+    try:
+        producer.start()
+        wait_until(lambda: (_ledger(probe.stats()) or {}).get("records", 0) > 60, 90, interval=0.25,
+                   message="training to start")
+        wait_until(lambda: store.latest_complete(check_data=False), 60, interval=0.25, message="a first checkpoint")
+        epochs = [s["epoch"] for s in wait_until(probe.stats, 30, interval=0.25, message="servers answering")]
+        victim = _task(group, "server", 1)
+        os.kill(victim.pid, signal.SIGKILL)
+
+        def relaunched_and_recovered():
+            s = _task(group, "server", 1)
+            stats = probe.stats()
+            return (s.launches == 2 and s.state == "running" and s.container != victim.container and stats
+                    and not any(x.get("recovering") for x in stats)
+                    and all(x["epoch"] != e for x, e in zip(stats, epochs)))
+
+        wait_until(relaunched_and_recovered, 120, interval=0.25, message="the server's container to be "
+                   "relaunched and the cluster to recover")
+        assert _task(group, "server", 1).last_exit_code == 137   # SIGKILL, seen through podman
+        producer.join(timeout=120)
+        assert producer.error is None and producer.sent == len(producer.records)
+        ends = {f"{group.topic}/{p}": len(range(p, len(producer.records), 4)) for p in range(4)}
+        wait_until(lambda: (_ledger(probe.stats()) or {}).get("frontier") == ends, 120, interval=0.25,
+                   message="every produced record to be trained")
+        time.sleep(1.0)
+        ledger = _ledger(wait_until(probe.stats, 10, interval=0.25, message="stats"))
+        assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger   # 0 trained twice, 0 skipped
+        assert ledger["offsets"] == ledger["records"] == len(producer.records), ledger
+        assert ledger["tokens"] == tokens_expected, ledger
+    finally:
+        probe.close()
+    assert all(s.launches == 1 for s in group.status() if s.app != "server"), describe(group.status())
+
+    # the planted neighbours, served by the front end's container
+    assert group.wait_healthy(["frontend"], timeout=60)
+    frontend = group.url("frontend", "http")
+    seen = {}
+
+    def neighbours_found():
+        found = 0
+        for words in planted_groups():
+            try:
+                body = _get(f"{frontend}/v1/similar?word={words[0]}&k=4")
+            except urllib.error.HTTPError as exc:
+                seen[words[0]] = exc.code
+                continue
+            seen[words[0]] = [n["word"] for n in body["neighbours"]]
+            found += bool(set(seen[words[0]]) & set(words))
+        return found >= 6
+
+    wait_until(neighbours_found, 60, interval=1.0, message=f"the planted neighbours ({seen})")
+
+
+def test_processes_run_as_10001_and_write_nothing_outside_tmp_and_the_volume(group, engine):
+    assert group.wait_healthy(timeout=60)
+    for s in group.status():
+        top = engine.run("top", s.container, "hpid", "huser", "args").stdout.splitlines()[1:]
+        assert top, s
+        for line in top:
+            hpid, _user, args = line.split(None, 2)
+            with open(f"/proc/{hpid}/status") as f:
+                uids = next(x for x in f if x.startswith("Uid:")).split()[1:]
+            assert uids == [str(RUN_AS)] * 4, f"{s.app}: {args} runs as {uids}"
+        # the container's own file system is unchanged (read-only), apart from the mount points
+        # (and their parents): the group's volumes, the sandbox, /tmp, and podman's /etc/hosts,
+        # /etc/resolv.conf, /etc/hostname and /run/.containerenv
+        volumes = [v["containerPath"] for v in group.app(s.app)["container"].get("volumes", [])]
+        mounts = {str(p) for m in (*volumes, SANDBOX, "/tmp", "/etc/hosts", "/etc/resolv.conf", "/etc/hostname",
+                                   "/run/.containerenv") for p in (Path(m), *Path(m).parents)}
+        diff = engine.run("diff", s.container).stdout.split("\n")
+        changed = [d for d in diff if d.strip() and d.split()[-1] not in mounts]
+        assert changed == [], f"{s.app}: {changed}"
+        denied = engine.run("exec", s.container, "touch", "/opt/livevec/probe", check=False)
+        assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+        # and the sandbox (the working directory, as on Mesos) holds nothing the role wrote
+        sandbox = group.work_dir / "sandboxes" / f"livevec-{s.app}-{s.index}"
+        assert sorted(p.name for p in sandbox.iterdir()) == [], f"{s.app} wrote into its sandbox"
+    # what the roles wrote to the volume (the checkpoints) is theirs: uid 10001
+    written = [p for p in group.mfs.rglob("*")]
+    assert any(p.name for p in written if "checkpoints" in p.parts)
+    assert {p.stat().st_uid for p in written} == {RUN_AS}
