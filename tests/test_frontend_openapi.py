@@ -51,3 +51,19 @@ def test_live_api_conforms_to_its_openapi_document(frontend, tmp_path):
         stats = json.load(r)
     assert stats["queries"]["requests"] > 100
     assert stats["queries"]["internal_errors"] == 0
+
+
+def test_the_document_shows_the_guards_answers_and_the_token():
+    from online.frontend.openapi import build_openapi
+    from online.frontend.settings import FrontendSettings
+
+    open_doc = build_openapi(FrontendSettings(source="x"))
+    assert "408" in open_doc["paths"]["/v1/similar"]["post"]["responses"]
+    assert "securitySchemes" not in open_doc["components"]
+    assert all("security" not in op for item in open_doc["paths"].values() for op in item.values())
+    doc = build_openapi(FrontendSettings(source="x", api_token="s" * 24))
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path, item in doc["paths"].items():
+        for op in item.values():
+            guarded = path.startswith("/v1/") or path == "/metrics"
+            assert ("security" in op) == guarded and ("401" in op["responses"]) == guarded, path

@@ -22,12 +22,31 @@ def _json(schema_ref: str, description: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "invalid parameter or body", 404: "unknown word", 503: "no model loaded yet",
-            413: "request body too large"}
+    text = {400: "invalid parameter or body", 404: "unknown word",
+            503: "no model loaded yet, or too many requests in flight (see Retry-After)",
+            413: "request body too large", 408: "the request body did not arrive in time",
+            401: "missing or wrong 'Authorization: Bearer <token>'"}
     return {str(c): _json("Error", text[c]) for c in codes}
 
 
 def build_openapi(settings: FrontendSettings) -> dict[str, Any]:
+    """The document, with the guards' answers (``online.frontend.guards``) on the operations
+    they can come from: 408 on bodies, 401 and the bearer scheme when a token is set."""
+    doc = _document(settings)
+    secured = settings.token() is not None
+    if secured:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if method == "post":
+                op["responses"].update(_errors(408))
+            if secured and (path.startswith("/v1/") or path == "/metrics"):
+                op["security"] = [{"bearer": []}]
+                op["responses"].update(_errors(401))
+    return doc
+
+
+def _document(settings: FrontendSettings) -> dict[str, Any]:
     k_param = {"name": "k", "in": "query", "required": False,
                "description": f"number of neighbours (1..{settings.max_k}, default 10)",
                "schema": {"type": "integer", "minimum": 1, "maximum": settings.max_k, "default": 10}}
