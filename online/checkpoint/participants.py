@@ -84,6 +84,9 @@ class BatchLedger:
             if frontier is not None:
                 if start < frontier:
                     self.overlaps += min(end, frontier) - start
+                    # never expected: say which range, so a duplicate can be traced to its batch
+                    log_event(log, "ledger_overlap", logging.WARNING, partition=key, start=start, end=end,
+                              frontier=frontier, batches=self.batches)
                 elif start > frontier:
                     self.gaps += start - frontier
             self.frontier[key] = max(end, frontier or 0)
