@@ -175,9 +175,6 @@ class SettingGroup:
                 return s
         raise KeyError(field)
 
-    def variables(self) -> list[str]:
-        return [v for s in self.settings for v in s.variables]
-
     def only(self, *fields: str, title: str | None = None) -> "SettingGroup":
         """The subset a role reads (a server may need the model's size but not its window)."""
         return SettingGroup(title or self.title, tuple(self[f] for f in fields))

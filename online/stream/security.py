@@ -183,27 +183,3 @@ async def check_kafka(bootstrap: str, security: KafkaSecurity, *, client_id: str
     raise KafkaUnreachable(f"no Kafka broker answers at {bootstrap} (LIVEVEC_KAFKA_BOOTSTRAP): "
                            + "; ".join(unreachable))
 
-
-def check_kafka_blocking(bootstrap: str, security: KafkaSecurity, **kwargs) -> list[str]:
-    """``check_kafka`` from synchronous code (also while another event loop runs in this thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(check_kafka(bootstrap, security, **kwargs))
-    import threading
-
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            box["brokers"] = asyncio.run(check_kafka(bootstrap, security, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="kafka-check")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["brokers"]
-
