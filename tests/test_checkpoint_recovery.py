@@ -204,7 +204,10 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         ledger = wait_until(all_trained, 120, interval=0.25,
                             message="every produced record to be trained")
         time.sleep(1.0)   # nothing more arrives afterwards
-        ledger = _ledger(wait_until(probe.stats, 10, interval=0.25, message="stats"))
+        # A rollback may still land after the last record (a rebalance seen late): the ledger then
+        # goes back to the checkpoint and the records after it are trained again. Read it once it
+        # has caught up again; the exactly-once checks below apply to that settled ledger.
+        ledger = wait_until(all_trained, 120, interval=0.25, message="every produced record to be trained, settled")
         # every produced record trained exactly once, relative to the restored checkpoints
         assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
         assert ledger["offsets"] == ledger["records"] == len(producer.records), ledger
