@@ -248,10 +248,15 @@ def test_a_secured_livevec_cluster_trains_every_record_exactly_once(kafka_bootst
         producer.join(timeout=120)
         assert producer.error is None and producer.sent == len(producer.records)
         ends = {f"{topic}/{p}": len(range(p, len(producer.records), 4)) for p in range(4)}
-        wait_until(lambda: (_ledger(stats()) or {}).get("frontier") == ends, 120, interval=0.25,
-                   message="every produced record to be trained")
+        def all_trained():
+            led = _ledger(stats())
+            return led if led and led["frontier"] == ends else False
+
+        wait_until(all_trained, 120, interval=0.25, message="every produced record to be trained")
         time.sleep(1.0)
-        ledger = _ledger(wait_until(stats, 10, interval=0.25, message="stats"))
+        # as in test_checkpoint_recovery: a late rollback sends the ledger back and the rest is
+        # retrained; the checks apply to the ledger once it has caught up again
+        ledger = wait_until(all_trained, 120, interval=0.25, message="every produced record to be trained, settled")
         assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
         assert ledger["offsets"] == ledger["records"] == len(producer.records), ledger
         assert ledger["tokens"] == tokens_expected, ledger
