@@ -155,6 +155,31 @@ async def test_seek_to_restarts_partitions_at_checkpoint_offsets(kafka_bootstrap
     assert (await committed_offset(kafka_bootstrap, topic, group, 1)) == 100
 
 
+async def test_a_seek_for_a_partition_held_elsewhere_is_not_applied_after_a_later_rebalance(kafka_bootstrap, kafka_topic):
+    """A rollback seeks every partition on every worker. One that another worker holds is sought by
+    that owner; if it later moves here, rewinding it to the old offset would retrain what the owner
+    trained since the rollback (a checkpoint could then hold records trained twice)."""
+    topic = kafka_topic(partitions=2)
+    group = f"stale-seek-{uuid.uuid4().hex[:8]}"
+    await produce_async([f"s{i}" for i in range(100)], bootstrap=kafka_bootstrap, topic=topic, partitions=2)
+    one = KafkaStream(settings(kafka_bootstrap, topic, group, batch_records=10))
+    two = KafkaStream(settings(kafka_bootstrap, topic, group, batch_records=10))
+    await one.start()
+    await two.start()
+    c1, c2 = Collector(one), Collector(two)
+    await until(lambda: len(one.assignment()) == 1 and len(two.assignment()) == 1, 30, "one partition each")
+    await until(lambda: len(c1.records) + len(c2.records) == 100, 30, "every record")
+    assignments_before, seen_before = one.counters.assignments, len(c1.records)
+    theirs = next(iter(two.assignment()))
+    await one.seek_to({theirs: 0})      # not held here: the owner (two) is the one to seek it
+    await c2.stop()                     # its partition moves to `one`, committed at its end
+    await until(lambda: len(one.assignment()) == 2, 30, "the partition to move")
+    assert one.counters.assignments > assignments_before
+    await asyncio.sleep(2.0)
+    assert not [r for r in c1.records[seen_before:] if (r.topic, r.partition) == theirs], "a stale seek rewound the moved partition"
+    await c1.stop()
+
+
 async def test_in_flight_batch_of_a_revoked_partition_is_dropped_not_committed(kafka_bootstrap, kafka_topic):
     topic = kafka_topic(partitions=2)
     group = f"revoke-{uuid.uuid4().hex[:8]}"

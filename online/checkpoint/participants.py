@@ -322,7 +322,11 @@ class WorkerCheckpointing(WorkerExtension):
             self._task.cancel()
 
     def _rebalances(self) -> int:
-        return self.stream.counters.rebalances
+        """Revocations and assignments both count. A rebalance revokes first and assigns later, possibly after
+        a rollback's seek; partitions assigned then may have been trained past the checkpoint by their previous
+        owner, so this worker is not clean again until a rollback seeks after the assignment."""
+        counters = self.stream.counters
+        return counters.rebalances + counters.assignments
 
     def _server0(self) -> int:
         return self.kv.po.server_ids()[0]

@@ -48,6 +48,7 @@ class StreamCounters:
     commits: int = 0
     commit_failures: int = 0
     rebalances: int = 0
+    assignments: int = 0      # partitions handed to this consumer (the end of a rebalance)
     stale_batches: int = 0
     redelivered: int = 0
     fetch_errors: int = 0

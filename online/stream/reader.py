@@ -237,6 +237,7 @@ class KafkaStream(_TextStreamBase):
         self._consumer_options = dict(consumer_options or {})
         self._consumer = None
         self._pending_seeks: dict[TopicPartitionKey, int] = {}
+        self._between_generations = True   # from start or a revocation until the next assignment
         self._assignment: set[TopicPartitionKey] = set()
         self._started = False
 
@@ -359,14 +360,18 @@ class KafkaStream(_TextStreamBase):
             if tp in self._assignment:
                 self._consumer.seek(TopicPartition(topic, partition), offset)
                 self.tracker.reset(tp, frontier=offset)
-            else:
+            elif self._between_generations:
+                # Nobody holds it during a rebalance; whoever is assigned it next starts at the offset.
                 self._pending_seeks[tp] = offset
+            # else: another member holds it and seeks it itself. Keeping the offset for a later rebalance
+            # would rewind what that owner trained meanwhile.
         log_event(logger, "stream_seek", partitions=len(offsets), pending=len(self._pending_seeks))
 
     # -- rebalance callbacks
     async def _on_revoked(self, revoked) -> None:
         tps = {(tp.topic, tp.partition) for tp in revoked}
         self.counters.rebalances += 1
+        self._between_generations = True
         if self._metrics:
             self._metrics.rebalances.inc()
         if tps and self.settings.revoke_grace > 0 and self.tracker.has_outstanding(tps):
@@ -386,6 +391,7 @@ class KafkaStream(_TextStreamBase):
 
     async def _on_assigned(self, assigned) -> None:
         tps = {(tp.topic, tp.partition) for tp in assigned}
+        self.counters.assignments += 1
         self._assignment = set(tps)
         for tp in tps:
             if tp in self._pending_seeks:
@@ -394,6 +400,9 @@ class KafkaStream(_TextStreamBase):
                 self.tracker.reset(tp, frontier=offset)
             if self._metrics:
                 self._metrics.partition_seen(tp)
+        # A seek made during the rebalance covers only the partitions it handed out; the rest are other members'.
+        self._pending_seeks.clear()
+        self._between_generations = False
         log_event(logger, "partitions_assigned", partitions=_fmt_tps(tps))
 
 
