@@ -48,7 +48,8 @@ def kafka_broker(kafka_tls):
 
     settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=None, state_file=None,
                                    sasl_ssl_port=0, tls_cert_file=kafka_tls.broker_cert,
-                                   tls_key_file=kafka_tls.broker_key, users_file=kafka_tls.users_file)
+                                   tls_key_file=kafka_tls.broker_key, users_file=kafka_tls.users_file,
+                                   client_ca_file=kafka_tls.ca_file, client_auth="requested")
     broker = KafkaBroker(settings)
     broker.start()
     try:

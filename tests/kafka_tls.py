@@ -29,6 +29,8 @@ class TlsMaterial:
     username: str
     password: str
     password_file: Path
+    stranger_cert: Path      # a client certificate the other CA signed: the broker must refuse it
+    stranger_key: Path
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -68,6 +70,9 @@ def make_tls_material(directory: Path) -> TlsMaterial:
     client_cert, client_key = _leaf(directory, "client", USER, ca,
                                     "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
                                     "extendedKeyUsage=clientAuth\n")
+    stranger_cert, stranger_key = _leaf(directory, "stranger", USER, other,
+                                        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                                        "extendedKeyUsage=clientAuth\n")
     password = secrets.token_urlsafe(18)
     users = directory / "users.txt"
     users.write_text(f"# the local broker's SASL users\n{USER}:{password}\n")
@@ -76,7 +81,7 @@ def make_tls_material(directory: Path) -> TlsMaterial:
     password_file.write_text(password + "\n")
     password_file.chmod(0o600)
     return TlsMaterial(directory, ca[1], broker_cert, broker_key, client_cert, client_key, other[1], users,
-                       USER, password, password_file)
+                       USER, password, password_file, stranger_cert, stranger_key)
 
 
 def client_env(material: TlsMaterial, bootstrap: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:

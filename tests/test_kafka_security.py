@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -145,6 +146,12 @@ def test_broker_settings_for_the_sasl_ssl_listener(tmp_path, kafka_tls):
         KafkaBrokerSettings.from_env({"LIVEVEC_KAFKA_BROKER_CERT_FILE": str(kafka_tls.broker_cert),
                                       "LIVEVEC_KAFKA_BROKER_KEY_FILE": str(kafka_tls.broker_key)})
     assert err.value.setting == "LIVEVEC_KAFKA_BROKER_USERS_FILE"
+    with pytest.raises(SettingError) as err:   # a client CA only means something on the TLS listener
+        KafkaBrokerSettings.from_env({"LIVEVEC_KAFKA_BROKER_CLIENT_CA_FILE": str(kafka_tls.ca_file)})
+    assert err.value.setting == "LIVEVEC_KAFKA_BROKER_CLIENT_CA_FILE"
+    with pytest.raises(SettingError) as err:
+        KafkaBrokerSettings.from_env({"LIVEVEC_KAFKA_BROKER_CLIENT_AUTH": "sometimes"})
+    assert err.value.setting == "LIVEVEC_KAFKA_BROKER_CLIENT_AUTH"
     bad = tmp_path / "users"
     bad.write_text('alice:"quoted"\n')
     with pytest.raises(SettingError) as err:
@@ -227,6 +234,35 @@ def test_a_client_certificate_is_loaded_for_mutual_tls(kafka_broker, kafka_tls):
     with pytest.raises(SettingError) as err:   # a key that is not the certificate's
         client_options(_security({**env, "LIVEVEC_KAFKA_SSL_KEY_FILE": str(kafka_tls.broker_key)}))
     assert err.value.setting in ("LIVEVEC_KAFKA_SSL_KEY_FILE", "LIVEVEC_KAFKA_SSL_CERT_FILE")
+    # The broker checks what is presented (ssl.client.auth=requested): a certificate from a CA it does not
+    # trust is refused, and the error names the client certificate's setting.
+    stranger = {**env, "LIVEVEC_KAFKA_SSL_CERT_FILE": str(kafka_tls.stranger_cert),
+                "LIVEVEC_KAFKA_SSL_KEY_FILE": str(kafka_tls.stranger_key)}
+    with pytest.raises(SettingError) as err:
+        asyncio.run(check_kafka(stranger["LIVEVEC_KAFKA_BOOTSTRAP"], _security(stranger), timeout=10))
+    assert err.value.setting == "LIVEVEC_KAFKA_SSL_CERT_FILE", str(err.value)
+
+
+def test_a_broker_that_requires_client_certificates(tmp_path, kafka_tls):
+    """Mutual TLS as a managed Kafka runs it (ssl.client.auth=required): without a certificate the client
+    stops at start naming LIVEVEC_KAFKA_SSL_CERT_FILE; with the CA's certificate it gets through."""
+    from online.stream.kafka_broker import KafkaBroker
+    settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=tmp_path / "broker",
+                                   state_file=None, sasl_ssl_port=0, tls_cert_file=kafka_tls.broker_cert,
+                                   tls_key_file=kafka_tls.broker_key, users_file=kafka_tls.users_file,
+                                   client_ca_file=kafka_tls.ca_file, client_auth="required")
+    broker = KafkaBroker(settings)
+    broker.start()
+    try:
+        env = client_env(kafka_tls, broker.sasl_ssl_bootstrap)
+        with pytest.raises(SettingError) as err:
+            asyncio.run(check_kafka(env["LIVEVEC_KAFKA_BOOTSTRAP"], _security(env), timeout=10))
+        assert err.value.setting == "LIVEVEC_KAFKA_SSL_CERT_FILE", str(err.value)
+        mutual = {**env, "LIVEVEC_KAFKA_SSL_CERT_FILE": str(kafka_tls.client_cert),
+                  "LIVEVEC_KAFKA_SSL_KEY_FILE": str(kafka_tls.client_key)}
+        assert asyncio.run(check_kafka(mutual["LIVEVEC_KAFKA_BOOTSTRAP"], _security(mutual), timeout=20))
+    finally:
+        broker.stop()
 
 
 def test_an_absent_broker_is_not_a_configuration_error(kafka_tls):

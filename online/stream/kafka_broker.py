@@ -203,10 +203,14 @@ def _properties_value(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 and c != "\\" else f"\\u{ord(c):04x}" for c in text)
 
 
-def _sasl_ssl_properties(port: int, keystore: Path, users: dict[str, Secret]) -> dict[str, str]:
+def _sasl_ssl_properties(port: int, keystore: Path, users: dict[str, Secret], client_ca: Path | None = None,
+                         client_auth: str = "required") -> dict[str, str]:
     plain_users = " ".join(f'user_{name}="{secret.reveal()}"' for name, secret in users.items())
     prefix = "listener.name.sasl_ssl."
+    mutual = {prefix + "ssl.client.auth": client_auth, prefix + "ssl.truststore.type": "PEM",
+              prefix + "ssl.truststore.location": str(client_ca)} if client_ca else {}
     return {
+        **mutual,
         "sasl.enabled.mechanisms": ",".join(("PLAIN", *_SCRAM)),
         prefix + "ssl.keystore.type": "PEM",
         prefix + "ssl.keystore.location": str(keystore),
@@ -422,7 +426,8 @@ class KafkaBroker:
             keystore = self.data_dir / "sasl-ssl-keystore.pem"   # Kafka's PEM key store: the key, then the chain
             _write_private(keystore, self.settings.tls_key_file.read_text().strip() + "\n"
                            + self.settings.tls_cert_file.read_text().strip() + "\n")
-            sasl_ssl = _sasl_ssl_properties(self.sasl_ssl_port, keystore, users)
+            sasl_ssl = _sasl_ssl_properties(self.sasl_ssl_port, keystore, users, self.settings.client_ca_file,
+                                            self.settings.client_auth)
             scram = [arg for credential in scram_credentials(users) for arg in ("--add-scram", credential)]
         # 0600: with a SASL_SSL listener it holds the PLAIN users' passwords
         _write_private(config, _server_properties(self.port, self.controller_port, log_dir, sasl_ssl))

@@ -103,7 +103,8 @@ def _diagnose(exc: BaseException, security: KafkaSecurity, where: str) -> Settin
     if isinstance(exc, ssl.SSLError):
         text = str(exc)
         if "CERTIFICATE_REQUIRED" in text.upper() or "CERTIFICATE REQUIRED" in text.upper() \
-                or "BAD_CERTIFICATE" in text.upper() or "UNKNOWN_CA" in text.upper():
+                or "BAD_CERTIFICATE" in text.upper() or "UNKNOWN_CA" in text.upper() \
+                or "CERTIFICATE_UNKNOWN" in text.upper():   # alerts the broker sent: it refused ours
             return SettingError("LIVEVEC_KAFKA_SSL_CERT_FILE",
                                 f"the broker at {where} refused the client certificate "
                                 f"({security.ssl_cert_file or 'none given'}): {exc.reason or text}")
@@ -130,6 +131,29 @@ def _diagnose(exc: BaseException, security: KafkaSecurity, where: str) -> Settin
     return None
 
 
+async def _tls_alert(host: str, port: int, security: KafkaSecurity, timeout: float) -> ssl.SSLError | None:
+    """Why a TLS broker hung up, if it said so. Under TLS 1.3 a broker refuses a client certificate after the
+    client has finished its side of the handshake, so the client only sees the connection close; the alert
+    (certificate required, unknown CA) arrives on the first read, which this bare handshake makes."""
+    context = ssl_context(security)
+    if context is None:
+        return None
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context, server_hostname=host), timeout)
+        try:
+            # ApiVersions v0 (key 18, version 0, correlation 1, no client id): any Kafka listener answers it.
+            writer.write(bytes.fromhex("0000000a" "00120000" "00000001" "ffff"))
+            await asyncio.wait_for(reader.read(4), timeout)
+        finally:
+            writer.close()
+    except ssl.SSLError as exc:
+        return exc
+    except (OSError, asyncio.TimeoutError):
+        return None
+    return None
+
+
 async def _connect(host: str, port: int, options: dict, client_id: str, timeout: float):
     from aiokafka.conn import create_conn
 
@@ -151,6 +175,9 @@ async def check_kafka(bootstrap: str, security: KafkaSecurity, *, client_id: str
             conn = await _connect(host, port, options, client_id, timeout)
         except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - sorted out by _diagnose
             problem = _diagnose(exc, security, where)
+            if problem is not None and problem.setting == "LIVEVEC_KAFKA_SECURITY_PROTOCOL":
+                alert = await _tls_alert(host, port, security, timeout)
+                problem = _diagnose(alert, security, where) if alert is not None else problem
             if problem is not None:
                 raise problem from None
             unreachable.append(f"{where}: {type(exc).__name__}: {exc}")

@@ -291,6 +291,11 @@ BROKER = SettingGroup("local Kafka broker", (
             help="port of that listener (0 = a free port)"),
     Setting("users_file", "LIVEVEC_KAFKA_BROKER_USERS_FILE", flags=("--users-file",), metavar="FILE",
             help="USER:PASSWORD lines: that listener's users (SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN)"),
+    Setting("client_ca_file", "LIVEVEC_KAFKA_BROKER_CLIENT_CA_FILE", flags=("--client-ca-file",), metavar="FILE",
+            help="PEM CA whose client certificates that listener checks (mutual TLS)"),
+    Setting("client_auth", "LIVEVEC_KAFKA_BROKER_CLIENT_AUTH", default="required", choices=("required", "requested"),
+            help="with a client CA: every client must present a certificate it signed (required), or only a "
+                 "certificate presented is checked (requested)"),
 ))
 
 _USER_RE = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
@@ -330,6 +335,8 @@ class KafkaBrokerSettings:
     tls_key_file: Path | None = None
     sasl_ssl_port: int = 0
     users_file: Path | None = None
+    client_ca_file: Path | None = None
+    client_auth: str = "required"
 
     @property
     def sasl_ssl(self) -> bool:
@@ -359,6 +366,7 @@ class KafkaBrokerSettings:
         v["tls_cert_file"] = _readable("LIVEVEC_KAFKA_BROKER_CERT_FILE", v["tls_cert_file"])
         v["tls_key_file"] = _readable("LIVEVEC_KAFKA_BROKER_KEY_FILE", v["tls_key_file"])
         v["users_file"] = _readable("LIVEVEC_KAFKA_BROKER_USERS_FILE", v["users_file"])
+        v["client_ca_file"] = _readable("LIVEVEC_KAFKA_BROKER_CLIENT_CA_FILE", v["client_ca_file"])
         if v["tls_cert_file"]:
             if not v["tls_key_file"]:
                 raise SettingError("LIVEVEC_KAFKA_BROKER_KEY_FILE", "is required with LIVEVEC_KAFKA_BROKER_CERT_FILE")
@@ -368,7 +376,8 @@ class KafkaBrokerSettings:
             read_users_file(v["users_file"])
         else:
             for key, name in (("tls_key_file", "LIVEVEC_KAFKA_BROKER_KEY_FILE"),
-                              ("users_file", "LIVEVEC_KAFKA_BROKER_USERS_FILE")):
+                              ("users_file", "LIVEVEC_KAFKA_BROKER_USERS_FILE"),
+                              ("client_ca_file", "LIVEVEC_KAFKA_BROKER_CLIENT_CA_FILE")):
                 if v[key]:
                     raise SettingError(name, "is set but LIVEVEC_KAFKA_BROKER_CERT_FILE is not (the SASL_SSL "
                                              "listener needs a certificate)")
