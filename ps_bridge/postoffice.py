@@ -67,7 +67,7 @@ class Postoffice:
         self._key_ranges = server_key_ranges(self.num_servers)
         self._book = SchedulerBook(self) if settings.is_scheduler else None
         self.scheduler_last_seen = 0.0
-        # (Scheduler) listener(event, node_id, role) on "dead", "recovered", "worker_joined/left/dead";
+        # (Scheduler) listener(event, node_id, role): "dead", "alive_again", "recovered", "adopted", "worker_*";
         # called with the book locked, on the receive or monitor thread: only record the event.
         self.membership_listeners: list[Callable[[str, int, int], None]] = []
 

@@ -77,6 +77,8 @@ class SchedulerBook:
         self.m_recovered = registry.counter("pslite_nodes_recovered_total", "dead nodes replaced by a restart")
         self.m_joined = registry.counter("pslite_workers_joined_total", "workers admitted after start (elastic)")
         self.m_removed = registry.counter("pslite_workers_removed_total", "workers that left or died (elastic)")
+        self.m_dead = registry.counter("pslite_nodes_dead_total", "nodes declared dead (silent > PS_HEARTBEAT_TIMEOUT)")
+        registry.gauge("pslite_dead_nodes", "dead nodes not back/replaced", fn=lambda: float(len(self.reported_dead)))
 
     def start(self) -> None:
         if self.settings.heartbeat_timeout > 0 or self.po.elastic:
@@ -273,6 +275,7 @@ class SchedulerBook:
                 if n.id in self.reported_dead:
                     self.reported_dead.discard(n.id)
                     log_event(log, "node_alive_again", id=n.id)
+                    self.po.notify_membership("alive_again", n.id, n.role)   # e.g. a healed partition
             recvers = {n.id for n in msg.meta.control.node}
         for recver in recvers:
             self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=recver,
@@ -357,6 +360,7 @@ class SchedulerBook:
             for i in dead:
                 if i not in self.reported_dead:
                     self.reported_dead.add(i)
+                    self.m_dead.inc()
                     log_event(log, "node_dead", logging.WARNING, id=i,
                               silent_for=round(time.monotonic() - self.last_seen.get(i, self.start_time), 2))
                     role = next((e.role for e in self.entries if e.id == i), -1)

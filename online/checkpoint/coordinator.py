@@ -74,6 +74,10 @@ class CheckpointCoordinator(SchedulerExtension):
         po.membership_listeners.append(self._on_membership)
         self.metrics = _Metrics(registry or po.registry)
         self.base: Checkpoint | None = None
+        started = time.time()   # with no complete checkpoint yet, the age counts from the start
+        (registry or po.registry).gauge(
+            "livevec_checkpoint_age_seconds", "seconds since the latest complete checkpoint was written",
+            fn=lambda: time.time() - float(self.base.manifest.get("created", started) if self.base else started))
         self.trainers: set[int] = set()
         self.dead_servers: set[int] = set()
         self.last_checkpoint: dict | None = None
@@ -96,6 +100,7 @@ class CheckpointCoordinator(SchedulerExtension):
         self.base = self.store.latest_complete()
         if self.base is not None:
             self.metrics.last_id.set(self.base.id)
+            self.metrics.bytes.set(self.base.bytes)
         log_event(log, "coordinator_started", dir=str(self.store.root), base=self.base.id if self.base else None,
                   interval=self.settings.interval, records=self.settings.records)
         self._thread = threading.Thread(target=self._run, name="checkpoint-coordinator", daemon=True)
@@ -132,6 +137,12 @@ class CheckpointCoordinator(SchedulerExtension):
             elif event == "recovered":
                 self.dead_servers.discard(node_id)
                 self.request_rollback(f"server {node_id} restarted")
+            elif event == "alive_again" and node_id in self.dead_servers:
+                # A partition healed: the process never died, but it missed updates (or applied some the
+                # rest of the cluster gave up on). It rejoins through recovery: every server reloads the
+                # checkpoint and the workers seek back, exactly as after a restart.
+                self.dead_servers.discard(node_id)
+                self.request_rollback(f"server {node_id} back after being declared dead")
         elif role == Role.WORKER and node_id in self.trainers and \
                 event in ("dead", "recovered", "worker_dead", "worker_left"):
             # "recovered": a restarted process took over the dead trainer's id
@@ -393,6 +404,13 @@ class CheckpointCoordinator(SchedulerExtension):
                 log_event(log, "rollback_waiting", logging.WARNING, reason=why,
                           waiting_for=f"servers to {phase} checkpoint {target_id}: {str(bad)[:300]}")
                 return False
+        # The servers accept changes from these workers only (their seek names words again): a worker the
+        # cluster dropped, back from a partition, cannot change the model until a rollback takes it in.
+        taken_in = self._ask(pc.HEAD_RECOVERING, {"recovering": True, "members": trainers}, servers, 10.0,
+                             give_up_on_rollback=True)
+        if any(a is None for a in taken_in.values()):
+            log_event(log, "rollback_waiting", logging.WARNING, reason=why, waiting_for="servers to take the members in")
+            return False
         offsets = target.offsets if target is not None else {}
         seeks = self._ask(pc.HEAD_ROLLBACK_SEEK, {"offsets": offsets, "id": target_id}, trainers, 60.0,
                           drop_gone=True, give_up_on_rollback=True)
@@ -402,8 +420,9 @@ class CheckpointCoordinator(SchedulerExtension):
             return False
         self.base = target
         self.trainers = set(seeks)
+        # The servers take the new members in before the workers resume, or their first pushes are fenced.
+        self._ask(pc.HEAD_RECOVERING, {"recovering": False, "members": sorted(seeks)}, servers, 2.0)
         self._ask(pc.HEAD_CHECKPOINT_RESUME, {}, sorted(seeks), 10.0, drop_gone=True)
-        self._ask(pc.HEAD_RECOVERING, {"recovering": False}, servers, 2.0)
         seconds = time.monotonic() - t0
         with self._lock:
             if not self._rollback_reasons:

@@ -119,6 +119,10 @@ class ServerCheckpointing(ServerExtension):
         self.service = None                   # the ShardService, once attached
         self.ledger = BatchLedger()
         self.recovering = False
+        # The workers the last rollback took in (None: no coordinator has spoken yet). Changes from any
+        # other node are dropped: a worker declared dead whose partition healed would otherwise apply
+        # pushes (queued by ZeroMQ meanwhile) for records that its partitions' new owner trains again.
+        self.members: set[int] | None = None
         self.loaded_id: int | None = None
         self.saved_id: int | None = None
         self._snapshot = None                 # (checkpoint id, ShardState) between snapshot and write
@@ -160,6 +164,9 @@ class ServerCheckpointing(ServerExtension):
         except (CheckpointError, OSError) as exc:
             log_event(log, "initial_load_failed", logging.ERROR, error=str(exc))
 
+    def admits(self, sender: int) -> bool:
+        return self.members is None or sender in self.members
+
     def stats(self) -> dict:
         out = {"recovering": self.recovering, "checkpoint_loaded": self.loaded_id, "checkpoint_saved": self.saved_id}
         if self._rank() == 0:
@@ -176,13 +183,21 @@ class ServerCheckpointing(ServerExtension):
     def _handle(self, req, app) -> bool:
         head = req.head
         if head == pc.HEAD_LEDGER:
+            if not self.admits(req.sender):
+                self.service._fenced(req.sender, "ledger")
+                return True
             ask = _json(req.body)
             self.ledger.apply(ask.get("ranges") or [], int(ask.get("records", 0)), int(ask.get("tokens", 0)))
             app.response(req)
         elif head == pc.HEAD_FENCE:
             app.response(req)   # answered in order after every earlier message from that worker
         elif head == pc.HEAD_RECOVERING:
-            self.recovering = bool(_json(req.body).get("recovering"))
+            ask = _json(req.body)
+            self.recovering = bool(ask.get("recovering"))
+            if isinstance(ask.get("members"), list):
+                self.members = {int(m) for m in ask["members"]}
+            elif self.recovering:
+                self.members = set()        # nothing changes the model while it is rolled back
             app.response(req)
         elif head == pc.HEAD_CHECKPOINT_SAVE:
             ask = _json(req.body)

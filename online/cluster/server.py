@@ -60,6 +60,11 @@ class ServerExtension:
         """Entries merged into the server's ``HEAD_STATS`` answer."""
         return {}
 
+    def admits(self, sender: int) -> bool:
+        """Whether a change (push, counts, free, words) from this node may be applied. A node the
+        cluster dropped (declared dead, then back from a partition) must not change the model."""
+        return True
+
     def tick(self) -> None:
         pass
 
@@ -88,6 +93,7 @@ class _Counters:
     keys_pushed: int = 0
     tokens_counted: int = 0
     rejected: int = 0
+    fenced: int = 0
     started: float = field(default_factory=time.time)
 
 
@@ -103,6 +109,8 @@ class ShardService:
         self.m_requests = {name: r.counter("livevec_server_requests_total", "KV and control requests served",
                                            kind=name)
                            for name in ("pull", "push", "counts", "free", "words", "changes", "stats")}
+        self.m_fenced = r.counter("livevec_server_fenced_total",
+                                  "changes dropped unanswered: the sender is not a member of the training")
         self.m_rejected = r.counter("livevec_server_rejected_total", "requests rejected as malformed")
         self.m_keys_pulled = r.counter("livevec_server_keys_pulled_total", "rows returned to pulls")
         self.m_keys_pushed = r.counter("livevec_server_keys_pushed_total", "rows updated by pushes")
@@ -119,6 +127,9 @@ class ShardService:
     def handle_kv(self, req: KVMeta, data: KVPairs, server: KVServer) -> None:
         t0 = time.perf_counter()
         keys, n, dim = data.keys, len(data.keys), self.shard.dim
+        if req.push and not self.extension.admits(req.sender):
+            self._fenced(req.sender, f"cmd {req.cmd}")
+            return
         try:
             if req.cmd == pc.CMD_ROWS:
                 if req.push:
@@ -166,6 +177,9 @@ class ShardService:
     def handle_simple(self, req: SimpleData, app) -> None:
         try:
             if req.head == pc.HEAD_SET_WORDS:
+                if not self.extension.admits(req.sender):
+                    self._fenced(req.sender, "words")
+                    return
                 keys, words = pc.decode_words(req.body)
                 self.shard.set_words(keys, words)
                 self.m_requests["words"].inc()
@@ -192,6 +206,14 @@ class ShardService:
             self.m_rejected.inc()
             log_event(log, "control_rejected", logging.WARNING, sender=req.sender, head=req.head, error=str(exc))
             app.response(req, orjson.dumps({"error": str(exc)}))
+
+    def _fenced(self, sender: int, what: str) -> None:
+        # Unanswered on purpose: the sender times out as if this server were gone, so it neither
+        # acknowledges the batch nor commits its offsets; it rejoins through the next rollback.
+        self.c.fenced += 1
+        self.m_fenced.inc()
+        if self.c.fenced in (1, 10, 100) or self.c.fenced % 1000 == 0:
+            log_event(log, "change_fenced", logging.WARNING, sender=sender, what=what, total=self.c.fenced)
 
     def changes_body(self, since: int) -> bytes:
         shard = self.shard

@@ -57,7 +57,7 @@ class Placement:
     volume_dirs: dict[str, Path]                # containerPath -> local directory
 
 
-def place_group(group: Mapping, *, host: str, work_dir: Path,
+def place_group(group: Mapping, *, host: str | None, work_dir: Path,
                 env: Mapping[str, str] | None = None,
                 app_env: Mapping[str, Mapping[str, str]] | None = None,
                 instances: Mapping[str, int] | None = None,
@@ -67,7 +67,7 @@ def place_group(group: Mapping, *, host: str, work_dir: Path,
     order = start_order(apps)
     specs = {a["id"]: a for a in apps}
     _apply_instances(specs, dict(instances or {}))
-    fixed_ports = _remap_fixed_ports(specs, remap_fixed_ports, host)
+    fixed_ports = _remap_fixed_ports(specs, remap_fixed_ports and host is not None, host or "127.0.0.1")
     volume_dirs = _map_volumes(specs, dict(volumes or {}), work_dir)
     dns = {mesos_dns_name(app_id): app_id for app_id in specs}
     unknown = set(app_env or {}) - {a.rsplit("/", 1)[-1] for a in specs} - set(specs)
@@ -160,7 +160,7 @@ def _map_volumes(specs: dict[str, dict], volumes: dict[str, str | Path], work_di
     return mapping
 
 
-def _resolve(spec: dict, dns: Mapping[str, str], host: str, volume_dirs: Mapping[str, Path]) -> None:
+def _resolve(spec: dict, dns: Mapping[str, str], host: str | None, volume_dirs: Mapping[str, Path]) -> None:
     """Mesos-DNS names and container paths in the env and cmd, made local."""
     def resolve(text: str, where: str) -> str:
         def sub(m: re.Match) -> str:
@@ -168,7 +168,7 @@ def _resolve(spec: dict, dns: Mapping[str, str], host: str, volume_dirs: Mapping
             if name not in dns:
                 raise ValueError(f"{spec['id']}: {where} refers to {name}, but no app of the group has "
                                  f"that Mesos-DNS name (have {sorted(dns)})")
-            return host
+            return host if host is not None else name   # None: the hosts resolve the names themselves
         text = _DNS_NAME.sub(sub, text)
         for cpath, local in volume_dirs.items():
             if text == cpath or text.startswith(cpath + "/"):

@@ -19,8 +19,9 @@ every app and instance the runner:
   and ready, as a Marathon group deployment does, and stops them in reverse order with
   SIGTERM, then SIGKILL after ``taskKillGracePeriodSeconds``.
 
-Constraints (``hostname:UNIQUE``, agent attributes) cannot be honoured on one host and are
-ignored. ``args`` apps run their argv directly (there is no image entrypoint locally).
+On one host, constraints (``hostname:UNIQUE``, agent attributes) cannot be honoured and are
+ignored; over several (``task_hosts``, ``online.deployment.lab_runner``) the placement honours
+them and every task gets its own host's ``$HOST``. ``args`` apps run their argv directly (there is no image entrypoint locally).
 
 With ``containers=IMAGE`` each task runs as a container of that image instead, as Marathon's
 Docker containerizer would (``online.deployment.containers``): host networking, the same
@@ -41,7 +42,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,7 @@ class _Task:
     container: str | None = None
     main_pid: int | None = None
     up_at: float | None = None
+    host: str = "127.0.0.1"      # the agent's address: $HOST, where its ports are and where it is probed
 
 
 class ProcessLauncher:
@@ -168,8 +170,13 @@ class LocalRunner:
                  dependency_timeout: float = 120.0,
                  bin_dirs: Iterable[str | Path] | None = None,
                  containers: str | None = None,
-                 launcher: TaskLauncher | None = None):
+                 launcher: TaskLauncher | None = None,
+                 task_hosts: Callable[[str, int], str] | None = None):
+        # task_hosts(app_id, index) -> agent address, for a group placed over several hosts
+        # (online.deployment.lab_runner); their Mesos-DNS names are then left to the hosts' resolvers.
         self.host = host
+        self._task_hosts = task_hosts
+        self._next_port: dict[str, int] = {}
         self.work_dir = Path(work_dir)
         self.log_dir = self.work_dir / "logs"
         self.dependency_timeout = dependency_timeout
@@ -184,7 +191,7 @@ class LocalRunner:
         self._started = False
         self._stopped = False
         self.group_id = group.get("id", "/")
-        placement = place_group(group, host=host, work_dir=self.work_dir, env=env, app_env=app_env,
+        placement = place_group(group, host=None if task_hosts else host, work_dir=self.work_dir, env=env, app_env=app_env,
                                 instances=instances, volumes=volumes, remap_fixed_ports=remap_fixed_ports,
                                 rewrite_volume_paths=launcher.rewrites_volume_paths)
         self._order = placement.order
@@ -274,7 +281,7 @@ class LocalRunner:
                         app=app_id.rsplit("/", 1)[-1], app_id=app_id, index=t.index, task_id=t.task_id,
                         state=t.state,
                         pid=self._launcher.main_pid(t) if t.proc is not None and t.state == "running" else None,
-                        host=self.host, ports=dict(zip(names, t.ports)),
+                        host=t.host, ports=dict(zip(names, t.ports)),
                         healthy=t.health.ok if t.health else None,
                         ready=t.readiness.ok if t.readiness else None,
                         launches=t.launches, last_exit_code=t.last_exit_code, log_path=t.log_path,
@@ -305,7 +312,9 @@ class LocalRunner:
             return task.ports[names.index(name)]
 
     def url(self, app: str, port_name: str | int = 0, path: str = "", index: int = 0) -> str:
-        return f"http://{self.host}:{self.port(app, port_name, index)}{path}"
+        with self._lock:
+            host = self._tasks[self._app_id(app)][index].host
+        return f"http://{host}:{self.port(app, port_name, index)}{path}"
 
     def scale(self, app: str, instances: int) -> None:
         """Like ``PUT /v2/apps/<id> {"instances": n}``: launch more, or kill the youngest.
@@ -365,13 +374,23 @@ class LocalRunner:
     def _new_task(self, app_id: str, index: int) -> _Task:
         name = app_id.strip("/").replace("/", "-")
         task = _Task(app_id=app_id, index=index, sandbox=self.work_dir / "sandboxes" / f"{name}-{index}",
-                     log_path=self.log_dir / f"{name}-{index}.log")
+                     log_path=self.log_dir / f"{name}-{index}.log",
+                     host=self._task_hosts(app_id, index) if self._task_hosts else self.host)
         task.sandbox.mkdir(parents=True, exist_ok=True)
         task.next_launch_at = self._apps[app_id].deadline
         task.state = "backoff" if task.next_launch_at > time.monotonic() else "waiting"
         if task.state == "waiting":
             self._launch(task)
         return task
+
+    def _free_port(self, host: str) -> int:
+        """A port for a dynamic portDefinition. Another host's ports cannot be tried from here; its
+        namespace is new and holds only this group's tasks, so ports are handed out in turn."""
+        if self._task_hosts is None:
+            return free_port(host)
+        port = self._next_port.get(host, 20000) + 1
+        self._next_port[host] = port if port < 32000 else 20000
+        return port
 
     def _task_env(self, task: _Task, spec: dict) -> dict[str, str]:
         return self._launcher.task_env(self._marathon_env(task, spec))
@@ -381,7 +400,7 @@ class LocalRunner:
         env: dict[str, str] = {}
         defs = port_definitions(spec)
         env.update({
-            "HOST": self.host,
+            "HOST": task.host,
             "PORTS": ",".join(str(p) for p in task.ports),
             "MESOS_TASK_ID": task.task_id,
             "MESOS_SANDBOX": self._launcher.sandbox_path(task),
@@ -414,7 +433,7 @@ class LocalRunner:
         app = self._apps[task.app_id]
         spec = app.spec
         fixed = self._fixed_ports[task.app_id]
-        task.ports = [p if p is not None else free_port(self.host) for p in fixed]
+        task.ports = [p if p is not None else self._free_port(task.host) for p in fixed]
         task.launches += 1
         task.task_id = f"{task.app_id.strip('/').replace('/', '_')}.instance-{uuid.uuid4()}._app.{task.launches}"
         env = self._task_env(task, spec)
@@ -501,7 +520,7 @@ class LocalRunner:
 
     def _probe(self, task: _Task, launch: int, check: CheckState, spec: dict) -> None:
         names = [d.get("name") for d in port_definitions(spec)]
-        ok = probe(check.spec, host=self.host, ports=task.ports, port_names=names,
+        ok = probe(check.spec, host=task.host, ports=task.ports, port_names=names,
                    command_env=lambda: self._task_env(task, spec), cwd=task.sandbox, timeout=check.timeout)
         now = time.monotonic()
         with self._lock:

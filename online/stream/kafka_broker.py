@@ -228,15 +228,16 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _server_properties(port: int, controller_port: int, log_dir: Path, sasl_ssl: dict[str, str] | None = None) -> str:
+def _server_properties(port: int, controller_port: int, log_dir: Path, sasl_ssl: dict[str, str] | None = None,
+                       host: str = "127.0.0.1") -> str:
     # One process is controller and broker. Thread counts are cut to fit a 2-core machine shared with the
     # workers; replication factors are 1 because there is one node; group.initial.rebalance.delay.ms=0 lets a
     # consumer group form at once instead of waiting 3 s for more members. With ``sasl_ssl`` a SASL_SSL
     # listener runs next to the plaintext one (which the broker itself and the readiness probe keep using).
     sasl_ssl = dict(sasl_ssl or {})
     extra_port = sasl_ssl.pop("_port", None)
-    listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}"
-    advertised = f"PLAINTEXT://127.0.0.1:{port}"
+    listeners = f"PLAINTEXT://{host}:{port},CONTROLLER://127.0.0.1:{controller_port}"
+    advertised = f"PLAINTEXT://{host}:{port}"
     protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
     if extra_port:
         listeners += f",SASL_SSL://127.0.0.1:{extra_port}"
@@ -358,7 +359,7 @@ class KafkaBroker:
     def bootstrap(self) -> str:
         if self.port is None:
             raise KafkaBrokerError("the broker is not started")
-        return f"127.0.0.1:{self.port}"
+        return f"{self.settings.host}:{self.port}"
 
     @property
     def sasl_ssl_bootstrap(self) -> str | None:
@@ -411,7 +412,7 @@ class KafkaBroker:
         else:
             self.data_dir = Path(tempfile.mkdtemp(prefix="livevec-kafka-"))
             self.owns_data_dir = True
-        self.port = self.settings.port or _free_port()
+        self.port = self.settings.port or _free_port(self.settings.host)
         self.controller_port = _free_port()
         while self.controller_port == self.port:
             self.controller_port = _free_port()
@@ -430,7 +431,8 @@ class KafkaBroker:
                                             self.settings.client_auth)
             scram = [arg for credential in scram_credentials(users) for arg in ("--add-scram", credential)]
         # 0600: with a SASL_SSL listener it holds the PLAIN users' passwords
-        _write_private(config, _server_properties(self.port, self.controller_port, log_dir, sasl_ssl))
+        _write_private(config, _server_properties(self.port, self.controller_port, log_dir, sasl_ssl,
+                                                  self.settings.host))
         base = [java, *_jvm_options(self.settings), "-cp", classpath]
         if not (log_dir / "meta.properties").exists():
             fmt = subprocess.run([*base, "kafka.tools.StorageTool", "format", "--cluster-id", _new_cluster_id(),

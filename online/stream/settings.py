@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -271,6 +272,8 @@ BROKER = SettingGroup("local Kafka broker", (
     Setting("cache_dir", "LIVEVEC_CACHE_DIR", flags=(), help="jar cache (default $XDG_CACHE_HOME/livevec or "
                                                              "~/.cache/livevec)"),
     Setting("heap", "LIVEVEC_KAFKA_HEAP", default="512m", help="JVM -Xmx of the broker"),
+    Setting("host", "LIVEVEC_KAFKA_HOST", default="127.0.0.1", flags=("--kafka-host",),
+            help="IPv4 address the plaintext listener binds and advertises (a lab's bridge, for other hosts)"),
     Setting("port", "LIVEVEC_KAFKA_PORT", int, 0, minimum=0, maximum=65535, help="broker port (0 = a free port)"),
     Setting("data_dir", "LIVEVEC_KAFKA_DATA_DIR",
             help="keep the broker's data here (default: a temporary folder deleted by stop)"),
@@ -325,6 +328,7 @@ class KafkaBrokerSettings:
     version: str = DEFAULT_KAFKA_VERSION
     cache_dir: Path = field(default_factory=lambda: _cache_root(os.environ))
     heap: str = "512m"
+    host: str = "127.0.0.1"
     port: int = 0
     data_dir: Path | None = None
     start_timeout: float = 90.0
@@ -360,6 +364,10 @@ class KafkaBrokerSettings:
             raise SettingError("LIVEVEC_KAFKA_VERSION", f"must look like 4.1.2, got {v['version']!r}")
         if not _HEAP_RE.match(v["heap"]):
             raise SettingError("LIVEVEC_KAFKA_HEAP", f"must be a JVM size such as 512m or 1g, got {v['heap']!r}")
+        try:
+            ipaddress.IPv4Address(v["host"])
+        except ValueError:
+            raise SettingError("LIVEVEC_KAFKA_HOST", f"must be an IPv4 address, got {v['host']!r}") from None
         v["cache_dir"] = Path(v["cache_dir"]).expanduser() if v["cache_dir"] else _cache_root(env)
         for key in ("data_dir", "state_file"):
             v[key] = Path(v[key]).expanduser() if v[key] else None
