@@ -7,11 +7,16 @@ runs, and streams a corpus into the topic at a steady rate. The default corpus i
 generated one of ``online.stream.sample_corpus`` (endless, with planted topics, so neighbours of
 ``king`` or ``paris`` are meaningful within seconds on any machine); ``--corpus FILE``
 streams a text file (plain, .gz or .xz) instead. Ctrl-C stops everything cleanly.
+
+``--hosts N`` (root) runs the same group across N network-namespace hosts on one bridge
+(``online.deployment.netns_lab``), placed as Mesos would place it, with Kafka on the bridge;
+``--link 1gbit`` shapes every host's link.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -21,7 +26,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import LocalRunner
+from online.deployment.netns_lab import NetnsLab, check_rate, lab_support_problem
 from online.deployment.topology import default_topology
 from online.learner.settings import MODEL
 from online.stream.kafka_broker import KafkaBroker
@@ -44,6 +51,9 @@ UP = SettingGroup("local cluster", (
     Setting("partitions", (), int, 4, minimum=1, help="partitions of the topic"),
     Setting("work_dir", (), metavar="DIR", help="logs, sandboxes and checkpoints (default: a new temporary directory)"),
     Setting("duration", (), float, 0.0, minimum=0.0, help="stop after this many seconds (0 = until Ctrl-C)"),
+    Setting("hosts", (), int, 0, minimum=0, maximum=250,
+            help="run the group across this many network-namespace hosts (root; 0 = all on 127.0.0.1)"),
+    Setting("link", (), metavar="RATE", help="with --hosts: shape every host's link, e.g. 1gbit or 100mbit"),
 ))
 # The model settings the local cluster passes on to its roles (the rest keep their defaults).
 UP_MODEL = MODEL.only("dim", "min_count")
@@ -62,6 +72,16 @@ def read_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None
 def _validate(args: argparse.Namespace) -> None:
     if args.corpus and not Path(args.corpus).is_file():
         raise SettingError("--corpus", f"no such file: {args.corpus}")
+    if args.link and not args.hosts:
+        raise SettingError("--link", "shapes the links of --hosts; give --hosts N as well")
+    try:
+        check_rate(args.link)
+    except ValueError as exc:
+        raise SettingError("--link", str(exc)) from None
+    if args.hosts:
+        problem = lab_support_problem()
+        if problem:
+            raise SettingError("--hosts", f"{problem}; nothing was changed")
 
 
 def _corpus_lines(args: argparse.Namespace):
@@ -111,16 +131,20 @@ class _Producer(threading.Thread):
 
 
 def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, workers: int, frontend: bool = True,
-                  env: dict[str, str] | None = None) -> LocalRunner:
-    """The production Marathon group, pointed at a local broker, with this machine's counts."""
+                  env: dict[str, str] | None = None, lab: NetnsLab | None = None) -> LocalRunner:
+    """The production Marathon group, pointed at a local broker, with this machine's counts; with ``lab``,
+    placed over the lab's hosts as Mesos would place it."""
     topology = default_topology(servers=servers, workers=workers, frontends=1)
-    return LocalRunner.from_topology(
-        topology, work_dir=work_dir,
+    kwargs = dict(
+        work_dir=work_dir,
         env={"LIVEVEC_KAFKA_BOOTSTRAP": bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
              "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10", **(env or {})},
-        app_env={"frontend": {"LIVEVEC_HTTP_HOST": "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
+        app_env={"frontend": {"LIVEVEC_HTTP_HOST": "0.0.0.0" if lab else "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
         instances={"server": servers, "worker": workers, "frontend": 1 if frontend else 0, "producer-example": 0},
         volumes={"/mnt/mfs": Path(work_dir) / "shared"})
+    if lab is not None:
+        return lab_cluster(lab, topology, **kwargs)
+    return LocalRunner.from_topology(topology, **kwargs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,13 +156,27 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     t0 = time.monotonic()
+    lab = None
+    if args.hosts:
+        lab = NetnsLab(args.hosts, link=args.link).start()
+        print(f"livevec up: {args.hosts} hosts {lab.hosts[0].address} - {lab.hosts[-1].address} on bridge "
+              f"{lab.bridge} ({lab.bridge_address}), links {args.link or 'unshaped'}", file=sys.stderr, flush=True)
+        args.broker = dataclasses.replace(args.broker, host=lab.bridge_address)
     print(f"livevec up: starting Kafka (work dir {work})", file=sys.stderr, flush=True)
     broker = KafkaBroker(args.broker)
-    broker.start()
+    try:
+        broker.start()
+    except BaseException:
+        if lab is not None:
+            lab.close()
+        raise
     runner = producer = None
     try:
         runner = local_cluster(work, broker.bootstrap, TOPIC, servers=args.servers, workers=args.workers,
-                               env={"LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count)})
+                               env={"LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count)}, lab=lab)
+        if lab is not None:
+            for (app_id, index), host in sorted(runner.placement.items()):
+                print(f"  {app_id}#{index} on {host}", file=sys.stderr, flush=True)
         print("livevec up: starting scheduler, servers, workers and front end", file=sys.stderr, flush=True)
         runner.start()
         producer = _Producer(args, broker.bootstrap)
@@ -163,4 +201,6 @@ def run(args: argparse.Namespace) -> int:
         if runner is not None:
             runner.stop()
         broker.stop()
+        if lab is not None:
+            lab.close()
     return 0
