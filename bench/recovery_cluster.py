@@ -35,8 +35,9 @@ FAST_RECOVERY_ENV = {
 }
 
 
-def start_broker() -> KafkaBroker:
-    broker = KafkaBroker(dataclasses.replace(KafkaBrokerSettings.from_env(), port=0, data_dir=None, state_file=None))
+def start_broker(host: str = "127.0.0.1") -> KafkaBroker:
+    broker = KafkaBroker(dataclasses.replace(KafkaBrokerSettings.from_env(), host=host, port=0, data_dir=None,
+                                             state_file=None))
     broker.start()
     return broker
 
@@ -74,7 +75,8 @@ class Producer(threading.Thread):
             for i, record in enumerate(self.records):
                 if self.stop.is_set():
                     break
-                pending.append(await producer.send(self.topic, record.encode(), partition=i % self.partitions))
+                value = record if isinstance(record, bytes) else record.encode()   # bytes: sent as they are
+                pending.append(await producer.send(self.topic, value, partition=i % self.partitions))
                 if len(pending) >= 200:
                     await asyncio.gather(*pending)
                     self.sent += len(pending)
@@ -124,11 +126,15 @@ class Cluster:
     """Scheduler, servers, workers and front end from the Marathon group, plus the probe."""
 
     def __init__(self, work: Path, bootstrap: str, topic: str, *, servers: int = 2, workers: int = 2,
-                 env: dict | None = None):
+                 env: dict | None = None, lab=None, agents: int | None = None):
+        """With ``lab`` (a started NetnsLab) the group runs on its first ``agents`` hosts and the probe on
+        the last one, which nothing in the group uses (so a partition of a group host never hides the ledger)."""
         self.work = work
         self.servers = servers
+        self.lab = lab
         self.env = {**FAST_RECOVERY_ENV, "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}", **(env or {})}
-        self.runner = local_cluster(work / "run", bootstrap, topic, servers=servers, workers=workers, env=self.env)
+        self.runner = local_cluster(work / "run", bootstrap, topic, servers=servers, workers=workers, env=self.env,
+                                    lab=lab, agents=agents)
         self.store = CheckpointStore(work / "run" / "shared" / "livevec" / "checkpoints")
         self.probe: Probe | None = None
 
@@ -136,7 +142,12 @@ class Cluster:
         self.runner.start()
         if not self.runner.wait_healthy(timeout=timeout):
             raise RuntimeError("cluster did not become healthy")
-        self.probe = Probe(self.runner.port("scheduler", "ps"), self.servers)
+        if self.lab is None:
+            self.probe = Probe(self.runner.port("scheduler", "ps"), self.servers)
+        else:
+            from online.deployment.stats_probe import StatsProbe
+            self.probe = StatsProbe(self.lab, self.lab.hosts[-1].address, self.runner.placement[("/livevec/scheduler", 0)],
+                                    self.runner.port("scheduler", "ps"), self.servers)
 
     def stop(self) -> None:
         if self.probe is not None:

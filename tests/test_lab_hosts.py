@@ -18,17 +18,16 @@ import random
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 
 from online.deployment.lab_placement import Agent, PlacementError, check_placement, place_tasks
 from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import describe
 from online.deployment.netns_lab import NetnsLab, lab_support_problem
+from online.deployment.stats_probe import StatsProbe
 from online.deployment.topology import default_topology
 from online.learner.tokenizer import Tokenizer
 from online.stream.kafka_broker import KafkaBroker
@@ -124,31 +123,6 @@ def lab_kafka(lab, tmp_path_factory):
         broker.stop()
 
 
-class LabProbe:
-    """The test's own ps-lite node, run inside one lab host (see tests/lab_probe.py), to read the servers' stats."""
-
-    def __init__(self, lab: NetnsLab, host: str, scheduler: str, root_port: int, servers: int):
-        self.proc = subprocess.Popen(
-            [*lab.exec_prefix(host), sys.executable, "-m", "tests.lab_probe", scheduler, str(root_port),
-             str(servers), host], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert self.proc.stdout.readline().strip() == "ready"
-        self.lock = threading.Lock()
-
-    def stats(self):
-        with self.lock:
-            self.proc.stdin.write("stats\n")
-            self.proc.stdin.flush()
-            return orjson.loads(self.proc.stdout.readline())
-
-    def close(self):
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except Exception:
-            self.proc.kill()
-
-
 def _ledger(stats):
     return stats[0].get("ledger") if stats else None
 
@@ -187,8 +161,8 @@ def test_four_hosts_train_serve_and_survive_partitions_and_a_host_loss(lab, lab_
         for app, index in [("server", 0), ("server", 1), ("worker", 0), ("worker", 1)]:
             assert f"address={_host_of(runner, app, index)}:" in sched_log, (app, index)
         # the probe lives on the front end's host, which no step below cuts off
-        probe = LabProbe(lab, _host_of(runner, "frontend"), _host_of(runner, "scheduler"),
-                         runner.port("scheduler", "ps"), servers=2)
+        probe = StatsProbe(lab, _host_of(runner, "frontend"), _host_of(runner, "scheduler"),
+                           runner.port("scheduler", "ps"), servers=2)
         watcher = Watcher(lambda: runner.url("frontend", "http"))
         watcher.start()
         producer.start()

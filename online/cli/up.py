@@ -131,7 +131,8 @@ class _Producer(threading.Thread):
 
 
 def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, workers: int, frontend: bool = True,
-                  env: dict[str, str] | None = None, lab: NetnsLab | None = None) -> LocalRunner:
+                  env: dict[str, str] | None = None, lab: NetnsLab | None = None,
+                  agents: int | None = None) -> LocalRunner:
     """The production Marathon group, pointed at a local broker, with this machine's counts; with ``lab``,
     placed over the lab's hosts as Mesos would place it."""
     topology = default_topology(servers=servers, workers=workers, frontends=1)
@@ -143,7 +144,7 @@ def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, w
         instances={"server": servers, "worker": workers, "frontend": 1 if frontend else 0, "producer-example": 0},
         volumes={"/mnt/mfs": Path(work_dir) / "shared"})
     if lab is not None:
-        return lab_cluster(lab, topology, **kwargs)
+        return lab_cluster(lab, topology, agents=agents, **kwargs)
     return LocalRunner.from_topology(topology, **kwargs)
 
 

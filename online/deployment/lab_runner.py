@@ -42,16 +42,17 @@ class NetnsLauncher(ProcessLauncher):
                                 start_new_session=True)
 
 
-def plan(group: Mapping, lab: NetnsLab, instances: Mapping[str, int] | None = None) -> dict[tuple[str, int], str]:
-    """(app id, index) -> host address for every task the group runs, instance overrides applied."""
+def plan(group: Mapping, lab: NetnsLab, instances: Mapping[str, int] | None = None,
+         agents: int | None = None) -> dict[tuple[str, int], str]:
+    """(app id, index) -> host address for every task the group runs, instance overrides applied, over the
+    lab's first ``agents`` hosts (default all; the rest stay free for clients such as a stats probe)."""
     apps = {a["id"]: a for a in flatten_group(group)}
     counts = dict(instances or {})
     order = []
     for app_id in start_order(apps.values()):
         n = counts.get(app_id, counts.get(app_id.rsplit("/", 1)[-1], apps[app_id].get("instances", 1)))
         order.append((app_id, int(n), apps[app_id].get("constraints") or []))
-    agents = [Agent(h.address, dict(AGENT_ATTRIBUTES)) for h in lab.hosts]
-    placed = place_tasks(order, agents)
+    placed = place_tasks(order, [Agent(h.address, dict(AGENT_ATTRIBUTES)) for h in lab.hosts[:agents]])
     problems = check_placement(placed, {a: c for a, _, c in order})
     if problems:   # place_tasks honours them; this guards the guard
         raise AssertionError("; ".join(problems))
@@ -61,10 +62,10 @@ def plan(group: Mapping, lab: NetnsLab, instances: Mapping[str, int] | None = No
 def lab_cluster(lab: NetnsLab, topology, *, work_dir: Path, env: Mapping[str, str] | None = None,
                 app_env: Mapping[str, Mapping[str, str]] | None = None,
                 instances: Mapping[str, int] | None = None, volumes: Mapping[str, str | Path] | None = None,
-                **kwargs) -> LocalRunner:
+                agents: int | None = None, **kwargs) -> LocalRunner:
     """A LocalRunner for the topology's group over the lab's hosts; the hosts files are written now."""
     group = render_group(topology)
-    hosts = plan(group, lab, instances)
+    hosts = plan(group, lab, instances, agents)
     names: dict[str, str] = {}
     for (app_id, index), address in sorted(hosts.items()):
         names.setdefault(mesos_dns_name(app_id), address)   # Mesos-DNS: the app's name -> its task's agent
