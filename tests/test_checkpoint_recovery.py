@@ -214,6 +214,10 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         assert ledger["tokens"] == tokens_expected, ledger
         # the planted neighbours are found, through the front end
         assert runner.wait_healthy(["frontend"], timeout=60)
+        # and /v1/stats counts what was trained: every token, once
+        wait_until(lambda: (lambda r: r[0] == 200 and r[1].get("words_trained") == tokens_expected)(
+            watcher._get("/v1/stats")), 30, interval=0.5,
+                   message=f"/v1/stats to count the {tokens_expected} tokens trained")
 
         seen = {}
 

@@ -127,7 +127,11 @@ class ParameterServerSource:
         unreachable = [sid for sid, a in zip(kv.po.server_ids(), answers) if isinstance(a, BaseException)]
         if not stats:
             raise ConnectionError(f"no parameter server answered ({answers[0]})")
-        tokens = sum(s.get("tokens_counted", 0) for s in stats)
+        # Trained words: server 0's batch ledger when checkpoints are on (every token of every batch trained,
+        # exactly once relative to the model being served). The servers' counts miss the tokens of words not
+        # yet trainable, and a worker's own log sums what it sent, rolled back or not.
+        ledger = next((s["ledger"] for s in stats if isinstance(s.get("ledger"), dict)), None)
+        tokens = int(ledger.get("tokens", 0)) if ledger else sum(s.get("tokens_counted", 0) for s in stats)
         now = time.monotonic()
         wps = 0.0
         if self._rate is not None and now > self._rate[0]:
