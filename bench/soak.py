@@ -62,13 +62,34 @@ def records(n: int, lines_per_record: int = 10, malformed_every: int = 0) -> lis
     return out
 
 
+def coordinator_idle(cluster: Cluster) -> bool:
+    """No rollback pending or running (the scheduler's ``livevec_recovering`` is 0)."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(cluster.runner.url("scheduler", "metrics", "/metrics"), timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return False
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("livevec_recovering")]
+    return bool(values) and values[0] == 0.0
+
+
 def drain(cluster: Cluster, produced: int, timeout: float) -> dict:
+    """The ledger once the backlog is trained with no rollback pending, unchanged over 5 s (a worker whose
+    partitions moved after a rollback's seek can train a range twice until the rollback it then asks for)."""
     def caught_up():
-        ledger = cluster.probe.ledger()
         stats = cluster.probe.stats()
+        ledger = stats[0].get("ledger") if stats else None
         return ledger if ledger and ledger["offsets"] >= produced and not any(
-            s.get("recovering") for s in stats or []) else False
-    return cluster.wait(caught_up, timeout, "the backlog to be trained", interval=1.0)
+            s.get("recovering") for s in stats or []) and coordinator_idle(cluster) else False
+
+    def settled():
+        first = caught_up()
+        if not first:
+            return False
+        time.sleep(5.0)
+        return first if caught_up() == first else False
+    return cluster.wait(settled, timeout, "the backlog to be trained", interval=1.0)
 
 
 class MemoryWatch(threading.Thread):

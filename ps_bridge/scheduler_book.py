@@ -300,6 +300,7 @@ class SchedulerBook:
         self.last_seen[n.id] = time.monotonic()
         self.adopted = True
         self.van.connect(node)
+        self.send_list(n.id, self.entries + [self.me()])   # it may have missed replacements while cut off
         log_event(log, "node_adopted", id=n.id, role=role.name.lower(), address=f"{n.hostname}:{n.port}")
         self.po.notify_membership("adopted", n.id, int(role))
         self._ready_if_rebuilt()

@@ -122,3 +122,49 @@ def wait_until(predicate, timeout: float, interval: float = 0.5, message: str = 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {message} (last: {last!r})")
+
+
+def coordinator_idle(runner) -> bool:
+    """No rollback pending or running: the scheduler's ``livevec_recovering`` gauge is 0 (False while it
+    cannot be read, e.g. the scheduler restarting)."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(runner.url("scheduler", "metrics", "/metrics"), timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return False
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("livevec_recovering")]
+    return bool(values) and values[0] == 0.0
+
+
+def assert_trained_exactly_once(stats, topic: str, records: int, tokens: int, partitions: int = 4,
+                                timeout: float = 120.0, idle=None) -> dict:
+    """The #8 check. ``stats()`` gives every server's statistics (None while one does not answer);
+    ``records`` were produced round-robin over ``partitions``; ``idle()`` says that the coordinator has
+    no rollback pending (``coordinator_idle``). Waits until server 0's batch ledger covers every offset
+    with no rollback pending, and stays so for 3 s: a rollback seen late (a rebalance after the last
+    record) sends the ledger back to a checkpoint and the rest is retrained, and a worker whose
+    partitions moved after a rollback's seek may train a range twice until the rollback it then asks
+    for. It then checks that every produced record and token was trained exactly once relative to the
+    restored checkpoints."""
+    ends = {f"{topic}/{p}": len(range(p, records, partitions)) for p in range(partitions)}
+
+    def all_trained():
+        s = stats()
+        led = s[0].get("ledger") if s else None
+        return led if led and led["frontier"] == ends and not any(x.get("recovering") for x in s) \
+            and (idle is None or idle()) else False
+
+    def stable():
+        first = all_trained()
+        if not first:
+            return False
+        time.sleep(3.0)
+        second = all_trained()
+        return second if second == first else False
+
+    ledger = wait_until(stable, timeout, interval=0.25, message="every produced record trained, settled")
+    assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
+    assert ledger["offsets"] == ledger["records"] == records, ledger
+    assert ledger["tokens"] == tokens, ledger
+    return ledger

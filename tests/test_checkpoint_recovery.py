@@ -32,7 +32,7 @@ from online.learner.tokenizer import Tokenizer
 from online.cli.up import local_cluster
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings
-from tests.cluster_harness import wait_until
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, wait_until
 
 LINES_PER_RECORD = 4
 REPO = Path(__file__).resolve().parents[1]
@@ -195,23 +195,8 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         assert "event=rollback_done to=" in log
         producer.join(timeout=120)
         assert producer.error is None and producer.sent == len(producer.records)
-        ends = {f"{topic}/{p}": len(range(p, len(producer.records), 4)) for p in range(4)}
-
-        def all_trained():
-            led = _ledger(probe.stats())
-            return led if led and led["frontier"] == ends else False
-
-        ledger = wait_until(all_trained, 120, interval=0.25,
-                            message="every produced record to be trained")
-        time.sleep(1.0)   # nothing more arrives afterwards
-        # A rollback may still land after the last record (a rebalance seen late): the ledger then
-        # goes back to the checkpoint and the records after it are trained again. Read it once it
-        # has caught up again; the exactly-once checks below apply to that settled ledger.
-        ledger = wait_until(all_trained, 120, interval=0.25, message="every produced record to be trained, settled")
-        # every produced record trained exactly once, relative to the restored checkpoints
-        assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
-        assert ledger["offsets"] == ledger["records"] == len(producer.records), ledger
-        assert ledger["tokens"] == tokens_expected, ledger
+        assert_trained_exactly_once(probe.stats, topic, len(producer.records), tokens_expected,
+                                    idle=lambda: coordinator_idle(runner))
         # the planted neighbours are found, through the front end
         assert runner.wait_healthy(["frontend"], timeout=60)
         # and /v1/stats counts what was trained: every token, once

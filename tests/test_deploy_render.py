@@ -86,7 +86,9 @@ def test_scheduler_app_follows_the_conventions():
     s = _apps()["scheduler"]
     assert s["instances"] == 1 and s["networks"] == [{"mode": "host"}]
     assert s["requirePorts"] is True
-    assert s["portDefinitions"] == [{"port": SCHEDULER_HOST_PORT, "name": "ps", "protocol": "tcp"}]
+    assert s["portDefinitions"] == [{"port": SCHEDULER_HOST_PORT, "name": "ps", "protocol": "tcp"},
+                                    {"port": SCHEDULER_HOST_PORT + 1, "name": "metrics", "protocol": "tcp"}]
+    assert 'LIVEVEC_METRICS_PORT="$PORT_METRICS"' in s["cmd"]
     assert 31000 <= SCHEDULER_HOST_PORT <= 32000  # plain Mesos agents offer [31000-32000]
     assert s["upgradeStrategy"] == {"minimumHealthCapacity": 0.0, "maximumOverCapacity": 0.0}
     assert s["healthChecks"][0]["protocol"] == "MESOS_TCP"

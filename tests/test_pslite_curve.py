@@ -21,7 +21,7 @@ from ps_bridge.meta import PBNode, decode_node, encode_node
 from ps_bridge.postoffice import Postoffice, RendezvousTimeout
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings, SettingError
-from tests.cluster_harness import free_port, wait_until
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = np.array([5, 6], dtype=np.uint64)
@@ -247,19 +247,8 @@ def test_a_secured_livevec_cluster_trains_every_record_exactly_once(kafka_bootst
                        message=f"recovery from killing {app}#{index}")
         producer.join(timeout=120)
         assert producer.error is None and producer.sent == len(producer.records)
-        ends = {f"{topic}/{p}": len(range(p, len(producer.records), 4)) for p in range(4)}
-        def all_trained():
-            led = _ledger(stats())
-            return led if led and led["frontier"] == ends else False
-
-        wait_until(all_trained, 120, interval=0.25, message="every produced record to be trained")
-        time.sleep(1.0)
-        # as in test_checkpoint_recovery: a late rollback sends the ledger back and the rest is
-        # retrained; the checks apply to the ledger once it has caught up again
-        ledger = wait_until(all_trained, 120, interval=0.25, message="every produced record to be trained, settled")
-        assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
-        assert ledger["offsets"] == ledger["records"] == len(producer.records), ledger
-        assert ledger["tokens"] == tokens_expected, ledger
+        assert_trained_exactly_once(stats, topic, len(producer.records), tokens_expected,
+                                    idle=lambda: coordinator_idle(runner))
         assert runner.wait_healthy(["frontend"], timeout=60)
 
         def frontend_ready():   # its ps source joined with its key and synced the model

@@ -442,8 +442,12 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
     scheduler = Role(
         name="scheduler", command="livevec scheduler", instances=1, workload="singleton",
         resources=size_resources("scheduler", capacity, servers),
-        ports=(Port("ps", container_port=9091, host_port=SCHEDULER_HOST_PORT),),
+        # metrics: the checkpoint, rollback and dead-node series of the dashboard and alerts
+        # (deploy/grafana, deploy/prometheus) come from the scheduler alone.
+        ports=(Port("ps", container_port=9091, host_port=SCHEDULER_HOST_PORT),
+               Port("metrics", container_port=9100, host_port=SCHEDULER_HOST_PORT + 1)),
         env={"DMLC_ROLE": "scheduler"},
+        port_env={"LIVEVEC_METRICS_PORT": "metrics"},
         # zmq cannot bind a DNS name: the scheduler binds all interfaces while the others
         # connect to DMLC_PS_ROOT_URI (ps-lite does the same with DMLC_USE_KUBERNETES=1).
         health=Check("tcp", "ps", path="", grace_period_seconds=120, interval_seconds=20,
