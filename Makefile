@@ -9,7 +9,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test bench install kafka-jars browser container-tools image clean
+.PHONY: up test bench install kafka-jars browser container-tools ops-tools image clean
 
 $(STAMP): pyproject.toml setup.py online/frontend/int8_scan.c
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,14 @@ container-tools:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; \
 	  else echo "install Debian's podman, runc and debootstrap (sudo apt-get install podman runc debootstrap) to build the image"; exit 1; fi; }
 
+# promtool from Debian's prometheus package, to check and unit-test deploy/prometheus/ (tests/test_ops_dashboards.py).
+# Without recommends (no node exporter); the Prometheus daemon the package installs is stopped and disabled.
+ops-tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+	    && { systemctl disable --now prometheus >/dev/null 2>&1 || { service prometheus stop; update-rc.d prometheus disable; } >/dev/null 2>&1 || true; }; \
+	  else echo "install Debian's prometheus package (sudo apt-get install --no-install-recommends prometheus) for promtool, used by the alert-rule tests"; exit 1; fi; }
+
 # The container image: docker where a daemon answers, else podman; the base and the image are
 # rebuilt only when their inputs change. Prints the tag, the size and the build time.
 IMAGE ?= livevec:0.1.0
@@ -45,7 +53,7 @@ image: $(STAMP)
 up: $(STAMP) kafka-jars
 	$(VENV)/bin/livevec up
 
-test: $(STAMP) kafka-jars browser image
+test: $(STAMP) kafka-jars browser ops-tools image
 	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
 
 # Every benchmark with small arguments; BENCH_ARGS=--full for the README's figures (hours).

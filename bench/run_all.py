@@ -60,6 +60,7 @@ BENCHES = [
     Bench("soak", ("--duration", "30", "--kill-every", "10", "--skip-reference"),
           r'"(produced|trained_offsets|trained_twice|skipped|exactly_once|quality\w*)"'),
     Bench("containers_vs_processes", ("--lines", "5000", "--rounds", "1"), r"^ratio container/process|^words/s"),
+    Bench("scaling", ("--quick",), r"^ratio shaped|workers on \d+ hosts:", timeout_s=900.0),
 ]
 
 

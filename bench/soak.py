@@ -89,7 +89,14 @@ def drain(cluster: Cluster, produced: int, timeout: float) -> dict:
             return False
         time.sleep(5.0)
         return first if caught_up() == first else False
-    return cluster.wait(settled, timeout, "the backlog to be trained", interval=1.0)
+    try:
+        return cluster.wait(settled, timeout, "the backlog to be trained", interval=1.0)
+    except TimeoutError:
+        stats = cluster.probe.stats()
+        print(f"drain: not settled; coordinator idle {coordinator_idle(cluster)}, servers "
+              f"{[{k: s.get(k) for k in ('recovering', 'ledger', 'checkpoint_loaded')} for s in stats or []]}",
+              flush=True)
+        raise
 
 
 class MemoryWatch(threading.Thread):

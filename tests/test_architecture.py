@@ -11,8 +11,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # online's subpackages from the bottom up: a package may import only those ranked below it.
-# checkpoint and frontend share a rank: neither may import the other.
-RANKS = {"learner": 0, "stream": 1, "cluster": 2, "checkpoint": 3, "frontend": 3, "deployment": 4, "cli": 5}
+# checkpoint and frontend share a rank: neither may import the other. client shares the bottom
+# rank, so it may import no other subpackage: it speaks to the front end over HTTP only.
+RANKS = {"learner": 0, "client": 0, "stream": 1, "cluster": 2, "checkpoint": 3, "frontend": 3, "deployment": 4,
+         "cli": 5}
 
 MAX_MODULE_LINES = 600
 MAX_PS_BRIDGE_LINES = 3500
@@ -44,6 +46,14 @@ def test_ps_bridge_imports_nothing_from_livevec():
     offending = [f"{p.relative_to(REPO)}:{line} imports {name}"
                  for p in _modules("ps_bridge") for line, name in _imports(p)
                  if name == "online" or name.startswith("online.")]
+    assert offending == []
+
+
+def test_the_client_imports_nothing_of_the_server_side():
+    # RANKS keeps it from the other subpackages; ps_bridge is beneath everything else, but not the client
+    offending = [f"{p.relative_to(REPO)}:{line} imports {name}" for p in _modules("online/client")
+                 for line, name in _imports(p)
+                 if name.split(".")[0] == "ps_bridge" or (name.startswith("online.") and _subpackage(name) != "client")]
     assert offending == []
 
 

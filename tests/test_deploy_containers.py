@@ -82,7 +82,7 @@ def test_every_module_and_the_int8_kernel_are_installed(engine, image):
                 "for p in pathlib.Path(m.__file__).parent.rglob('*.py')]", entrypoint="python")
     assert done.returncode == 0, done.stderr
     scan, *installed = done.stdout.split()
-    assert scan in ("vnni", "portable")
+    assert scan in ("vnni", "avx2", "portable")
     wanted = {str(p.relative_to(REPO)) for pkg in ("online", "ps_bridge") for p in (REPO / pkg).rglob("*.py")
               if "__pycache__" not in p.parts}
     assert wanted - set(installed) == set(), "modules the image lacks"

@@ -42,7 +42,11 @@ def test_live_api_conforms_to_its_openapi_document(frontend, tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=170)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    assert "Tested: 10" in output, output[-3000:]            # every operation of the document was exercised
+    # every operation of the document was exercised, but GET /openapi.json, which schemathesis leaves out
+    # because it is where the document was loaded from
+    with urllib.request.urlopen(url + "openapi.json", timeout=10) as r:
+        operations = sum(len(item) for item in json.load(r)["paths"].values())
+    assert f"Tested: {operations - 1}" in output, output[-3000:]
     generated = re.search(r"(\d+) generated, (\d+) passed", output)
     assert generated and int(generated.group(1)) == int(generated.group(2)) > 200, output[-3000:]
     # the server survived all of it, and none of it reached the internal-error handler

@@ -23,10 +23,9 @@ from online.learner.keys import word_key
 
 MAX_K = FrontendSettings().max_k
 TIE = 3e-6          # float32 rounding of a dot product of two unit vectors, both paths
-# Every way of scoring the int8 rows: the AVX-512 VNNI kernel (only where the CPU has it),
+# Every way of scoring the int8 rows: the AVX-512 VNNI and AVX2 kernels (only where the CPU has them),
 # the same C loop without intrinsics, and dequantise + BLAS (the build without a compiler).
-SCANS = ["numpy"] + (["portable"] + (["vnni"] if int8_prefilter._int8_scan.has_vnni() else [])
-                     if int8_prefilter._int8_scan is not None else [])
+SCANS = int8_prefilter.available_scans()
 
 
 @pytest.fixture(params=SCANS, autouse=True)

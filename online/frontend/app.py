@@ -22,16 +22,19 @@ import orjson
 from aiohttp import web
 
 from online.frontend.blas_threads import set_blas_threads
+from online.frontend.export import Export
 from online.frontend.guards import Guards, GuardedRunner
 from online.frontend.http_metrics import HttpMetrics
 from online.frontend import int8_prefilter
-from online.frontend.model_index import ModelHolder, warm_up
-from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_PREFIX_LENGTH, MAX_VOCAB_LIMIT,
-                                     MAX_WORD_LENGTH, build_openapi)
-from online.frontend.query_engine import QueryEngine
+from online.frontend.ivf_build import IvfMaintainer
+from online.frontend.model_index import ModelHolder, SearchConfig, warm_up
+from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_CHECKPOINT_LENGTH, MAX_PREFIX_LENGTH, MAX_SINCE,
+                                     MAX_VOCAB_LIMIT, MAX_WORD_LENGTH, build_openapi)
+from online.frontend.query_engine import Overloaded, QueryEngine
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelSource, resolve_source_factory
 from online.frontend.sync import ModelSync
+from online.frontend.whats_new import MAX_LIMIT as MAX_HISTORY_LIMIT, RANKINGS, HistoryLookupError, WhatsNew
 from ps_bridge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ps_bridge.metrics import Registry
 from ps_bridge.structured_logging import log_event
@@ -49,7 +52,10 @@ REGISTRY = web.AppKey("registry", Registry)
 HTTP_METRICS = web.AppKey("http_metrics", HttpMetrics)
 OPENAPI = web.AppKey("openapi", bytes)
 GUARDS = web.AppKey("guards", Guards)
+MAINTAINER = web.AppKey("ivf_maintainer", IvfMaintainer)
+WHATS_NEW = web.AppKey("whats_new", WhatsNew)
 _DIGITS = re.compile(r"[0-9]{1,9}")
+_NUMBER = re.compile(r"-?[0-9]{1,15}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?")
 
 
 class ApiError(Exception):
@@ -79,6 +85,18 @@ def _param_int(request: web.Request, name: str, default: int, maximum: int) -> i
         raise ApiError(400, f"bad_{name}", f"{name} must be an integer from 1 to {maximum}, got {raw[:40]!r}",
                        parameter=name)
     return int(raw)
+
+
+def _param_number(request: web.Request, name: str, default: float, minimum: float, maximum: float, *,
+                  exclusive: bool = False) -> float:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    value = float(raw) if _NUMBER.fullmatch(raw) else None
+    if value is None or not (minimum < value if exclusive else minimum <= value) or not value <= maximum:
+        bounds = f"above {minimum:g} and at most {maximum:g}" if exclusive else f"from {minimum:g} to {maximum:g}"
+        raise ApiError(400, f"bad_{name}", f"{name} must be a number {bounds}, got {raw[:40]!r}", parameter=name)
+    return value
 
 
 def _param_word(value: str | None, name: str) -> str:
@@ -133,7 +151,7 @@ async def similar_get(request: web.Request) -> web.Response:
     if result.unknown:
         raise _unknown(result)
     return json_response({"word": result.resolved[0], "version": result.version, "k": k,
-                          "neighbours": _neighbours(result)})
+                          "search": result.search, "neighbours": _neighbours(result)})
 
 
 async def similar_post(request: web.Request) -> web.Response:
@@ -173,7 +191,8 @@ async def similar_post(request: web.Request) -> web.Response:
             out.append({"word": word, "version": result.version, "error": "unknown_word",
                         "message": "not in the vocabulary"})
         else:
-            out.append({"word": result.resolved[0], "version": result.version, "neighbours": _neighbours(result)})
+            out.append({"word": result.resolved[0], "version": result.version, "search": result.search,
+                        "neighbours": _neighbours(result)})
     return json_response({"version": results[0].version, "k": k, "results": out})
 
 
@@ -186,7 +205,8 @@ async def analogy(request: web.Request) -> web.Response:
     if result.unknown:
         raise _unknown(result)
     return json_response({"positive": result.resolved[:len(positive)], "negative": result.resolved[len(positive):],
-                          "version": result.version, "k": k, "neighbours": _neighbours(result)})
+                          "version": result.version, "k": k, "search": result.search,
+                          "neighbours": _neighbours(result)})
 
 
 async def vector(request: web.Request) -> web.Response:
@@ -236,8 +256,49 @@ async def stats(request: web.Request) -> web.Response:
         "sync": sync.report(),
         "source": source_stats,
         "queries": app[HTTP_METRICS].summary(),
+        "search": {**index.describe_search(), **app[ENGINE].report(), **app[MAINTAINER].report(index)},
         "history": list(sync.history),
     })
+
+
+async def _from_history(request: web.Request, method, *args) -> web.Response:
+    """Call a ``WhatsNew`` answer off the event loop; what it cannot find is a 404."""
+    _ready_index(request)
+    try:
+        return json_response(await asyncio.to_thread(method, *args))
+    except HistoryLookupError as exc:
+        raise ApiError(503 if exc.code == "not_ready" else 404, exc.code, exc.message, **exc.extra) from None
+
+
+async def new_words(request: web.Request) -> web.Response:
+    since = _param_number(request, "since", 0.0, 0.0, MAX_SINCE)
+    limit = _param_int(request, "limit", 20, MAX_HISTORY_LIMIT)
+    return await _from_history(request, request.app[WHATS_NEW].new_words, since, limit)
+
+
+async def rising(request: web.Request) -> web.Response:
+    whats_new = request.app[WHATS_NEW]
+    window = _param_number(request, "window", min(300.0, whats_new.max_window), 0.0, whats_new.max_window,
+                           exclusive=True)
+    limit = _param_int(request, "limit", 20, MAX_HISTORY_LIMIT)
+    by = request.query.get("by", "rise")
+    if by not in RANKINGS:
+        raise ApiError(400, "bad_by", f"by must be one of {', '.join(RANKINGS)}, got {by[:40]!r}", parameter="by")
+    return await _from_history(request, whats_new.rising, window, limit, by)
+
+
+async def drift(request: web.Request) -> web.Response:
+    word = _param_word(request.query.get("word"), "word")
+    k = _param_int(request, "k", 10, request.app[SETTINGS].max_k)
+    checkpoint = request.query.get("checkpoint", "oldest")
+    if not 1 <= len(checkpoint) <= MAX_CHECKPOINT_LENGTH:
+        raise ApiError(400, "bad_checkpoint", f"checkpoint must be 'oldest', 'previous' or an id (1 to "
+                                              f"{MAX_CHECKPOINT_LENGTH} characters)", parameter="checkpoint")
+    return await _from_history(request, request.app[WHATS_NEW].drift, word, k, checkpoint)
+
+
+async def history(request: web.Request) -> web.Response:
+    return json_response(await asyncio.to_thread(request.app[WHATS_NEW].history))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -277,6 +338,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         response = await handler(request)
     except ApiError as exc:
         response = error_response(exc.status, exc.code, exc.message, **exc.extra)
+    except Overloaded as exc:                 # load shedding (query_engine): fast 503s instead of a queue
+        response = error_response(503, "overloaded", str(exc), headers={"Retry-After": "1"}, reason=exc.reason)
     except web.HTTPException as exc:          # routing (404/405), body too large (413), ...
         if exc.status < 400:
             raise
@@ -312,9 +375,13 @@ async def _background(app: web.Application):
     engine, sync = app[ENGINE], app[SYNC]
     engine.start()
     tasks = [asyncio.create_task(sync.run(), name="model-sync"),
-             asyncio.create_task(sync.run_stats(), name="source-stats")]
+             asyncio.create_task(sync.run_stats(), name="source-stats"),
+             asyncio.create_task(app[MAINTAINER].run(), name="ivf-maintainer"),
+             asyncio.create_task(app[WHATS_NEW].run(min(settings.sync_interval, settings.rising_interval,
+                                                        settings.drift_interval)), name="whats-new")]
     yield
     sync.stop()
+    app[MAINTAINER].stop()
     for _ in range(10):       # a cancel can be lost if it lands as an await completes: ask again
         for task in tasks:
             task.cancel()
@@ -343,15 +410,21 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
                           handler_args={"max_line_size": 128 * 1024, "max_field_size": 32 * 1024,
                                         "keepalive_timeout": settings.header_timeout, "lingering_time": 0})
     app[GUARDS] = guards
-    holder = ModelHolder()
+    search = SearchConfig(settings.search, settings.ivf_min_rows, settings.ivf_lists, settings.ivf_nprobe)
+    holder = ModelHolder(search)
     app[SETTINGS] = settings
     app[SOURCE] = source
     app[REGISTRY] = registry
     app[HOLDER] = holder
     app[HTTP_METRICS] = HttpMetrics(registry)
-    app[ENGINE] = QueryEngine(holder, settings.query_batch, registry, threaded=settings.query_thread)
+    app[ENGINE] = QueryEngine(holder, settings.query_batch, registry, threaded=settings.query_thread,
+                              max_wait=settings.query_max_wait, queue_limit=settings.query_queue_limit)
+    app[MAINTAINER] = IvfMaintainer(holder, search)
     app[SYNC] = ModelSync(source, holder, interval=settings.sync_interval, stats_interval=settings.stats_interval,
                           registry=registry)
+    app[WHATS_NEW] = WhatsNew(holder, new_words_keep=settings.new_words_keep, rising_interval=settings.rising_interval,
+                              rising_samples=settings.rising_samples, drift_interval=settings.drift_interval,
+                              drift_keep=settings.drift_keep)
     app[OPENAPI] = orjson.dumps(build_openapi(settings))
     app.cleanup_ctx.append(_background)
     app.router.add_get("/v1/similar", similar_get)
@@ -359,6 +432,11 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
     app.router.add_get("/v1/analogy", analogy)
     app.router.add_get("/v1/vector/{word}", vector)
     app.router.add_get("/v1/vocab", vocab)
+    app.router.add_get("/v1/export", Export(holder, error_response).handle)
+    app.router.add_get("/v1/new", new_words)
+    app.router.add_get("/v1/rising", rising)
+    app.router.add_get("/v1/drift", drift)
+    app.router.add_get("/v1/history", history)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)

@@ -2,18 +2,23 @@
 
 The exact search streams the whole float32 matrix per batch (1.5 ms for one query at
 100k x 100). An int8 copy of the unit rows (per-row scale) is a quarter of the bytes, and
-the query is quantised to int8 too; then the C kernel (int8_scan.c, AVX-512 VNNI) scores
-every row with 64 int8 multiply-adds per instruction (about 0.2 ms for one query, 0.1 ms
-per query in batches of 8). Those scores are within a per-row bound of the exact ones,
+the query is quantised to int8 too; then the C kernel (int8_scan.c: AVX-512 VNNI, else
+AVX2) scores every row with 64 (32) int8 multiply-adds per instruction (VNNI: about 0.2 ms
+for one query, 0.1 ms per query in batches of 8). Those scores are within a per-row bound of
+the exact ones,
     |q.x - q_hat.x_hat| <= |q| |x - x_hat| + |q - q_hat| |x_hat|,   |x_hat| <= 1 + |x - x_hat|,
 so the rows that can still reach the k-th best are known exactly and only those are
 re-scored in float32. The answer is the exact one (up to float32 rounding of equal
 scores); only the work changes. Without the compiled kernel the int8 rows are dequantised
 block by block and scored with BLAS against the float32 query (|q - q_hat| = 0).
 
-The codes are built at sync time, copy-on-write like the rest of a ``ModelIndex``, and
-only changed rows are re-quantised. They travel as one 4-tuple ``(packed codes, scale,
-error, code sum)`` in the kernel's layout (rows padded to whole tiles with zero codes).
+The codes are built at sync time and only changed rows are re-quantised. They travel as
+one 4-tuple ``(packed codes, scale, error, code sum)`` in the kernel's layout, indexed by
+*slot*: without an inverted file slot r holds row r (rows padded to whole tiles with zero
+codes); with one (``ivf``) each list owns whole tiles, so its rows are contiguous, and
+``slot_row`` maps a slot back to its row (-1: an empty slot, never a candidate). The
+same bound serves both: ``prefiltered_top_k`` scans every tile (exact), and
+``probed_top_k`` only the tiles it is given (exact among the rows of the probed lists).
 """
 from __future__ import annotations
 
@@ -33,19 +38,25 @@ except ImportError:             # built without a C compiler: the numpy fallback
     _int8_scan = None
 
 
-def _default_scan() -> str:
+ISA = {"portable": 0, "avx2": 1, "vnni": 2}          # int8_scan.c's kernels
+
+
+def available_scans() -> list[str]:
+    """Every way this build and CPU can score the int8 rows (tests run them all)."""
     if _int8_scan is None:
-        return "numpy"
-    return "vnni" if _int8_scan.has_vnni() else "portable"
+        return ["numpy"]
+    return ["numpy", "portable"] + (["avx2"] if _int8_scan.has_avx2() else []) + \
+        (["vnni"] if _int8_scan.has_vnni() else [])
 
 
-# "vnni" (AVX-512 VNNI kernel), "portable" (the same C loop without intrinsics) or "numpy"
-# (dequantise + BLAS). Chosen once at import; tests switch it to cover every path.
-SCAN = _default_scan()
-# Largest batch that uses the int8 pre-filter by default. The VNNI kernel beats the float32
-# product at every batch size; the portable C loop and dequantise + BLAS lose to it at every
-# batch size here (bench/README.md), so they only run when asked (``prefilter=True``, tests).
-MAX_BATCH_FOR_CODES = {"vnni": 1 << 30, "portable": 0, "numpy": 0}
+# "vnni" (AVX-512 VNNI kernel), "avx2" (AVX2 kernel), "portable" (the same C loop without
+# intrinsics) or "numpy" (dequantise + BLAS). Chosen once at import, the fastest this CPU
+# runs; tests switch it to cover every path.
+SCAN = available_scans()[-1]
+# Largest batch that uses the int8 pre-filter by default. The VNNI and AVX2 kernels beat the
+# float32 product at every batch size; the portable C loop and dequantise + BLAS lose to it at
+# every batch size here (bench/README.md), so they only run when asked (``prefilter=True``, tests).
+MAX_BATCH_FOR_CODES = {"vnni": 1 << 30, "avx2": 1 << 30, "portable": 0, "numpy": 0}
 
 
 def _layout(n: int, dim: int) -> tuple[int, int]:
@@ -61,11 +72,14 @@ def _empty_codes(n: int, dim: int):
 
 
 @njit(nogil=True, cache=True)
-def _quantise_rows(unit, rows, codes, scale, error, csum):
-    """int8 codes of ``unit[rows]`` (per-row scale max|x|/127) into the packed layout, with
-    |x - x_hat| rounded up and the code sum the kernel's unsigned-query correction needs."""
+def _quantise_rows(unit, rows, slots, codes, scale, error, csum):
+    """int8 codes of ``unit[rows[i]]`` (per-row scale max|x|/127) into slot ``slots[i]`` of the
+    packed layout, with |x - x_hat| rounded up and the code sum the kernel's unsigned-query
+    correction needs."""
     d = unit.shape[1]
-    for r in rows:
+    for i in range(len(rows)):
+        r = rows[i]
+        slot = slots[i]
         m = np.float32(0.0)
         for t in range(d):
             a = abs(unit[r, t])
@@ -75,7 +89,7 @@ def _quantise_rows(unit, rows, codes, scale, error, csum):
         inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
         e2 = 0.0
         total = 0
-        tile, sub, lane = r >> 6, (r >> 4) & 3, r & 15
+        tile, sub, lane = slot >> 6, (slot >> 4) & 3, slot & 15
         for t in range(d):
             c = np.floor(unit[r, t] * inv + np.float32(0.5))                 # any rounding will do: the error is measured
             c = min(max(c, np.float32(-127.0)), np.float32(127.0))
@@ -84,9 +98,54 @@ def _quantise_rows(unit, rows, codes, scale, error, csum):
             total += np.int32(ci)
             diff = np.float64(unit[r, t]) - np.float64(np.float32(c) * s)    # x_hat exactly as _dequantise makes it
             e2 += diff * diff
-        scale[r] = s
-        error[r] = np.float32(np.sqrt(e2) * 1.000001 + 1e-9)
-        csum[r] = total
+        scale[slot] = s
+        error[slot] = np.float32(np.sqrt(e2) * 1.000001 + 1e-9)
+        csum[slot] = total
+
+
+@njit(nogil=True, cache=True)
+def _clear_slots(slots, codes, scale, error, csum):
+    """Zero codes (an empty slot scores 0 and is skipped through ``slot_row``)."""
+    groups = codes.shape[1]
+    for slot in slots:
+        tile, sub, lane = slot >> 6, (slot >> 4) & 3, slot & 15
+        for g in range(groups):
+            for t in range(4):
+                codes[tile, g, sub, lane, t] = 0
+        scale[slot] = 0
+        error[slot] = 0
+        csum[slot] = 0
+
+
+@njit(nogil=True, cache=True)
+def _copy_words(src, dst, src_words, words):
+    """``words[tile(b), :, sub(b), lane(b)] = src_words[...a...]`` for pairs (a, b) of slots: a
+    slot's code is one int32 (4 dims) per group in the packed layout viewed as int32."""
+    groups = words.shape[1]
+    for i in range(len(src)):
+        a, b = src[i], dst[i]
+        ta, sa, la = a >> 6, (a >> 4) & 3, a & 15
+        tb, sb, lb = b >> 6, (b >> 4) & 3, b & 15
+        for g in range(groups):
+            words[tb, g, sb, lb] = src_words[ta, g, sa, la]
+
+
+def _copy_slots(src, dst, src_codes, src_scale, src_error, src_csum, codes, scale, error, csum):
+    """Move the codes of slots ``src[i]`` (in the ``src_*`` arrays) to slots ``dst[i]``."""
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    if not len(src):
+        return
+    _copy_words(src, dst, src_codes.view(np.int32).reshape(src_codes.shape[:4]),
+                codes.view(np.int32).reshape(codes.shape[:4]))
+    _copy_per_slot(src, dst, src_scale, src_error, src_csum, scale, error, csum)
+
+
+@njit(nogil=True, cache=True)
+def _copy_per_slot(src, dst, src_scale, src_error, src_csum, scale, error, csum):
+    for i in range(len(src)):
+        scale[dst[i]] = src_scale[src[i]]
+        error[dst[i]] = src_error[src[i]]
+        csum[dst[i]] = src_csum[src[i]]
 
 
 @njit(nogil=True, cache=True)
@@ -99,23 +158,52 @@ def _dequantise(codes, scale, lo, hi, out):
             out[j - lo, t] = np.float32(codes[tile, t >> 2, sub, lane, t & 3]) * s
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _heap_push(heap, size, k, v):
+    """Insert ``v`` into the size-``k`` min-heap of lower bounds (the root is the k-th best); new size."""
+    if size < k:
+        pos = size
+        size += 1
+        while pos > 0:
+            parent = (pos - 1) // 2
+            if heap[parent] <= v:
+                break
+            heap[pos] = heap[parent]
+            pos = parent
+        heap[pos] = v
+    elif v > heap[0]:
+        pos = 0
+        while True:
+            child = 2 * pos + 1
+            if child >= k:
+                break
+            if child + 1 < k and heap[child + 1] < heap[child]:
+                child += 1
+            if v <= heap[child]:
+                break
+            heap[pos] = heap[child]
+            pos = child
+        heap[pos] = v
+    return size
+
+
 @njit(nogil=True, cache=True)
-def _candidates(approx, tile_max, tile_error, qnorm, margins, error, exclude_ptr, exclude_rows, k, counts,
-                out_rows):
-    """Rows whose upper bound reaches the k-th best lower bound, per query (``approx`` is [b, n]).
+def _candidates(approx, tile_max, tile_error, qnorm, margins, error, slot_row, exclude_ptr, exclude_slots, k,
+                counts, out_rows):
+    """Slots whose upper bound reaches the k-th best lower bound, per query (``approx`` is [b, n]).
 
     One pass per query over its approximate scores: a value heap tracks the k-th largest
-    lower bound so far, rows whose upper bound reaches it are collected, and at the end those
-    the final k-th lower bound rules out are dropped (rows tied with the k-th stay). Any row
+    lower bound so far, slots whose upper bound reaches it are collected, and at the end those
+    the final k-th lower bound rules out are dropped (slots tied with the k-th stay). Any row
     of the exact top k has upper bound >= its exact score >= the k-th exact score >= the
-    k-th largest lower bound, so it is kept. ``out_rows`` is [b, cap]; a query with more than ``cap`` candidates
-    gets ``counts[i] = -1`` and the caller scores all rows exactly. Excluded rows are never
-    candidates. A row's slack is ``qnorm[i] * error[row] + margins[i]``.
+    k-th largest lower bound, so it is kept. ``out_rows`` is [b, cap]; a query with more than
+    ``cap`` candidates gets ``counts[i] = -1`` and the caller scores all rows exactly. Excluded
+    slots are never candidates. A slot's slack is ``qnorm[i] * error[slot] + margins[i]``.
 
-    Rows come in tiles of TILE_ROWS with their best approximate score (``tile_max``, [b,
+    Slots come in tiles of TILE_ROWS with their best approximate score (``tile_max``, [b,
     tiles]) and largest error (``tile_error``): once the threshold is known, a tile whose
     best upper bound misses it is skipped whole, so most of the 100k rows are never looked
-    at one by one.
+    at one by one. An empty slot (``slot_row`` < 0) is skipped.
     """
     b, n = approx.shape
     tiles = tile_max.shape[1]
@@ -123,7 +211,8 @@ def _candidates(approx, tile_max, tile_error, qnorm, margins, error, exclude_ptr
     heap = np.empty(k, dtype=np.float32)
     for i in range(b):
         for j in range(exclude_ptr[i], exclude_ptr[i + 1]):
-            approx[i, exclude_rows[j]] = -np.inf
+            if exclude_slots[j] >= 0:
+                approx[i, exclude_slots[j]] = -np.inf
         qn = qnorm[i]
         margin = margins[i]
         size = 0
@@ -139,36 +228,15 @@ def _candidates(approx, tile_max, tile_error, qnorm, margins, error, exclude_ptr
                 slack = qn * error[j] + margin
                 if s + slack < threshold:          # cannot reach the current k-th lower bound
                     continue
+                if slot_row[j] < 0:
+                    continue
                 if c >= 0:
                     if c >= cap:
                         c = -1
                     else:
                         out_rows[i, c] = j
                         c += 1
-                v = s - slack
-                if size < k:
-                    pos = size
-                    size += 1
-                    while pos > 0:
-                        parent = (pos - 1) // 2
-                        if heap[parent] <= v:
-                            break
-                        heap[pos] = heap[parent]
-                        pos = parent
-                    heap[pos] = v
-                elif v > heap[0]:
-                    pos = 0
-                    while True:
-                        child = 2 * pos + 1
-                        if child >= k:
-                            break
-                        if child + 1 < k and heap[child + 1] < heap[child]:
-                            child += 1
-                        if v <= heap[child]:
-                            break
-                        heap[pos] = heap[child]
-                        pos = child
-                    heap[pos] = v
+                size = _heap_push(heap, size, k, s - slack)
                 if size >= k:                      # the heap is full: its root is the k-th lower bound
                     threshold = heap[0]
         if c > 0:                                  # drop those the final k-th lower bound rules out
@@ -181,6 +249,124 @@ def _candidates(approx, tile_max, tile_error, qnorm, margins, error, exclude_ptr
                     kept += 1
             c = kept
         counts[i] = c
+
+
+@njit(nogil=True, cache=True)
+def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, constant, error, slot_row, exclude_ptr,
+                exclude_rows, unit, queries, k, cap, out_rows, out_scores, status):
+    """``_candidates`` over the tiles each query scanned (``scan_tiles``: query i's tiles are
+    ``tile_ids[tile_ptr[i]:tile_ptr[i + 1]]``, their scores ``approx[64 j : 64 j + 64]``; excluded
+    rows are checked by value, the few query words) and the exact re-rank in one call: the candidates
+    (slots whose upper bound reaches the k-th lower bound) are re-scored in float32 in order of
+    their upper bound, best first, until the next bound is below the k-th exact score (nothing
+    after it can enter). ``out_rows``/``out_scores`` get the exact top k of the scanned rows
+    (ties: lower row first; -1 / -inf where unfilled); ``status[i]`` is the number of candidates,
+    or -1 when there were more than ``cap`` (the caller then scores every scanned row)."""
+    b = len(tile_ptr) - 1
+    d = unit.shape[1]
+    heap = np.empty(k, dtype=np.float32)
+    pos = np.empty(cap, dtype=np.int64)
+    ub = np.empty(cap, dtype=np.float32)
+    rows = np.empty(cap, dtype=np.int64)
+    for i in range(b):
+        qn, margin = factor[i], constant[i]
+        size = 0
+        c = 0
+        threshold = -np.inf
+        for j in range(tile_ptr[i], tile_ptr[i + 1]):
+            tile = tile_ids[j]
+            if tile_max[j] + (qn * tile_error[tile] + margin) < threshold:
+                continue
+            for t in range(TILE_ROWS):
+                s = approx[j * TILE_ROWS + t]
+                slot = tile * TILE_ROWS + t
+                slack = qn * error[slot] + margin
+                if s + slack < threshold:
+                    continue
+                row = slot_row[slot]
+                if row < 0:
+                    continue
+                excluded = False
+                for e in range(exclude_ptr[i], exclude_ptr[i + 1]):
+                    if exclude_rows[e] == row:
+                        excluded = True
+                if excluded:
+                    continue
+                if c >= 0:
+                    if c >= cap:
+                        c = -1
+                    else:
+                        pos[c] = j * TILE_ROWS + t
+                        ub[c] = s + slack
+                        rows[c] = row
+                        c += 1
+                size = _heap_push(heap, size, k, s - slack)
+                if size >= k:
+                    threshold = heap[0]
+        status[i] = c
+        for t in range(k):
+            out_rows[i, t] = -1
+            out_scores[i, t] = -np.inf
+        if c <= 0:
+            continue
+        threshold = heap[0] if size >= k else -np.inf
+        order = np.argsort(-ub[:c], kind="mergesort")
+        filled = 0                                  # out_*[i, :filled] is the exact top so far, best first
+        for o in order:
+            bound = ub[o]
+            if bound < threshold:                   # ruled out by the final k-th lower bound
+                break
+            if filled >= k and bound < out_scores[i, k - 1]:
+                break                               # no later candidate can reach the k-th exact score
+            row = rows[o]
+            acc = np.float32(0.0)
+            for t in range(d):
+                acc += unit[row, t] * queries[i, t]
+            if filled < k:
+                at = filled
+                filled += 1
+            elif acc > out_scores[i, k - 1] or (acc == out_scores[i, k - 1] and row < out_rows[i, k - 1]):
+                at = k - 1
+            else:
+                continue
+            while at > 0 and (out_scores[i, at - 1] < acc or (out_scores[i, at - 1] == acc
+                                                               and out_rows[i, at - 1] > row)):
+                out_scores[i, at] = out_scores[i, at - 1]
+                out_rows[i, at] = out_rows[i, at - 1]
+                at -= 1
+            out_scores[i, at] = acc
+            out_rows[i, at] = row
+
+
+@njit(nogil=True, cache=True)
+def _quantise_queries(queries, groups, packed, qscale, qerror, factor, constant):
+    """int8 codes of the queries as unsigned bytes (code + 128; see int8_scan.c) into ``packed``,
+    their scales and |q - q_hat| rounded up (the compiled twin of ``quantise_queries``), and the
+    slack terms of ``_margins``."""
+    b, dim = queries.shape
+    for i in range(b):
+        m = np.float32(0.0)
+        q2 = 0.0
+        for t in range(dim):
+            q2 += np.float64(queries[i, t]) * queries[i, t]
+            a = abs(queries[i, t])
+            if a > m:
+                m = a
+        s = np.float32(m / np.float32(127.0))
+        inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
+        e2 = 0.0
+        for t in range(groups * 4):
+            packed[i, t] = 128
+        for t in range(dim):
+            c = min(max(np.rint(queries[i, t] * inv), -127.0), 127.0)
+            packed[i, t] = np.uint8(c + 128)
+            diff = np.float64(queries[i, t]) - c * np.float64(s)
+            e2 += diff * diff
+        qscale[i] = s
+        qerror[i] = np.float32(np.sqrt(e2) * 1.000001 + 1e-9)
+        qnorm = np.float32(np.sqrt(q2))
+        factor[i] = qnorm + qerror[i]
+        constant[i] = np.float32(qnorm * np.float32(_ROUNDING_PER_DIM * dim) + np.float32(1e-6)) + qerror[i]
 
 
 def quantise_queries(queries: np.ndarray, groups: int):
@@ -199,17 +385,19 @@ def quantise_queries(queries: np.ndarray, groups: int):
 
 
 def approx_scores(codes: np.ndarray, scale: np.ndarray, csum: np.ndarray, queries: np.ndarray, n: int,
-                   scan: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[b, n] scores of the int8 rows, the best score of each tile ([b, tiles]) and, per query,
-    |q - q_hat| (0 where q is not quantised)."""
-    tiles, groups = codes.shape[0], codes.shape[1]
+                  scan: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[b, n] scores of the first ``n`` int8 slots, the best score of each of their tiles ([b,
+    tiles]) and, per query, |q - q_hat| (0 where q is not quantised). ``codes`` may hold
+    more tiles (spare capacity); only ceil(n / 64) are scanned."""
+    groups = codes.shape[1]
+    tiles = -(-n // TILE_ROWS)
     b, dim = queries.shape
     if scan != "numpy":
         packed, qscale, qerror = quantise_queries(queries, groups)
         out = np.empty((b, tiles * TILE_ROWS), dtype=np.float32)
         tile_max = np.empty((b, tiles), dtype=np.float32)
         _int8_scan.scan(codes, csum, scale, packed, qscale, out, tile_max, tiles, groups, b, tiles * TILE_ROWS,
-                        portable=scan == "portable")
+                        isa=ISA[scan])
         return out[:, :n], tile_max, qerror
     out = np.full((b, tiles * TILE_ROWS), -np.inf, dtype=np.float32)
     rows = min(CODE_BLOCK_ROWS, n)
@@ -226,20 +414,21 @@ def approx_scores(codes: np.ndarray, scale: np.ndarray, csum: np.ndarray, querie
     return out[:, :n], out.reshape(b, tiles, TILE_ROWS).max(axis=2), np.zeros(b, np.float32)
 
 
-def quantise(unit: np.ndarray, rows: np.ndarray | None = None, codes=None):
-    """Codes of ``unit`` (all rows, or only ``rows`` into the given ``codes`` arrays):
-    (packed codes, scale, error, csum)."""
+def quantise(unit: np.ndarray, rows: np.ndarray | None = None, codes=None, slots: np.ndarray | None = None):
+    """Codes of ``unit`` (all rows, or only ``rows`` into the given ``codes`` arrays, at
+    ``slots`` or else at the same positions): (packed codes, scale, error, csum)."""
     n, dim = unit.shape
     if codes is None:
         codes = _empty_codes(n, dim)
     packed, scale, error, csum = codes
     rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
+    slots = rows if slots is None else np.asarray(slots, np.int64)
     if len(rows) and dim:
-        _quantise_rows(unit, rows, packed, scale, error, csum)
+        _quantise_rows(unit, rows, slots, packed, scale, error, csum)
     elif len(rows):
-        scale[rows] = 0
-        error[rows] = 0
-        csum[rows] = 0
+        scale[slots] = 0
+        error[slots] = 0
+        csum[slots] = 0
     return codes
 
 
@@ -249,60 +438,105 @@ def code_matrix(codes: np.ndarray, n: int, dim: int) -> np.ndarray:
     return codes.transpose(0, 2, 3, 1, 4).reshape(tiles * TILE_ROWS, groups * 4)[:n, :dim]
 
 
-def grown_codes(codes, n_old: int, n: int, dim: int):
-    """Writable copies of ``codes`` (for ``n_old`` rows), with room for ``n`` rows (copy-on-write)."""
-    packed, scale, error, csum = codes
-    if n_old == 0 or packed.shape[1] != -(-dim // 4):
-        return _empty_codes(n, dim)
-    tiles, _ = _layout(n, dim)
-    extra = tiles - packed.shape[0]
-    pad = extra * TILE_ROWS
-    return (np.concatenate([packed, np.zeros((extra,) + packed.shape[1:], np.int8)]),
-            np.concatenate([scale, np.zeros(pad, np.float32)]),
-            np.concatenate([error, np.zeros(pad, np.float32)]),
-            np.concatenate([csum, np.zeros(pad, np.int32)]))
-
-
 def tile_error(error: np.ndarray) -> np.ndarray:
     """Largest |x - x_hat| per tile: lets ``_candidates`` skip whole tiles."""
     return error.reshape(-1, TILE_ROWS).max(axis=1) if len(error) else np.zeros(0, np.float32)
 
 
+def _margins(queries: np.ndarray, qerror: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query: the factor of a slot's error and the constant of its slack,
+    |q| e + |q - q_hat| (1 + e) + rounding = (|q| + |q - q_hat|) e + (|q - q_hat| + rounding)."""
+    qnorm = np.sqrt(np.einsum("ij,ij->i", queries, queries)).astype(np.float32)
+    margins = (qnorm * np.float32(_ROUNDING_PER_DIM * dim) + np.float32(1e-6)).astype(np.float32)
+    return (qnorm + qerror).astype(np.float32), (margins + qerror).astype(np.float32)
+
+
+def _best(rows_i: np.ndarray, scores: np.ndarray, kk: int, top: np.ndarray, top_scores: np.ndarray, i: int):
+    order = np.lexsort((rows_i, -scores))[:kk]           # best first, ties: lower row first
+    m = len(order)
+    top[i, :m] = rows_i[order]
+    top_scores[i, :m] = scores[order]
+
+
 def prefiltered_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, queries: np.ndarray,
-                      ptr: np.ndarray, flat: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+                      ptr: np.ndarray, flat: np.ndarray, kk: int, slot_row: np.ndarray | None = None,
+                      row_slot: np.ndarray | None = None, slots: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rows and scores of the exact top ``kk`` of each query ([b, kk]; -1 / -inf where unfilled),
-    excluding ``flat[ptr[i]:ptr[i + 1]]`` for query i."""
+    excluding rows ``flat[ptr[i]:ptr[i + 1]]`` for query i. ``slot_row``/``row_slot`` map the
+    code slots to rows and back (default: slot r is row r); ``slots`` is how many are in use."""
     packed, scale, error, csum = codes
     b, n = len(queries), len(unit)
     dim = unit.shape[1]
+    if slot_row is None:
+        slot_row = np.arange(n, dtype=np.int64)
+        row_slot = slot_row
+    slots = n if slots is None else slots
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    approx, tile_max, qerror = approx_scores(packed, scale, csum, queries, n, SCAN)
-    qnorm = np.linalg.norm(queries, axis=1).astype(np.float32)
-    cap = max(4 * kk + 256, n // 16)
+    approx, tile_max, qerror = approx_scores(packed, scale, csum, queries, slots, SCAN)
+    cap = max(4 * kk + 256, slots // 16)
     counts = np.empty(b, dtype=np.int64)
     cand = np.empty((b, cap), dtype=np.int64)
-    margins = (qnorm * np.float32(_ROUNDING_PER_DIM * dim) + np.float32(1e-6)).astype(np.float32)
-    # slack of row j: |q| e_j + |q - q_hat| (1 + e_j) + margin = (|q| + |q - q_hat|) e_j + (|q - q_hat| + margin)
-    _candidates(approx, tile_max, tile_errors, (qnorm + qerror).astype(np.float32),
-                (margins + qerror).astype(np.float32), error, ptr, flat, kk, counts, cand)
+    factor, constant = _margins(queries, qerror, dim)
+    _candidates(approx, tile_max, tile_errors, factor, constant, error, slot_row, ptr,
+                row_slot[flat] if len(flat) else flat, kk, counts, cand)
     top = np.full((b, kk), -1, dtype=np.int64)
     top_scores = np.full((b, kk), -np.inf, dtype=np.float32)
     for i in range(b):
         if counts[i] < 0:                                # too many near-ties (e.g. a zero query): all rows
-            scores = unit @ queries[i]
-            rows_i = np.arange(n, dtype=np.int64)
-            ex = flat[ptr[i]:ptr[i + 1]]
             keep = np.ones(n, dtype=bool)
-            keep[ex] = False
-            rows_i, scores = rows_i[keep], scores[keep]
-        else:
-            rows_i = cand[i, :counts[i]]                 # ascending row order
+            keep[flat[ptr[i]:ptr[i + 1]]] = False
+            rows_i = np.flatnonzero(keep)
             scores = unit[rows_i] @ queries[i]
-        order = np.lexsort((rows_i, -scores))[:kk]      # best first, ties: lower row first
-        m = len(order)
-        top[i, :m] = rows_i[order]
-        top_scores[i, :m] = scores[order]
+        else:
+            rows_i = np.sort(slot_row[cand[i, :counts[i]]])
+            scores = unit[rows_i] @ queries[i]
+        _best(rows_i, scores, kk, top, top_scores, i)
     return top, top_scores
+
+
+def probed_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, slot_row: np.ndarray, queries: np.ndarray,
+                 tile_ids: np.ndarray, tile_ptr: np.ndarray, ptr: np.ndarray, flat: np.ndarray,
+                 kk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Like ``prefiltered_top_k``, but query i searches only the slots of the tiles
+    ``tile_ids[tile_ptr[i]:tile_ptr[i + 1]]``: the exact top ``kk`` among those rows. Also
+    returns how many slots each query scanned."""
+    packed, scale, error, csum = codes
+    b, dim = queries.shape
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    tile_ids = np.ascontiguousarray(tile_ids, dtype=np.int64)
+    tile_ptr = np.ascontiguousarray(tile_ptr, dtype=np.int64)
+    top = np.full((b, kk), -1, dtype=np.int64)
+    top_scores = np.full((b, kk), -np.inf, dtype=np.float32)
+    searched = np.diff(tile_ptr) * TILE_ROWS
+    if SCAN == "numpy":            # no kernel: score the probed rows exactly in float32
+        for i in range(b):
+            _best_of_scanned(unit, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores, i)
+        return top, top_scores, searched
+    groups = packed.shape[1]
+    packed_q = np.empty((b, groups * 4), np.uint8)
+    qscale, qerror = np.empty(b, np.float32), np.empty(b, np.float32)
+    factor, constant = np.empty(b, np.float32), np.empty(b, np.float32)
+    _quantise_queries(queries, groups, packed_q, qscale, qerror, factor, constant)
+    total = len(tile_ids)
+    approx = np.empty(total * TILE_ROWS, dtype=np.float32)
+    tile_max = np.empty(total, dtype=np.float32)
+    _int8_scan.scan_tiles(packed, csum, scale, packed_q, qscale, tile_ids, tile_ptr, approx, tile_max, groups, b,
+                          isa=ISA[SCAN])
+    status = np.empty(b, dtype=np.int64)
+    _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_errors, factor, constant, error, slot_row, ptr, flat,
+                unit, queries, kk, max(4 * kk + 1024, int(searched.max(initial=0)) // 16), top, top_scores, status)
+    for i in np.flatnonzero(status < 0).tolist():        # too many near-ties: every probed row exactly
+        _best_of_scanned(unit, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores, i)
+    return top, top_scores, searched
+
+
+def _best_of_scanned(unit, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores, i) -> None:
+    slots = (tile_ids[tile_ptr[i]:tile_ptr[i + 1], None] * TILE_ROWS + np.arange(TILE_ROWS)).ravel()
+    rows_i = slot_row[slots]
+    rows_i = np.sort(rows_i[(rows_i >= 0) & ~np.isin(rows_i, flat[ptr[i]:ptr[i + 1]])])
+    top[i] = -1
+    top_scores[i] = -np.inf
+    _best(rows_i, unit[rows_i] @ queries[i], kk, top, top_scores, i)
 
 
 def warm_up() -> None:
@@ -310,7 +544,17 @@ def warm_up() -> None:
     unit = np.eye(3, dtype=np.float32)
     codes, scale, error, csum = quantise(unit)
     _dequantise(codes, scale, 0, 3, np.empty((3, 3), np.float32))
+    _clear_slots(np.zeros(0, np.int64), codes, scale, error, csum)
+    _copy_slots(np.zeros(1, np.int64), np.ones(1, np.int64), codes, scale, error, csum, codes, scale, error, csum)
+    slot_row = np.arange(64, dtype=np.int64)
     for approx in (np.zeros((1, 3), np.float32), np.zeros((1, 4), np.float32)[:, :3]):   # contiguous and a view
         _candidates(approx, np.zeros((1, 1), np.float32), np.zeros(1, np.float32), np.ones(1, np.float32),
-                    np.ones(1, np.float32), error, np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
+                    np.ones(1, np.float32), error, slot_row, np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
                     np.empty(1, np.int64), np.empty((1, 3), np.int64))
+    _quantise_queries(unit, 1, np.empty((3, 4), np.uint8), *[np.empty(3, np.float32) for _ in range(4)])
+    three = np.full(64, -1, np.int64)
+    three[:3] = np.arange(3)
+    _ivf_select(np.zeros(64, np.float32), np.zeros(1, np.float32), np.zeros(1, np.int64), np.array([0, 1], np.int64),
+                np.zeros(1, np.float32), np.ones(1, np.float32), np.ones(1, np.float32), error, three,
+                np.zeros(2, np.int64), np.zeros(0, np.int64), unit, unit[:1].copy(), 2, 8,
+                np.empty((1, 2), np.int64), np.empty((1, 2), np.float32), np.empty(1, np.int64))

@@ -1,32 +1,35 @@
 /*
- * int8 scoring of the whole vocabulary against a batch of queries: the front end's hot loop.
+ * int8 scoring of rows against a batch of queries: the front end's hot loop.
  *
  * Why C: a 100k x 100 query is 10M multiply-adds. float32 BLAS does them at about 1.4 ms
  * for one query (it streams 40 MB) and 0.35 - 0.5 ms per query in batches. Here rows and
- * queries are int8, and AVX-512 VNNI's vpdpbusd does 64 int8 multiply-adds per
- * instruction into 16 int32 sums, so the same work is a fifth of the instructions over a
- * quarter of the bytes (10 MB, which fits this machine's L3). numba cannot emit
- * vpdpbusd; the measurement is in bench/README.md.
+ * queries are int8: AVX-512 VNNI's vpdpbusd does 64 int8 multiply-adds per instruction,
+ * AVX2's vpmaddubsw + vpmaddwd 32 per pair; the work is a fraction of the instructions over a
+ * quarter of the bytes. numba emits neither; the measurements are in bench/README.md.
  *
  * The scores are approximate (both sides are quantised); int8_prefilter.py turns them into
  * exact answers with an error bound per row and a float32 re-score of the few candidates.
  *
- * Maths. Row r has codes c[r, t] in [-127, 127] with x[r, t] ~ scale[r] * c[r, t]; a query
+ * Maths. Slot r has codes c[r, t] in [-127, 127] with x[r, t] ~ scale[r] * c[r, t]; a query
  * has codes p[t] in [-127, 127] with q[t] ~ qscale * p[t]. vpdpbusd multiplies unsigned by
  * signed bytes, so the query is sent as u[t] = p[t] + 128 in [1, 255], and
  *     sum_t u[t] c[r, t] = sum_t p[t] c[r, t] + 128 * csum[r],   csum[r] = sum_t c[r, t],
- * hence score[r] = qscale * scale[r] * (sum_t u[t] c[r, t] - 128 csum[r]). No overflow: a
- * lane adds 4 products of at most 255 * 127 per step; 512 dims stay below 2^24, so the
- * int32 -> float32 conversion is exact too.
+ * hence score[r] = qscale * scale[r] * (sum_t u[t] c[r, t] - 128 csum[r]). AVX2's vpmaddubsw
+ * saturates its int16 pair sums, so the AVX2 loop takes p = u - 128 back and multiplies |p|
+ * (unsigned) by sign(p) * c (signed): a pair is at most 2 * 127 * 127 < 2^15, no saturation,
+ * and no csum correction. No overflow anywhere: a lane adds 4 products of at most 255 * 127
+ * per step; 512 dims stay below 2^24, so the int32 -> float32 conversion is exact too.
  *
- * Layout (written by int8_prefilter._quantise_rows): rows in tiles of 64, dims in groups of 4,
- * codes[tile][group][sub-block of 16 rows][row in sub-block][dim in group]. One 64-byte load
- * is then 16 rows x 4 dims, exactly one vpdpbusd operand, and a tile keeps four
- * independent accumulators in flight (vpdpbusd's latency is about 4 cycles). Row R, dim t
- * lives at ((R / 64 * groups + t / 4) * 4 + R / 16 % 4) * 64 + R % 16 * 4 + t % 4.
+ * Layout (written by int8_prefilter._quantise_rows): slots in tiles of 64, dims in groups of
+ * 4, codes[tile][group][sub-block of 16 slots][slot in sub-block][dim in group]. One 64-byte
+ * load is then 16 slots x 4 dims, exactly one vpdpbusd operand (two AVX2 operands of 8
+ * slots), and a tile keeps independent accumulators in flight. Slot R, dim t lives at
+ * ((R / 64 * groups + t / 4) * 4 + R / 16 % 4) * 64 + R % 16 * 4 + t % 4.
  *
- * The loop runs tile by tile and, inside a tile, query by query: a tile's codes (groups x
- * 256 bytes) are read from memory once per batch and then from L1 for every further query.
+ * scan() scores every tile against every query of the batch, tile by tile and, inside a
+ * tile, query by query: a tile's codes (groups x 256 bytes) are read from memory once per
+ * batch and then from L1 for every further query (the exact search). scan_tiles() scores,
+ * for each query, only the tiles it names (the inverted file's probed lists).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,100 +39,127 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define HAVE_VNNI_BUILD 1
+#define HAVE_X86_BUILD 1
 #else
-#define HAVE_VNNI_BUILD 0
+#define HAVE_X86_BUILD 0
 #endif
 
 #define TILE_ROWS 64
 
-#if HAVE_VNNI_BUILD
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_VNNI = 2 };
+
+typedef void (*tile_fn)(const int8_t *ct, const int32_t *cs, const float *sc, const uint8_t *qi, float qscale,
+                        Py_ssize_t groups, float *o, float *best);
+
+#if HAVE_X86_BUILD
+/* One tile (64 slots) against one query: 64 scores into o, their largest into *best. */
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-static void scan_vnni(const int8_t *codes, const int32_t *csum, const float *scale, const uint8_t *queries,
-                      const float *qscale, float *out, float *tile_max, Py_ssize_t tiles, Py_ssize_t groups,
-                      Py_ssize_t batch, Py_ssize_t out_stride)
+static void tile_vnni(const int8_t *ct, const int32_t *cs, const float *sc, const uint8_t *qi, float qscale,
+                      Py_ssize_t groups, float *o, float *best)
 {
-    for (Py_ssize_t tile = 0; tile < tiles; tile++) {
-        const int8_t *ct = codes + tile * groups * 256;
-        const int32_t *cs = csum + tile * TILE_ROWS;
-        const float *sc = scale + tile * TILE_ROWS;
-        __m512i bias[4];
-        __m512 rs[4];
-        for (int s = 0; s < 4; s++) {
-            bias[s] = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(cs + 16 * s)), 7);  /* 128 csum */
-            rs[s] = _mm512_loadu_ps(sc + 16 * s);
-        }
-        for (Py_ssize_t i = 0; i < batch; i++) {
-            const uint8_t *qi = queries + i * groups * 4;
-            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-            for (Py_ssize_t g = 0; g < groups; g++) {
-                int32_t four;
-                memcpy(&four, qi + 4 * g, 4);
-                const __m512i qb = _mm512_set1_epi32(four);          /* 4 query bytes in every lane */
-                const int8_t *cg = ct + g * 256;
-                a0 = _mm512_dpbusd_epi32(a0, qb, _mm512_loadu_si512((const void *)(cg)));
-                a1 = _mm512_dpbusd_epi32(a1, qb, _mm512_loadu_si512((const void *)(cg + 64)));
-                a2 = _mm512_dpbusd_epi32(a2, qb, _mm512_loadu_si512((const void *)(cg + 128)));
-                a3 = _mm512_dpbusd_epi32(a3, qb, _mm512_loadu_si512((const void *)(cg + 192)));
-            }
-            const __m512 qs = _mm512_set1_ps(qscale[i]);
-            float *o = out + i * out_stride + tile * TILE_ROWS;
-            __m512i acc[4] = {a0, a1, a2, a3};
-            __m512 best = _mm512_set1_ps(-INFINITY);
-            for (int s = 0; s < 4; s++) {
-                __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[s], bias[s]));
-                v = _mm512_mul_ps(_mm512_mul_ps(v, rs[s]), qs);
-                _mm512_storeu_ps(o + 16 * s, v);
-                best = _mm512_max_ps(best, v);
-            }
-            tile_max[i * tiles + tile] = _mm512_reduce_max_ps(best);
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        int32_t four;
+        memcpy(&four, qi + 4 * g, 4);
+        const __m512i qb = _mm512_set1_epi32(four);          /* 4 query bytes in every lane */
+        const int8_t *cg = ct + g * 256;
+        a0 = _mm512_dpbusd_epi32(a0, qb, _mm512_loadu_si512((const void *)(cg)));
+        a1 = _mm512_dpbusd_epi32(a1, qb, _mm512_loadu_si512((const void *)(cg + 64)));
+        a2 = _mm512_dpbusd_epi32(a2, qb, _mm512_loadu_si512((const void *)(cg + 128)));
+        a3 = _mm512_dpbusd_epi32(a3, qb, _mm512_loadu_si512((const void *)(cg + 192)));
+    }
+    const __m512 qs = _mm512_set1_ps(qscale);
+    __m512i acc[4] = {a0, a1, a2, a3};
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int s = 0; s < 4; s++) {
+        __m512i bias = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(cs + 16 * s)), 7);   /* 128 csum */
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[s], bias));
+        v = _mm512_mul_ps(_mm512_mul_ps(v, _mm512_loadu_ps(sc + 16 * s)), qs);
+        _mm512_storeu_ps(o + 16 * s, v);
+        m = _mm512_max_ps(m, v);
+    }
+    *best = _mm512_reduce_max_ps(m);
+}
+
+__attribute__((target("avx2")))
+static void tile_avx2(const int8_t *ct, const int32_t *cs, const float *sc, const uint8_t *qi, float qscale,
+                      Py_ssize_t groups, float *o, float *best)
+{
+    (void)cs;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256i acc[8];
+    for (int h = 0; h < 8; h++)
+        acc[h] = _mm256_setzero_si256();
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        int32_t four;
+        memcpy(&four, qi + 4 * g, 4);
+        const __m256i qs = _mm256_xor_si256(_mm256_set1_epi32(four), flip);   /* p = u - 128, signed */
+        const __m256i qa = _mm256_abs_epi8(qs);
+        const int8_t *cg = ct + g * 256;
+        for (int h = 0; h < 8; h++) {                   /* 32 bytes = 8 slots x 4 dims: slots 8h .. 8h + 7 */
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(cg + 32 * h));
+            const __m256i p16 = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(c, qs));
+            acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(p16, ones));
         }
     }
+    const __m256 q = _mm256_set1_ps(qscale);
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (int h = 0; h < 8; h++) {
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_loadu_ps(sc + 8 * h)), q);
+        _mm256_storeu_ps(o + 8 * h, v);
+        m = _mm256_max_ps(m, v);
+    }
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_shuffle_ps(r, r, 1));
+    *best = _mm_cvtss_f32(r);
 }
 #endif
 
-/* The same sums without SIMD intrinsics, for CPUs without AVX-512 VNNI. */
-static void scan_portable(const int8_t *codes, const int32_t *csum, const float *scale, const uint8_t *queries,
-                          const float *qscale, float *out, float *tile_max, Py_ssize_t tiles, Py_ssize_t groups,
-                          Py_ssize_t batch, Py_ssize_t out_stride)
+/* The same sums without SIMD intrinsics, for CPUs with neither. */
+static void tile_portable(const int8_t *ct, const int32_t *cs, const float *sc, const uint8_t *qi, float qscale,
+                          Py_ssize_t groups, float *o, float *best)
 {
     int32_t acc[TILE_ROWS];
-    for (Py_ssize_t tile = 0; tile < tiles; tile++) {
-        const int8_t *ct = codes + tile * groups * 256;
-        for (Py_ssize_t i = 0; i < batch; i++) {
-            const uint8_t *qi = queries + i * groups * 4;
-            memset(acc, 0, sizeof(acc));
-            for (Py_ssize_t g = 0; g < groups; g++) {
-                const int8_t *cg = ct + g * 256;
-                for (int r = 0; r < TILE_ROWS; r++)
-                    for (int t = 0; t < 4; t++)
-                        acc[r] += (int32_t)qi[4 * g + t] * (int32_t)cg[r * 4 + t];
-            }
-            float *o = out + i * out_stride + tile * TILE_ROWS;
-            float best = -INFINITY;
-            for (int r = 0; r < TILE_ROWS; r++) {
-                int32_t v = acc[r] - 128 * csum[tile * TILE_ROWS + r];
-                o[r] = ((float)v * scale[tile * TILE_ROWS + r]) * qscale[i];
-                if (o[r] > best)
-                    best = o[r];
-            }
-            tile_max[i * tiles + tile] = best;
-        }
+    memset(acc, 0, sizeof(acc));
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        const int8_t *cg = ct + g * 256;
+        for (int r = 0; r < TILE_ROWS; r++)
+            for (int t = 0; t < 4; t++)
+                acc[r] += (int32_t)qi[4 * g + t] * (int32_t)cg[r * 4 + t];
     }
+    float m = -INFINITY;
+    for (int r = 0; r < TILE_ROWS; r++) {
+        o[r] = ((float)(acc[r] - 128 * cs[r]) * sc[r]) * qscale;
+        if (o[r] > m)
+            m = o[r];
+    }
+    *best = m;
 }
 
-static int cpu_has_vnni(void)
+static int cpu_has(int isa)
 {
-#if HAVE_VNNI_BUILD
+#if HAVE_X86_BUILD
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vnni");
-#else
-    return 0;
+    if (isa == ISA_AVX2)
+        return __builtin_cpu_supports("avx2");
+    if (isa == ISA_VNNI)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+            && __builtin_cpu_supports("avx512vnni");
 #endif
+    return isa == ISA_PORTABLE;
 }
 
-static int use_vnni = -1;
+static tile_fn tile_kernel(int isa)
+{
+#if HAVE_X86_BUILD
+    if (isa == ISA_VNNI && cpu_has(ISA_VNNI))
+        return tile_vnni;
+    if (isa == ISA_AVX2 && cpu_has(ISA_AVX2))
+        return tile_avx2;
+#endif
+    return tile_portable;
+}
 
 static int check(int ok, const char *what)
 {
@@ -139,46 +169,48 @@ static int check(int ok, const char *what)
 }
 
 PyDoc_STRVAR(scan_doc,
-"scan(codes, csum, scale, queries, qscale, out, tile_max, tiles, groups, batch, out_stride, portable=False)\n\n"
+"scan(codes, csum, scale, queries, qscale, out, tile_max, tiles, groups, batch, out_stride, isa=0)\n\n"
 "out[i, r] = qscale[i] * scale[r] * (sum_t queries[i, t] * codes[r, t] - 128 * csum[r]) for the\n"
-"tiles * 64 rows, and tile_max[i, tile] = the largest of a tile's 64 scores (lets the caller skip\n"
-"whole tiles); buffers are C-contiguous (int8, int32, float32, uint8, float32, float32, float32).\n"
-"Runs without the GIL.");
+"tiles * 64 slots, and tile_max[i, tile] = the largest of a tile's 64 scores (lets the caller skip\n"
+"whole tiles); buffers are C-contiguous (int8, int32, float32, uint8, float32, float32, float32);\n"
+"codes, csum and scale may hold more tiles than are scanned. isa: 0 portable, 1 AVX2, 2 AVX-512\n"
+"VNNI (falls back to portable where the CPU lacks it). Runs without the GIL.");
 
 static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"codes", "csum", "scale", "queries", "qscale", "out", "tile_max", "tiles", "groups",
-                             "batch", "out_stride", "portable", NULL};
+                             "batch", "out_stride", "isa", NULL};
     Py_buffer codes, csum, scale, queries, qscale, out, tile_max;
     Py_ssize_t tiles, groups, batch, out_stride;
-    int portable = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*y*y*w*w*nnnn|p", kwlist, &codes, &csum, &scale,
+    int isa = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*y*y*w*w*nnnn|i", kwlist, &codes, &csum, &scale,
                                      &queries, &qscale, &out, &tile_max, &tiles, &groups, &batch, &out_stride,
-                                     &portable))
+                                     &isa))
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t rows = tiles * TILE_ROWS;
     if (!check(tiles >= 0 && groups > 0 && batch >= 0, "tiles, groups and batch must be non-negative")
-        || !check(codes.len == tiles * groups * 256, "codes must hold tiles * groups * 256 bytes")
-        || !check(csum.len == rows * 4, "csum must hold tiles * 64 int32")
-        || !check(scale.len == rows * 4, "scale must hold tiles * 64 float32")
+        || !check(codes.len >= tiles * groups * 256 && codes.len % (groups * 256) == 0,
+                  "codes must hold at least tiles * groups * 256 bytes")
+        || !check(csum.len >= rows * 4, "csum must hold tiles * 64 int32")
+        || !check(scale.len >= rows * 4, "scale must hold tiles * 64 float32")
         || !check(queries.len == batch * groups * 4, "queries must hold batch * groups * 4 bytes")
         || !check(qscale.len == batch * 4, "qscale must hold batch float32")
         || !check(out_stride >= rows && out.len >= (batch ? ((batch - 1) * out_stride + rows) * 4 : 0),
                   "out is too small for batch rows of out_stride float32")
         || !check(tile_max.len == batch * tiles * 4, "tile_max must hold batch * tiles float32"))
         goto done;
-    if (use_vnni < 0)
-        use_vnni = cpu_has_vnni();
+    tile_fn kernel = tile_kernel(isa);
+    const int8_t *cb = codes.buf;
+    const int32_t *cs = csum.buf;
+    const float *sc = scale.buf, *qsc = qscale.buf;
+    const uint8_t *qb = queries.buf;
+    float *ob = out.buf, *tm = tile_max.buf;
     Py_BEGIN_ALLOW_THREADS
-#if HAVE_VNNI_BUILD
-    if (use_vnni && !portable)
-        scan_vnni(codes.buf, csum.buf, scale.buf, queries.buf, qscale.buf, out.buf, tile_max.buf, tiles, groups, batch,
-                  out_stride);
-    else
-#endif
-        scan_portable(codes.buf, csum.buf, scale.buf, queries.buf, qscale.buf, out.buf, tile_max.buf, tiles, groups,
-                      batch, out_stride);
+    for (Py_ssize_t tile = 0; tile < tiles; tile++)
+        for (Py_ssize_t i = 0; i < batch; i++)
+            kernel(cb + tile * groups * 256, cs + tile * TILE_ROWS, sc + tile * TILE_ROWS, qb + i * groups * 4,
+                   qsc[i], groups, ob + i * out_stride + tile * TILE_ROWS, tm + i * tiles + tile);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
@@ -193,14 +225,90 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(scan_tiles_doc,
+"scan_tiles(codes, csum, scale, queries, qscale, tile_ids, tile_ptr, out, tile_max, groups, batch, isa=0)\n\n"
+"For query i, the tiles tile_ids[tile_ptr[i]:tile_ptr[i + 1]] (int64) only: their 64 scores each\n"
+"go to out[64 * j : 64 * j + 64] and their best to tile_max[j], j = tile_ptr[i] .. tile_ptr[i + 1] - 1\n"
+"(the inverted file's probed lists). Same arithmetic and buffers as scan(). Runs without the GIL.");
+
+static PyObject *scan_tiles(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"codes", "csum", "scale", "queries", "qscale", "tile_ids", "tile_ptr", "out",
+                             "tile_max", "groups", "batch", "isa", NULL};
+    Py_buffer codes, csum, scale, queries, qscale, tile_ids, tile_ptr, out, tile_max;
+    Py_ssize_t groups, batch;
+    int isa = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*y*y*y*y*w*w*nn|i", kwlist, &codes, &csum, &scale,
+                                     &queries, &qscale, &tile_ids, &tile_ptr, &out, &tile_max, &groups, &batch,
+                                     &isa))
+        return NULL;
+    PyObject *result = NULL;
+    const int64_t *ids = tile_ids.buf, *ptr = tile_ptr.buf;
+    Py_ssize_t total = tile_ids.len / 8, tiles = groups > 0 ? codes.len / (groups * 256) : 0;
+    if (!check(groups > 0 && batch >= 0, "groups and batch must be non-negative")
+        || !check(codes.len % (groups * 256) == 0, "codes must hold whole tiles of groups * 256 bytes")
+        || !check(csum.len >= tiles * TILE_ROWS * 4 && scale.len >= tiles * TILE_ROWS * 4,
+                  "csum and scale must hold 64 entries per tile")
+        || !check(queries.len == batch * groups * 4, "queries must hold batch * groups * 4 bytes")
+        || !check(qscale.len == batch * 4, "qscale must hold batch float32")
+        || !check(tile_ptr.len == (batch + 1) * 8, "tile_ptr must hold batch + 1 int64")
+        || !check(out.len >= total * TILE_ROWS * 4 && tile_max.len >= total * 4,
+                  "out must hold 64 float32 and tile_max one float32 per tile id"))
+        goto done;
+    if (batch && !check(ptr[0] == 0 && ptr[batch] == total, "tile_ptr must run from 0 to len(tile_ids)"))
+        goto done;
+    for (Py_ssize_t i = 0; i < batch; i++)
+        if (!check(ptr[i] <= ptr[i + 1], "tile_ptr must not decrease"))
+            goto done;
+    for (Py_ssize_t j = 0; j < total; j++)
+        if (!check(ids[j] >= 0 && ids[j] < tiles, "a tile id is out of range"))
+            goto done;
+    tile_fn kernel = tile_kernel(isa);
+    const int8_t *cb = codes.buf;
+    const int32_t *cs = csum.buf;
+    const float *sc = scale.buf, *qsc = qscale.buf;
+    const uint8_t *qb = queries.buf;
+    float *ob = out.buf, *tm = tile_max.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < batch; i++)
+        for (int64_t j = ptr[i]; j < ptr[i + 1]; j++) {
+            int64_t tile = ids[j];
+            if (j + 1 < ptr[i + 1])                 /* the next tile of a list is usually adjacent; else fetch it */
+                __builtin_prefetch(cb + ids[j + 1] * groups * 256);
+            kernel(cb + tile * groups * 256, cs + tile * TILE_ROWS, sc + tile * TILE_ROWS, qb + i * groups * 4,
+                   qsc[i], groups, ob + j * TILE_ROWS, tm + j);
+        }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&csum);
+    PyBuffer_Release(&scale);
+    PyBuffer_Release(&queries);
+    PyBuffer_Release(&qscale);
+    PyBuffer_Release(&tile_ids);
+    PyBuffer_Release(&tile_ptr);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&tile_max);
+    return result;
+}
+
 static PyObject *has_vnni(PyObject *self, PyObject *unused)
 {
-    return PyBool_FromLong(cpu_has_vnni());
+    return PyBool_FromLong(cpu_has(ISA_VNNI));
+}
+
+static PyObject *has_avx2(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(cpu_has(ISA_AVX2));
 }
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS, scan_doc},
+    {"scan_tiles", (PyCFunction)(void (*)(void))scan_tiles, METH_VARARGS | METH_KEYWORDS, scan_tiles_doc},
     {"has_vnni", has_vnni, METH_NOARGS, "Whether this CPU runs the AVX-512 VNNI kernel."},
+    {"has_avx2", has_avx2, METH_NOARGS, "Whether this CPU runs the AVX2 kernel."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,25 +1,25 @@
-"""The front end's copy of the model: an immutable snapshot swapped in whole.
+"""The front end's copy of the model: immutable snapshots, swapped in whole.
 
-A ``ModelIndex`` is never modified after it is built. ``apply(delta)`` builds the next
-snapshot (copy-on-write) in the sync thread and ``ModelHolder.swap`` publishes it with a
-single reference assignment, so a query, which reads ``holder.current`` once and uses
-only that object, sees version v or version v+1 and never half of a sync. The price is
-one copy of the normalised matrix per sync with changes (about 4 ms per 100k x 100 on
-this machine; the raw vectors are kept as unit rows times their norms, so there is one
-matrix to copy, not two), paid off the query path.
+A ``ModelIndex`` never changes once built. ``apply(delta)`` (``snapshot_writer``) builds
+the next snapshot in the sync thread and ``ModelHolder.swap`` publishes it with a single
+reference assignment, so a query, which reads ``holder.current`` once and uses only that
+object, sees version v or version v+1 and never half of a sync. The rows live in two
+buffers per lineage (``row_store``): the next snapshot is written into the buffer no one
+refers to any more, so a sync costs O(changed rows), not a copy of the model.
 
-Search is exact: cosine similarity against the row-normalised float32 matrix ``unit``.
-On a large model an int8 copy of ``unit`` is scored first and only the rows that can still
-reach the top k are re-scored in float32 (``int8_prefilter``; same answers): about 0.2 ms
-for one query at 100k x 100 against 1.5 ms for the float32 BLAS product it replaced.
-Without its kernel (no compiler at install time, or a CPU without VNNI) the float32
-product and a compiled top-k heap answer. An HNSW index was rejected for the
-default path: it cannot follow a model that changes 10^5-10^6 rows per second
-(bench/README.md).
+Search. ``top_k`` is exact: cosine similarity against the unit rows, an int8 copy scored
+first (``int8_prefilter``; AVX-512 VNNI or AVX2 kernel) and only rows that can still make
+the top k re-scored in float32 (same answers as the float32 product; without a kernel, the
+float32 product and a compiled top-k heap answer). ``search`` is what queries use: on a
+model with an inverted file (``ivf``, built in the background from ``ivf_min_rows`` rows)
+it scores only the ``ivf_nprobe`` lists nearest to each query, which is approximate, and
+says so per query ("ivf" or "exact"); ``LIVEVEC_SEARCH=exact`` keeps every query exact.
+An HNSW graph was rejected: it cannot follow a model that changes 10^5 rows per second
+(bench/README.md); the lists follow it by re-filing changed rows.
 """
 from __future__ import annotations
 
-import bisect
+import math
 import time
 from dataclasses import dataclass
 
@@ -27,10 +27,12 @@ import numpy as np
 from numba import njit
 
 from online.frontend import int8_prefilter
+from online.frontend import ivf as ivf_lists
 from online.frontend.sources import ModelDelta
+from online.frontend.word_lookup import AlphaIndex, KeyIndex, WordsView
 from online.learner.keys import word_key
 
-_HIGHEST_CHAR = "\U0010ffff"
+SEARCH_MODES = ("auto", "exact")
 
 
 class ModelDeltaError(ValueError):
@@ -43,35 +45,14 @@ class Neighbour:
     score: float
 
 
-def _normalise(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unit rows and the norms that restore the vectors (a zero vector stays zero)."""
-    norms = np.linalg.norm(vectors, axis=1).astype(np.float32)
-    safe = np.where(norms == 0, np.float32(1.0), norms)
-    return (vectors / safe[:, None]).astype(np.float32, copy=False), norms
+@dataclass(frozen=True)
+class SearchConfig:
+    """How queries are answered (``LIVEVEC_SEARCH``, ``LIVEVEC_IVF_*``)."""
 
-
-def _check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray, int]:
-    keys = np.asarray(delta.keys, dtype=np.uint64).reshape(-1)
-    words = list(delta.words)
-    vectors = np.asarray(delta.vectors, dtype=np.float32)
-    counts = np.asarray(delta.counts, dtype=np.int64).reshape(-1)
-    removed = np.asarray(delta.removed, dtype=np.uint64).reshape(-1)
-    if vectors.ndim != 2:
-        raise ModelDeltaError(f"vectors must be 2-d, got shape {vectors.shape}")
-    n = len(keys)
-    if not (len(words) == n and vectors.shape[0] == n and len(counts) == n):
-        raise ModelDeltaError(f"delta has {n} keys, {len(words)} words, {vectors.shape[0]} vectors and "
-                              f"{len(counts)} counts; they must match")
-    bad = ~np.isfinite(vectors).all(axis=1) if n else np.zeros(0, bool)
-    if bad.any():                       # a NaN row would win every top-k; serve it as a zero vector
-        vectors = vectors.copy()
-        vectors[bad] = 0.0
-    if n and len(np.unique(keys)) != n:  # duplicate keys: the last occurrence wins
-        _, last = np.unique(keys[::-1], return_index=True)
-        keep = np.sort(n - 1 - last)
-        keys, vectors, counts = keys[keep], vectors[keep], counts[keep]
-        words = [words[i] for i in keep.tolist()]
-    return keys, words, np.ascontiguousarray(vectors), counts, removed, int(bad.sum())
+    search: str = "auto"           # auto: the inverted file once built on a large model; exact: always exact
+    ivf_min_rows: int = 100_000    # smallest model that gets an inverted file
+    ivf_lists: int = 0             # lists; 0 = sqrt(rows)
+    ivf_nprobe: int = 32           # lists a query scans
 
 
 @njit(nogil=True, cache=True)
@@ -135,156 +116,97 @@ def warm_up() -> None:
     _select_top_k(np.zeros((1, 3), np.float32), np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
                   np.empty((1, 2), np.int64), np.empty((1, 2), np.float32))
     int8_prefilter.warm_up()
+    from online.frontend import ivf_build
+    rows = np.eye(4, dtype=np.float32)
+    ivf_lists.nearest_among(rows, np.arange(4), np.zeros(4, np.int64), np.zeros((1, 1), np.int64), rows[:1])
+    ivf_lists.moved_far(rows, np.arange(4), rows, np.arange(4), 0.9)
+    ivf_lists._probe(rows, 2, np.arange(5, dtype=np.int64), np.arange(4, dtype=np.int64))
+    from online.frontend import row_store
+    row_store.scatter_rows(rows.copy(), np.arange(4), rows, np.arange(4))
+    for a in (np.zeros(4, np.float32), np.zeros(4, np.int64)):
+        row_store.scatter(a, np.arange(4), a.copy(), np.arange(4))
+    int8_prefilter._copy_per_slot(np.zeros(1, np.int64), np.zeros(1, np.int64), *([np.zeros(1, np.float32)] * 2),
+                                  np.zeros(1, np.int32), *([np.zeros(1, np.float32)] * 2), np.zeros(1, np.int32))
+    ivf_build._best_member(rows, np.zeros((4, 1), np.int64), np.array([0, 1], np.int64), np.zeros(1, np.int64),
+                           rows[:1])
+    ivf_lists._take_free(np.zeros(1, np.int64), np.array([0, 1], np.int64), np.zeros(1, np.int64),
+                         np.zeros(1, np.int64), np.full(64, -1, np.int64), np.zeros(1, np.int64),
+                         np.empty(1, np.int64))
 
 
 class ModelIndex:
     """One immutable version of the model, with what queries need precomputed.
 
-    Words are found through their keys: ``word_key(word)`` then a binary search in the
-    sorted key array, so no per-word dict has to be copied at every sync (copying two
-    100k-entry dicts holds the GIL, and so stalls the event loop, for several ms).
+    Rows 0..n-1 are the vocabulary (``words``, ``keys``, ``counts``, ``unit`` and ``norms``
+    in row order). Words are found through their keys (``word_key`` then a binary search,
+    ``word_lookup.KeyIndex``), so no per-word dict is copied per sync. Build one with
+    ``empty``/``from_arrays`` and ``apply``; the constructor is the writer's.
     """
 
-    def __init__(self, version: int, keys: np.ndarray, words: list[str], counts: np.ndarray,
-                 unit: np.ndarray, norms: np.ndarray, *, alpha_rows: np.ndarray | None = None,
-                 alpha_words: list[str] | None = None, key_order: np.ndarray | None = None,
-                 updated_at: float | None = None, bad_rows: int = 0,
-                 codes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None):
+    def __init__(self, version: int, store, buffer, n: int, n_tiles: int, keys_all: np.ndarray,
+                 words_all: list[str], counts: np.ndarray, key_index: KeyIndex, alpha: AlphaIndex,
+                 ivf: ivf_lists.IvfLists | None = None, bad_rows: int = 0, updated_at: float | None = None,
+                 config: SearchConfig | None = None):
         self.version = int(version)
-        self.keys = keys
-        self.words = words
+        self.store = store
+        self._buffer = buffer
+        self.config = config if config is not None else (store.config if store is not None else SearchConfig())
+        self.n_tiles = int(n_tiles)
+        slots = self.n_tiles * int8_prefilter.TILE_ROWS
+        self.keys = keys_all[:n]
+        self.words = WordsView(words_all, n)
         self.counts = counts
-        self.unit = unit                                 # the searched matrix: rows of length 1 (or 0)
-        self.norms = norms                               # unit * norms = the vectors (only unit is copied per sync)
-        if codes is None:
-            codes = int8_prefilter.quantise(unit)
-        # int8 copy of unit for the pre-filter, in the kernel's packed layout (rows padded to
-        # whole tiles with zero codes); per row: scale, |x - x_hat| and the code sum
-        self.codes, self.code_scale, self.code_error, self.code_sum = codes
-        self._tile_err: np.ndarray | None = None
-        self.updated_at = time.time() if updated_at is None else updated_at
+        if buffer is None:
+            dim = 0
+            self.unit, self.norms = np.zeros((0, 0), np.float32), np.zeros(0, np.float32)
+            self.row_slot, self.slot_row = np.zeros(0, np.int64), np.zeros(0, np.int64)
+            self.codes, self.code_scale, self.code_error, self.code_sum = int8_prefilter.quantise(self.unit)
+            self.tile_err = np.zeros(0, np.float32)
+        else:
+            dim = buffer.dim
+            self.unit, self.norms = buffer.unit[:n], buffer.norms[:n]       # unit * norms = the vectors
+            self.row_slot, self.slot_row = buffer.row_slot[:n], buffer.slot_row[:slots]
+            # int8 copy of unit in the kernel's packed layout, by slot (row order without an
+            # inverted file, list by list with one); per slot: scale, |x - x_hat|, code sum
+            self.codes = buffer.codes[:self.n_tiles]
+            self.code_scale, self.code_error = buffer.scale[:slots], buffer.error[:slots]
+            self.code_sum, self.tile_err = buffer.csum[:slots], buffer.tile_err[:self.n_tiles]
+        self._dim = dim
+        self.key_index, self.alpha = key_index, alpha
+        self.ivf = ivf
         self.bad_rows = bad_rows
-        if key_order is None:
-            key_order = np.argsort(keys, kind="stable")
-        self.key_order = key_order                       # rows in key order
-        self.sorted_keys = keys[key_order]
-        if alpha_rows is None:
-            alpha_rows = np.asarray(sorted(range(len(words)), key=words.__getitem__), dtype=np.int64)
-            alpha_words = None
-        self.alpha_rows = alpha_rows                     # rows in alphabetical order of their words
-        self.alpha_words = [words[r] for r in alpha_rows.tolist()] if alpha_words is None else alpha_words
-        for a in (self.keys, self.counts, self.norms, self.unit, self.alpha_rows, self.key_order,
-                  self.sorted_keys, self.codes, self.code_scale, self.code_error, self.code_sum):
+        self.updated_at = time.time() if updated_at is None else updated_at
+        for a in (self.keys, self.counts, self.unit, self.norms, self.row_slot, self.slot_row, self.codes,
+                  self.code_scale, self.code_error, self.code_sum, self.tile_err):
             a.flags.writeable = False
 
     # ---------------------------------------------------------------- building
     @classmethod
-    def empty(cls) -> "ModelIndex":
-        z = np.zeros((0, 0), np.float32)
-        return cls(0, np.zeros(0, np.uint64), [], np.zeros(0, np.int64), z, np.zeros(0, np.float32), updated_at=0.0)
+    def empty(cls, config: SearchConfig | None = None) -> "ModelIndex":
+        return cls(0, None, None, 0, 0, np.zeros(0, np.uint64), [], np.zeros(0, np.int64),
+                   KeyIndex.build(np.zeros(0, np.uint64)), AlphaIndex.build([]), updated_at=0.0,
+                   config=config or SearchConfig())
 
     @classmethod
-    def from_arrays(cls, version: int, keys, words, vectors, counts=None) -> "ModelIndex":
+    def from_arrays(cls, version: int, keys, words, vectors, counts=None,
+                    config: SearchConfig | None = None) -> "ModelIndex":
         counts = np.zeros(len(words), np.int64) if counts is None else counts
-        return cls.empty().apply(ModelDelta(np.asarray(keys, np.uint64), list(words),
-                                            np.asarray(vectors, np.float32), np.asarray(counts, np.int64),
-                                            version, full=True))
-
-    def rows_of_keys(self, keys: np.ndarray) -> np.ndarray:
-        """Row of each key, -1 where absent (vectorised binary search)."""
-        keys = np.asarray(keys, dtype=np.uint64)
-        if len(self.sorted_keys) == 0 or len(keys) == 0:
-            return np.full(len(keys), -1, dtype=np.int64)
-        pos = np.searchsorted(self.sorted_keys, keys)
-        pos[pos == len(self.sorted_keys)] = 0
-        return np.where(self.sorted_keys[pos] == keys, self.key_order[pos], -1)
+        return cls.empty(config).apply(ModelDelta(np.asarray(keys, np.uint64), list(words),
+                                                  np.asarray(vectors, np.float32), np.asarray(counts, np.int64),
+                                                  version, full=True))
 
     def apply(self, delta: ModelDelta) -> "ModelIndex":
         """The snapshot after ``delta`` (this one is left untouched)."""
-        keys, words, vectors, counts, removed, bad = _check_delta(delta)
-        if delta.full:
-            return ModelIndex(delta.version, keys, words, counts, *_normalise(vectors), bad_rows=bad)
-        if len(keys) == 0 and len(removed) == 0:
-            return ModelIndex(delta.version, self.keys, self.words, self.counts, self.unit, self.norms,
-                              alpha_rows=self.alpha_rows, alpha_words=self.alpha_words, key_order=self.key_order,
-                              bad_rows=self.bad_rows, codes=self._code_arrays)
-        dim = self.dim if self.n else vectors.shape[1]
-        if len(keys) and vectors.shape[1] != dim:
-            raise ModelDeltaError(f"delta has dimension {vectors.shape[1]}, the model has {dim}")
-        rows = self.rows_of_keys(keys)
-        is_new = rows < 0
-        n_old, n_new = self.n, int(is_new.sum())
-        rows[is_new] = np.arange(n_old, n_old + n_new)
-        if n_old:
-            new_unit = np.concatenate([self.unit, np.empty((n_new, dim), np.float32)])
-        else:
-            new_unit = np.empty((n_new, dim), np.float32)
-        new_norms = np.concatenate([self.norms, np.empty(n_new, np.float32)])
-        new_unit[rows], new_norms[rows] = _normalise(vectors)
-        new_codes = int8_prefilter.grown_codes(self._code_arrays, n_old, n_old + n_new, dim)
-        int8_prefilter.quantise(new_unit, rows, new_codes)                           # only the changed rows
-        new_counts = np.concatenate([self.counts, np.zeros(n_new, np.int64)])
-        new_counts[rows] = counts
-        fresh_keys, fresh_rows = keys[is_new], rows[is_new]
-        new_keys = np.concatenate([self.keys, fresh_keys])
-        new_words = self.words + [w for w, fresh in zip(words, is_new.tolist()) if fresh]
-        renamed = False
-        for r, w, fresh in zip(rows.tolist(), words, is_new.tolist()):
-            if not fresh and new_words[r] != w:     # a key's word string changed (hash collision, fix-up)
-                new_words[r] = w
-                renamed = True
+        from online.frontend import snapshot_writer
+        return snapshot_writer.apply(self, delta)
 
-        # key order: insert the new keys into the sorted array (no full sort)
-        by_key = np.argsort(fresh_keys, kind="stable")
-        at = np.searchsorted(self.sorted_keys, fresh_keys[by_key])
-        key_order = np.insert(self.key_order, at, fresh_rows[by_key]) if n_new else self.key_order
-        # alphabetical order: likewise, the few new words go in by binary search
-        if renamed:
-            alpha_rows, alpha_words = None, None
-        elif n_new:
-            fresh_words = [new_words[r] for r in fresh_rows.tolist()]
-            by_word = sorted(range(n_new), key=fresh_words.__getitem__)
-            sorted_fresh = [fresh_words[i] for i in by_word]
-            at_words = [bisect.bisect_left(self.alpha_words, w) for w in sorted_fresh]
-            alpha_rows = np.insert(self.alpha_rows, at_words, fresh_rows[by_word])
-            alpha_words, prev = [], 0
-            for pos, w in zip(at_words, sorted_fresh):
-                alpha_words.extend(self.alpha_words[prev:pos])
-                alpha_words.append(w)
-                prev = pos
-            alpha_words.extend(self.alpha_words[prev:])
-        else:
-            alpha_rows, alpha_words = self.alpha_rows, self.alpha_words
+    def needs_apply(self) -> bool:
+        """Whether a sync should call ``apply`` even without changes: new lists wait to be installed."""
+        return self.store is not None and self.store.pending_ivf is not None
 
-        drop_rows = self.rows_of_keys(removed) if len(removed) else np.zeros(0, np.int64)
-        if len(drop_rows):
-            drop_rows = drop_rows[(drop_rows >= 0) & ~np.isin(removed, keys)]   # changed again: keep
-        if len(drop_rows):
-            keep = np.ones(len(new_keys), dtype=bool)
-            keep[drop_rows] = False
-            remap = np.cumsum(keep) - 1
-            if alpha_rows is not None:
-                kept_alpha = keep[alpha_rows]
-                alpha_words = [w for w, k in zip(alpha_words, kept_alpha.tolist()) if k]
-                alpha_rows = remap[alpha_rows[kept_alpha]]
-            new_unit, new_norms = new_unit[keep], new_norms[keep]
-            new_codes = int8_prefilter.quantise(new_unit)          # rows move between tiles: re-quantise all (removals are rare)
-            new_counts, new_keys = new_counts[keep], new_keys[keep]
-            new_words = [w for w, k in zip(new_words, keep.tolist()) if k]
-            key_order = None
-        return ModelIndex(delta.version, new_keys, new_words, new_counts, new_unit, new_norms,
-                          alpha_rows=alpha_rows, alpha_words=alpha_words, key_order=key_order,
-                          bad_rows=self.bad_rows + bad, codes=new_codes)
-
-    def _tile_error(self) -> np.ndarray:
-        """Largest |x - x_hat| per tile (computed on first use; the snapshot never changes)."""
-        if self._tile_err is None:
-            self._tile_err = int8_prefilter.tile_error(self.code_error)
-        return self._tile_err
-
-    @property
-    def _code_arrays(self):
-        return self.codes, self.code_scale, self.code_error, self.code_sum
+    def rows_of_keys(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key, -1 where absent (vectorised binary search)."""
+        return self.key_index.rows_of(keys)
 
     # ----------------------------------------------------------------- reading
     @property
@@ -293,7 +215,16 @@ class ModelIndex:
 
     @property
     def dim(self) -> int:
-        return int(self.unit.shape[1])
+        return self._dim
+
+    @property
+    def alpha_words(self) -> list[str]:
+        """Every word in alphabetical order (O(n); for tests and scripts)."""
+        return self.alpha.words()
+
+    @property
+    def alpha_rows(self) -> np.ndarray:
+        return self.alpha.rows()
 
     def vector(self, row: int) -> np.ndarray:
         """The vector of ``row`` as the source sent it (to float32 rounding)."""
@@ -321,21 +252,10 @@ class ModelIndex:
 
     def prefix(self, prefix: str, limit: int) -> list[tuple[str, int]]:
         """Up to ``limit`` words starting with ``prefix``, most frequent first (then alphabetical)."""
-        lo = bisect.bisect_left(self.alpha_words, prefix)
-        hi = bisect.bisect_left(self.alpha_words, prefix + _HIGHEST_CHAR, lo)
-        rows = self.alpha_rows[lo:hi]               # alphabetical
-        if len(rows) > limit:
-            c = self.counts[rows]
-            threshold = np.partition(c, len(c) - limit)[len(c) - limit]    # the limit-th largest count
-            above = rows[c > threshold]
-            tied = rows[c == threshold][:limit - len(above)]              # ties: alphabetical order wins
-            rows = np.concatenate([above, tied])
-        order = sorted(rows.tolist(), key=lambda r: (-int(self.counts[r]), self.words[r]))
-        return [(self.words[r], int(self.counts[r])) for r in order]
+        return self.alpha.prefix(prefix, limit, self.counts, self.words)
 
     def prefix_total(self, prefix: str) -> int:
-        lo = bisect.bisect_left(self.alpha_words, prefix)
-        return bisect.bisect_left(self.alpha_words, prefix + _HIGHEST_CHAR, lo) - lo
+        return self.alpha.total(prefix)
 
     def query_vector(self, positive_rows: list[int], negative_rows: list[int]) -> np.ndarray:
         """3CosAdd direction: sum of the unit vectors of positive minus negative, normalised."""
@@ -344,6 +264,35 @@ class ModelIndex:
             q = q - self.unit[negative_rows].sum(axis=0)
         norm = float(np.linalg.norm(q))
         return (q / norm if norm > 0 else q).astype(np.float32)
+
+    # ------------------------------------------------------------------ search
+    def search_mode(self) -> str:
+        """How ``search`` answers now: "ivf" or "exact"."""
+        return "ivf" if self.ivf is not None and self.config.search != "exact" else "exact"
+
+    def search(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
+               exact: bool | None = None) -> tuple[list[list[Neighbour]], list[str]]:
+        """Top ``ks[i]`` for each query as queries are answered, and how each was answered:
+        "ivf" (the ``ivf_nprobe`` nearest lists only; approximate) or "exact". A query whose probed
+        lists hold fewer than k rows it may return is answered exactly."""
+        b = len(ks)
+        if exact or self.search_mode() == "exact" or b == 0 or self.n == 0:
+            return self.top_k(queries, exclude, ks), ["exact"] * b
+        kk = min(max(ks), self.n)
+        ptr, flat = _exclusions(exclude)
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        tile_ids, tile_ptr = ivf_lists.probe(self.ivf, queries, self.config.ivf_nprobe)
+        top, top_scores, _ = int8_prefilter.probed_top_k(self.unit, self._code_arrays, self.tile_err,
+                                                         self.slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk)
+        answers = self._neighbours(top, top_scores, ks)
+        methods = ["ivf"] * b
+        short = [i for i, (got, k) in enumerate(zip(answers, ks))
+                 if len(got) < min(k, self.n - len(set(exclude[i])))]
+        if short:
+            redo = self.top_k(queries[short], [exclude[i] for i in short], [ks[i] for i in short])
+            for i, got in zip(short, redo):
+                answers[i], methods[i] = got, "exact"
+        return answers, methods
 
     def top_k(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
               prefilter: bool | None = None) -> list[list[Neighbour]]:
@@ -358,21 +307,23 @@ class ModelIndex:
         if n == 0 or b == 0:
             return [[] for _ in range(b)]
         kk = min(max(ks), n)
-        ptr = np.zeros(b + 1, dtype=np.int64)
-        ptr[1:] = np.cumsum([len(rows) for rows in exclude])
-        flat = np.fromiter((r for rows in exclude for r in rows), dtype=np.int64, count=int(ptr[-1]))
+        ptr, flat = _exclusions(exclude)
         if prefilter is None:
             prefilter = (n >= int8_prefilter.MIN_ROWS_FOR_CODES
                          and b <= int8_prefilter.MAX_BATCH_FOR_CODES[int8_prefilter.SCAN])
         if prefilter and self.dim:
-            top, top_scores = int8_prefilter.prefiltered_top_k(self.unit, self._code_arrays, self._tile_error(),
-                                                               queries, ptr, flat, kk)
+            top, top_scores = int8_prefilter.prefiltered_top_k(
+                self.unit, self._code_arrays, self.tile_err, queries, ptr, flat, kk, self.slot_row, self.row_slot,
+                self.n_tiles * int8_prefilter.TILE_ROWS)
         else:
             scores = queries @ self.unit.T                   # [b, n], one BLAS call for the whole batch
             top = np.empty((b, kk), dtype=np.int64)
             top_scores = np.empty((b, kk), dtype=np.float32)
             _select_top_k(scores, ptr, flat, kk, top, top_scores)
-        words = self.words
+        return self._neighbours(top, top_scores, ks)
+
+    def _neighbours(self, top: np.ndarray, top_scores: np.ndarray, ks: list[int]) -> list[list[Neighbour]]:
+        words = self.words._words            # rows in top are < n: the shared list is safe to index
         out = []
         for i, k in enumerate(ks):
             row_scores = top_scores[i, :k].tolist()
@@ -380,8 +331,12 @@ class ModelIndex:
                         if r >= 0 and s != -np.inf])
         return out
 
+    @property
+    def _code_arrays(self):
+        return self.codes, self.code_scale, self.code_error, self.code_sum
+
     def most_similar(self, positive: list[str], negative: list[str] = (), k: int = 10) -> list[Neighbour]:
-        """Convenience for tests and scripts: one query, unknown words raise KeyError."""
+        """Convenience for tests and scripts: one exact query, unknown words raise KeyError."""
         pos = [self.row(w) for w in positive]
         neg = [self.row(w) for w in negative]
         missing = [w for w, r in zip(list(positive) + list(negative), pos + neg) if r < 0]
@@ -390,12 +345,35 @@ class ModelIndex:
         q = self.query_vector(pos, neg)[None, :]
         return self.top_k(q, [pos + neg], [k])[0]
 
+    def describe_search(self) -> dict:
+        """The search's state for ``/v1/stats``."""
+        out = {"mode": self.config.search, "answering": self.search_mode(), "scan": int8_prefilter.SCAN,
+               "ivf_min_rows": self.config.ivf_min_rows, "nprobe": self.config.ivf_nprobe, "ivf": None}
+        if self.ivf is not None:
+            ivf = self.ivf.describe()
+            ivf["age_seconds"] = round(time.time() - self.ivf.built_at, 1)
+            ivf["rows_placed_fraction"] = round(self.ivf.drift / max(self.ivf.built_rows, 1), 4)
+            ivf["rows_probed_per_query"] = int(min(self.n, math.ceil(self.n * min(1.0, self.config.ivf_nprobe
+                                                                                    / self.ivf.lists))))
+            out["ivf"] = ivf
+        if self.store is not None:
+            out["buffers"] = {"count": len(self.store.buffers), "bytes": self.store.nbytes(),
+                              **self.store.counters}
+        return out
+
+
+def _exclusions(exclude: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(exclude) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(rows) for rows in exclude])
+    flat = np.fromiter((r for rows in exclude for r in rows), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, flat
+
 
 class ModelHolder:
     """The current snapshot; ``swap`` is one reference assignment, which is atomic for readers."""
 
-    def __init__(self):
-        self.current: ModelIndex = ModelIndex.empty()
+    def __init__(self, config: SearchConfig | None = None):
+        self.current: ModelIndex = ModelIndex.empty(config)
         self.loaded = False
         self.swapped_at: float | None = None
 

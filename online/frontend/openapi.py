@@ -9,11 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from online.frontend.settings import FrontendSettings
+from online.frontend.whats_new import MAX_LIMIT, RANKINGS
 
 MAX_WORD_LENGTH = 1000
 MAX_PREFIX_LENGTH = 200
 MAX_VOCAB_LIMIT = 1000
 MAX_ANALOGY_PARAM_LENGTH = 4000
+MAX_SINCE = 1e11                 # unix seconds (year 5138): later is a typo, not a time
+MAX_CHECKPOINT_LENGTH = 40
+EXPORT_HEADERS = {"X-Model-Version": "the model version every row comes from",
+                  "X-Model-Rows": "rows in the file (also its header line)", "X-Model-Dim": "vector dimension",
+                  "X-Model-Skipped": "words left out because a word2vec file cannot hold them (whitespace)"}
 
 
 def _json(schema_ref: str, description: str) -> dict[str, Any]:
@@ -23,7 +29,8 @@ def _json(schema_ref: str, description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "invalid parameter or body", 404: "unknown word",
-            503: "no model loaded yet, or too many requests in flight (see Retry-After)",
+            503: "no model loaded yet, too many requests in flight, or too many queries waiting (error "
+                 "overloaded: load shedding; see Retry-After)",
             413: "request body too large", 408: "the request body did not arrive in time",
             401: "missing or wrong 'Authorization: Bearer <token>'"}
     return {str(c): _json("Error", text[c]) for c in codes}
@@ -53,6 +60,9 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
     word_schema = {"type": "string", "minLength": 1, "maxLength": MAX_WORD_LENGTH}
     neighbours = {"type": "array", "items": {"$ref": "#/components/schemas/Neighbour"}}
     number_or_null = {"type": "number", "nullable": True}
+    searched = {"type": "string", "enum": ["exact", "ivf"],
+                "description": "how the neighbours were found: exact (every row), or ivf (the inverted file's "
+                               "nearest lists only: approximate, /v1/stats gives its measured recall@10)"}
     return {
         "openapi": "3.0.3",
         "info": {
@@ -125,6 +135,27 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                                   **_errors(400, 503)},
                 },
             },
+            "/v1/export": {
+                "get": {
+                    "operationId": "export",
+                    "summary": "the whole model as one word2vec file, streamed from one snapshot",
+                    "description": "Every row comes from the model version in X-Model-Version, however long the "
+                                   "download takes. Rows go out most frequent first. binary and text are "
+                                   "word2vec.c's formats (gensim's load_word2vec_format reads both); vocab is "
+                                   "'word count' per line, without vectors.",
+                    "parameters": [{"name": "format", "in": "query", "required": False,
+                                    "schema": {"type": "string", "enum": ["binary", "text", "vocab"],
+                                               "default": "binary"}}],
+                    "responses": {"200": {"description": "the file, chunked",
+                                          "headers": {name: {"description": text, "schema": {"type": "integer"}}
+                                                      for name, text in EXPORT_HEADERS.items()},
+                                          "content": {"application/octet-stream": {"schema": {
+                                                          "type": "string", "format": "binary"}},
+                                                      "text/plain": {"schema": {"type": "string"}}}},
+                                  **_errors(400, 503)},
+                },
+            },
+            **_whats_new_paths(settings, k_param, word_schema),
             "/v1/stats": {
                 "get": {
                     "operationId": "stats",
@@ -153,12 +184,18 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                 "message": {"type": "string"},
                 "unknown": {"type": "array", "items": {"type": "string"}},
                 "parameter": {"type": "string"},
+                "reason": {"type": "string", "description": "with overloaded from the query queue: queue_full, "
+                                                           "wait_estimate or deadline"},
+                "checkpoints": {"type": "array", "items": {"type": "integer"},
+                                "description": "with unknown_checkpoint: the ids kept"},
             }},
+            **_whats_new_schemas(neighbours, number_or_null),
             "Neighbour": {"type": "object", "required": ["word", "score"], "properties": {
                 "word": {"type": "string"}, "score": {"type": "number"}}},
             "Similar": {"type": "object", "required": ["word", "version", "k", "neighbours"], "properties": {
                 "word": {"type": "string", "description": "the vocabulary word that matched"},
-                "version": {"type": "integer"}, "k": {"type": "integer"}, "neighbours": neighbours}},
+                "version": {"type": "integer"}, "k": {"type": "integer"}, "search": searched,
+                "neighbours": neighbours}},
             "SimilarBatchRequest": {"type": "object", "required": ["words"], "properties": {
                 "words": {"type": "array", "minItems": 1, "maxItems": settings.max_batch_words, "items": word_schema},
                 "k": {"type": "integer", "minimum": 1, "maximum": settings.max_k, "default": 10}}},
@@ -168,13 +205,14 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                 "k": {"type": "integer"},
                 "results": {"type": "array", "items": {"type": "object", "required": ["word", "version"],
                                                        "properties": {
-                    "word": {"type": "string"}, "version": {"type": "integer"}, "neighbours": neighbours,
-                    "error": {"type": "string"}, "message": {"type": "string"}}}}}},
+                    "word": {"type": "string"}, "version": {"type": "integer"}, "search": searched,
+                    "neighbours": neighbours, "error": {"type": "string"}, "message": {"type": "string"}}}}}},
             "Analogy": {"type": "object", "required": ["positive", "negative", "version", "k", "neighbours"],
                         "properties": {
                 "positive": {"type": "array", "items": {"type": "string"}},
                 "negative": {"type": "array", "items": {"type": "string"}},
-                "version": {"type": "integer"}, "k": {"type": "integer"}, "neighbours": neighbours}},
+                "version": {"type": "integer"}, "k": {"type": "integer"}, "search": searched,
+                "neighbours": neighbours}},
             "Vector": {"type": "object", "required": ["word", "key", "count", "dim", "version", "vector"],
                        "properties": {
                 "word": {"type": "string"},
@@ -204,9 +242,143 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                 "sync": {"type": "object"},
                 "source": {"type": "object", "description": "what the model source reports"},
                 "queries": {"type": "object"},
+                "search": {"type": "object", "description": "how queries are answered (exact or ivf), the inverted "
+                                                            "file's state and measured recall@10, load shedding"},
                 "history": {"type": "array", "items": {"type": "object"}}}},
             "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
             "Ready": {"type": "object", "required": ["ready"], "properties": {
                 "ready": {"type": "boolean"}, "version": {"type": "integer"}}},
         }},
+    }
+
+
+# ------------------------------------------------------------- what is new (online/frontend/whats_new.py)
+def _whats_new_paths(settings: FrontendSettings, k_param: dict, word_schema: dict) -> dict[str, Any]:
+    max_window = settings.rising_interval * settings.rising_samples
+    limit = {"name": "limit", "in": "query", "required": False, "description": f"most words listed (1..{MAX_LIMIT})",
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 20}}
+    recorded = ("Answered from the history this front end records itself from the snapshots it serves "
+                "(GET /v1/history shows its reach), not from the servers: it starts empty when the front end "
+                "starts, and memory and time stay bounded by LIVEVEC_NEW_WORDS_KEEP, LIVEVEC_RISING_* and "
+                "LIVEVEC_DRIFT_*.")
+    return {
+        "/v1/new": {"get": {
+            "operationId": "newWords",
+            "summary": "words that became trainable since a time, newest first",
+            "description": "A word reaches the front end when it reaches min_count and the next sync brings its "
+                           "row; first_seen is when this front end first served it (to within a sync interval). "
+                           "Words of the first model it loaded have no arrival time (observed_since). At most "
+                           f"LIVEVEC_NEW_WORDS_KEEP={settings.new_words_keep} arrivals are remembered; complete "
+                           "is false when some after since were forgotten or predate observed_since. Cost: "
+                           "O(a log n) for the a arrivals since since. " + recorded,
+            "parameters": [
+                {"name": "since", "in": "query", "required": False,
+                 "description": "unix seconds (default 0: every arrival remembered)",
+                 "schema": {"type": "number", "minimum": 0, "maximum": MAX_SINCE, "default": 0}},
+                limit],
+            "responses": {"200": _json("NewWords", "the arrivals, newest first"), **_errors(400, 503)},
+        }},
+        "/v1/rising": {"get": {
+            "operationId": "rising",
+            "summary": "words whose counts rise fastest over a window",
+            "description": "The rise of a word is its count now minus its count in the newest count sample at "
+                           f"least window seconds old (samples every LIVEVEC_RISING_INTERVAL="
+                           f"{settings.rising_interval:g} s, {settings.rising_samples} kept, so the window is "
+                           f"at most {max_window:g} s; span_seconds says the span measured, partial that the "
+                           "history is shorter than the window). by=rise ranks by the increase; by=lift by "
+                           "(rise + 1) / (expected + 1), expected being the rise the word's earlier share of "
+                           "all counts predicts, so a word used far more than usual beats a frequent word used "
+                           "as usual. Only words present at both ends; arrivals are /v1/new. Cost: one "
+                           "vectorised pass over the vocabulary. " + recorded,
+            "parameters": [
+                {"name": "window", "in": "query", "required": False,
+                 "description": f"seconds (above 0, at most {max_window:g}; default {min(300.0, max_window):g})",
+                 "schema": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": max_window,
+                            "default": min(300.0, max_window)}},
+                limit,
+                {"name": "by", "in": "query", "required": False,
+                 "schema": {"type": "string", "enum": list(RANKINGS), "default": "rise"}}],
+            "responses": {"200": _json("Rising", "the words whose counts rose, best first"), **_errors(400, 503)},
+        }},
+        "/v1/drift": {"get": {
+            "operationId": "drift",
+            "summary": "a word's neighbours now against a past checkpoint: overlap@k, entered and left",
+            "description": "Checkpoints are this front end's own, in memory: the first model it served, then "
+                           f"one every LIVEVEC_DRIFT_INTERVAL={settings.drift_interval:g} s while the model "
+                           f"changes, the last LIVEVEC_DRIFT_KEEP={settings.drift_keep} kept (each a float16 "
+                           "copy of the vectors, 2 dim + 20 bytes per word), numbered from 1 since its start; "
+                           "not the cluster's coordinated checkpoints. oldest is the oldest kept, previous the "
+                           "newest that differs from the served model. Neighbours now are exact, as /v1/similar; "
+                           "neighbours then are exact over the float16 vectors (scores within about 1e-3). Cost: "
+                           "two searches. A word that arrived after the checkpoint has in_checkpoint false and "
+                           "all its neighbours entered. " + recorded,
+            "parameters": [
+                {"name": "word", "in": "query", "required": True, "schema": word_schema},
+                k_param,
+                {"name": "checkpoint", "in": "query", "required": False,
+                 "description": "'oldest', 'previous' or an id from GET /v1/history",
+                 "schema": {"type": "string", "minLength": 1, "maxLength": MAX_CHECKPOINT_LENGTH,
+                            "default": "oldest"}}],
+            "responses": {"200": _json("Drift", "neighbours now and then"), **_errors(400, 503),
+                          "404": _json("Error", "unknown word (unknown_word) or checkpoint (unknown_checkpoint)")},
+        }},
+        "/v1/history": {"get": {
+            "operationId": "history",
+            "summary": "the history /v1/new, /v1/rising and /v1/drift answer from: checkpoints and reach",
+            "responses": {"200": _json("History", "what this front end remembers")},
+        }},
+    }
+
+
+def _whats_new_schemas(neighbours: dict, number_or_null: dict) -> dict[str, Any]:
+    integer_or_null = {"type": "integer", "nullable": True}
+    checkpoint = {"type": "object", "required": ["id", "taken_at", "version", "vocab_size"], "properties": {
+        "id": {"type": "integer"}, "taken_at": {"type": "number", "description": "unix seconds"},
+        "version": {"type": "integer"}, "vocab_size": {"type": "integer"}}}
+    return {
+        "NewWords": {"type": "object", "required": ["version", "since", "now", "observed_since", "complete", "total",
+                                                    "words"], "properties": {
+            "version": {"type": "integer"}, "since": {"type": "number"},
+            "now": {"type": "number", "description": "the front end's clock (unix s), for relative times"},
+            "observed_since": {**number_or_null, "description": "when the front end loaded its first model"},
+            "complete": {"type": "boolean", "description": "every arrival since since is known"},
+            "total": {"type": "integer", "description": "arrivals since since still in the model"},
+            "words": {"type": "array", "items": {"type": "object", "required": ["word", "first_seen", "count"],
+                                                 "properties": {"word": {"type": "string"},
+                                                                "first_seen": {"type": "number"},
+                                                                "count": {"type": "integer"}}}}}},
+        "Rising": {"type": "object", "required": ["version", "by", "window_seconds", "from", "to", "span_seconds",
+                                                  "partial", "words"], "properties": {
+            "version": {"type": "integer"}, "by": {"type": "string"}, "window_seconds": {"type": "number"},
+            "from": {"type": "number", "description": "unix s of the count sample compared with"},
+            "to": {"type": "number"}, "span_seconds": {"type": "number"}, "partial": {"type": "boolean"},
+            "words": {"type": "array", "items": {"type": "object", "required": [
+                "word", "count", "count_then", "rise", "per_second", "lift"], "properties": {
+                "word": {"type": "string"}, "count": {"type": "integer"}, "count_then": {"type": "integer"},
+                "rise": {"type": "integer"}, "per_second": {"type": "number"}, "lift": {"type": "number"}}}}}},
+        "Drift": {"type": "object", "required": ["word", "k", "version", "checkpoint", "in_checkpoint", "overlap",
+                                                 "shared", "self_similarity", "entered", "left", "now", "then"],
+                  "properties": {
+            "word": {"type": "string"}, "k": {"type": "integer"}, "version": {"type": "integer"},
+            "checkpoint": {**checkpoint, "required": [*checkpoint["required"], "age_seconds"],
+                           "properties": {**checkpoint["properties"], "age_seconds": {"type": "number"}}},
+            "in_checkpoint": {"type": "boolean"},
+            "overlap": {"type": "number", "minimum": 0, "maximum": 1, "description": "shared / k (overlap@k)"},
+            "shared": {"type": "integer"},
+            "self_similarity": {**number_or_null, "description": "cosine of the word's vector now and then"},
+            "entered": {**neighbours, "description": "neighbours now that were not then (scores now)"},
+            "left": {**neighbours, "description": "neighbours then that are not now (scores then)"},
+            "now": neighbours, "then": neighbours}},
+        "History": {"type": "object", "required": ["now", "version", "observed_since", "checkpoints", "drift",
+                                                   "rising", "new_words"], "properties": {
+            "now": {"type": "number"}, "version": integer_or_null, "observed_since": number_or_null,
+            "checkpoints": {"type": "array", "items": checkpoint},
+            "drift": {"type": "object", "properties": {"interval_seconds": {"type": "number"},
+                                                       "keep": {"type": "integer"}}},
+            "rising": {"type": "object", "properties": {
+                "interval_seconds": {"type": "number"}, "samples": {"type": "integer"}, "keep": {"type": "integer"},
+                "max_window_seconds": {"type": "number"}, "oldest_sample_at": number_or_null}},
+            "new_words": {"type": "object", "properties": {
+                "remembered": {"type": "integer"}, "keep": {"type": "integer"},
+                "forgotten_until": number_or_null}}}},
     }

@@ -10,7 +10,17 @@ the GIL inside BLAS and argpartition, so the loop keeps parsing requests meanwhi
 
 Words are resolved in the compute thread against the same snapshot that is searched, so
 the answer, the version it reports and the "unknown word" verdict all come from one
-model version.
+model version. Each answer says how it was searched (``search``: "exact", or "ivf" when
+the snapshot's inverted file answered it).
+
+Load shedding. A query waits at most ``max_wait`` seconds before its computation starts.
+At admission the engine estimates the wait of the queries already waiting (their number
+times the recent cost per query) and refuses new ones beyond ``max_wait`` or beyond
+``queue_limit`` waiting queries (``Overloaded``: the handler answers 503 with
+Retry-After); a query that still waited past its deadline when the compute thread takes
+it is refused then instead of computed late. So under overload clients get fast 503s
+and the queries that are answered keep their latency, instead of everyone queueing
+without bound.
 """
 from __future__ import annotations
 
@@ -31,12 +41,24 @@ from ps_bridge.structured_logging import log_event
 log = logging.getLogger("livevec.frontend.query")
 
 
+SHED_REASONS = ("queue_full", "wait_estimate", "deadline")
+
+
+class Overloaded(Exception):
+    """The engine refused a query (load shedding); answer 503 and let the client retry."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass
 class QueryResult:
     version: int
     neighbours: list[Neighbour] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)      # words not in this version's vocabulary
     resolved: list[str] = field(default_factory=list)     # the vocabulary words the inputs matched
+    search: str = "exact"                                 # how it was answered: exact or ivf
 
 
 @dataclass
@@ -45,6 +67,7 @@ class _Job:
     negative: list[str]
     k: int
     future: asyncio.Future
+    deadline: float = float("inf")                        # perf_counter time its computation must start by
     result: QueryResult | None = None
     error: BaseException | None = None
 
@@ -59,15 +82,26 @@ class QueryEngine:
     """
 
     def __init__(self, holder: ModelHolder, max_batch: int = 64, registry: Registry | None = None,
-                 threaded: bool = True):
+                 threaded: bool = True, max_wait: float = 0.1, queue_limit: int = 1024):
         self.holder = holder
         self.max_batch = max_batch
         self.threaded = threaded
+        self.max_wait = max_wait
+        self.queue_limit = queue_limit
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: collections.deque[_Job] = collections.deque()
         self._scheduled = False
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.waiting = 0                       # admitted, computation not started
+        self.per_query = 0.0                   # recent compute seconds per query (moving average)
         registry = registry or Registry()
+        self._answered = {m: registry.counter("livevec_frontend_queries_total", "similarity queries answered, by "
+                                              "how they were searched", search=m) for m in ("exact", "ivf")}
+        self._shed = {r: registry.counter("livevec_frontend_queries_shed_total", "similarity queries refused "
+                                          "with 503 (load shedding), by reason", reason=r) for r in SHED_REASONS}
+        registry.gauge("livevec_frontend_queries_waiting", "queries admitted and not yet computed",
+                       fn=lambda: float(self.waiting))
         self._batch_size = registry.histogram("livevec_frontend_query_batch_size",
                                               "queries answered by one matrix product",
                                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
@@ -86,27 +120,51 @@ class QueryEngine:
             self._thread = None
 
     async def query(self, positive: list[str], negative: list[str], k: int) -> QueryResult:
-        """Top ``k`` words by cosine to sum(positive) - sum(negative), excluding the inputs."""
+        """Top ``k`` words by cosine to sum(positive) - sum(negative), excluding the inputs.
+        Raises ``Overloaded`` when shed."""
         future = asyncio.get_running_loop().create_future()
-        self._submit(_Job(list(positive), list(negative), int(k), future))
+        self._submit([_Job(list(positive), list(negative), int(k), future)])
         return await future
 
     async def query_many(self, words: list[str], k: int) -> list[QueryResult]:
-        """Neighbours of each word; queued together so they share matrix products."""
+        """Neighbours of each word; queued together so they share matrix products (admitted or
+        shed together)."""
         loop = asyncio.get_running_loop()
         jobs = [_Job([w], [], int(k), loop.create_future()) for w in words]
-        for job in jobs:
-            self._submit(job)
+        self._submit(jobs)
         return list(await asyncio.gather(*(job.future for job in jobs)))
 
-    def _submit(self, job: _Job) -> None:
+    def _admit(self, jobs: list[_Job]) -> None:
+        """Refuse ``jobs`` if the queries already waiting would make them start after ``max_wait``
+        (or there are too many); else give each its deadline (a request's own queries are
+        computed one after the other, so later ones get their predecessors' cost on top)."""
+        with self._lock:
+            waiting, per_query = self.waiting, self.per_query
+            if waiting + len(jobs) > self.queue_limit and waiting:
+                reason, message = "queue_full", f"{waiting} queries are waiting (limit {self.queue_limit}); retry"
+            elif waiting * per_query > self.max_wait:
+                reason = "wait_estimate"
+                message = (f"{waiting} queries are waiting, about {1e3 * waiting * per_query:.0f} ms of work, more "
+                           f"than the {1e3 * self.max_wait:.0f} ms a query may wait; retry")
+            else:
+                self.waiting += len(jobs)
+                now = time.perf_counter()
+                for i, job in enumerate(jobs):
+                    job.deadline = now + self.max_wait + 2 * i * per_query
+                return
+        self._shed[reason].inc(len(jobs))
+        raise Overloaded(reason, message)
+
+    def _submit(self, jobs: list[_Job]) -> None:
+        self._admit(jobs)
         if self.threaded:
-            self._queue.put(job)
+            for job in jobs:
+                self._queue.put(job)
             return
-        self._pending.append(job)
+        self._pending.extend(jobs)
         if not self._scheduled:
             self._scheduled = True
-            job.future.get_loop().call_soon(self._run_inline)
+            jobs[0].future.get_loop().call_soon(self._run_inline)
 
     def _run_inline(self) -> None:
         self._scheduled = False
@@ -119,14 +177,36 @@ class QueryEngine:
 
     def _process(self, batch: list[_Job]) -> None:
         started = time.perf_counter()
+        with self._lock:
+            self.waiting -= len(batch)
+        late = [j for j in batch if started > j.deadline]
+        if late:                            # waited past its deadline: refused now rather than answered late
+            self._shed["deadline"].inc(len(late))
+            for j in late:
+                j.error = Overloaded("deadline", f"the query waited {1e3 * (started - j.deadline + self.max_wait):.0f}"
+                                                 f" ms, more than {1e3 * self.max_wait:.0f} ms; retry")
+            batch = [j for j in batch if j.error is None]
+        if not batch:
+            return
         try:
             self._compute(batch)
         except Exception as exc:        # a bug, not user input: fail these queries, keep serving
             log_event(log, "query_batch_failed", logging.ERROR, size=len(batch), error=repr(exc))
             for j in batch:
                 j.error = exc
-        self._compute_seconds.observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self.per_query = 0.8 * self.per_query + 0.2 * (elapsed / len(batch)) if self.per_query else \
+                elapsed / len(batch)
+        self._compute_seconds.observe(elapsed)
         self._batch_size.observe(len(batch))
+
+    def report(self) -> dict:
+        """Load shedding and search methods for ``/v1/stats``."""
+        return {"waiting": self.waiting, "ms_per_query": round(1e3 * self.per_query, 3),
+                "max_wait_ms": round(1e3 * self.max_wait, 1), "queue_limit": self.queue_limit,
+                "answered": {m: int(c.value) for m, c in self._answered.items()},
+                "shed": {r: int(c.value) for r, c in self._shed.items()}}
 
     # ------------------------------------------------------------- compute thread
     def _run(self) -> None:
@@ -169,9 +249,11 @@ class QueryEngine:
             ks.append(job.k)
         if not active:
             return
-        answers = index.top_k(queries[:len(active)], exclude, ks)
-        for job, neighbours in zip(active, answers):
+        answers, methods = index.search(queries[:len(active)], exclude, ks)
+        for job, neighbours, method in zip(active, answers, methods):
             job.result.neighbours = neighbours
+            job.result.search = method
+            self._answered[method].inc()
 
     @staticmethod
     def _deliver(batch: list[_Job]) -> None:

@@ -42,6 +42,35 @@ FRONTEND = SettingGroup("front end", (
             help="compute queries in a thread (else on the event loop)"),
     Setting("blas_threads", "LIVEVEC_BLAS_THREADS", int, 1, minimum=0, maximum=256,
             help="BLAS threads on the query path, 0 = leave as is"),
+    # search on large vocabularies (online/frontend/ivf.py) and load shedding (query_engine.py)
+    Setting("search", "LIVEVEC_SEARCH", default="auto", choices=("auto", "exact"),
+            help="auto: on models of --ivf-min-rows words or more an inverted file answers queries once built "
+                 "(approximate; every answer says exact or ivf, /v1/stats the measured recall@10); "
+                 "exact: every query exact"),
+    Setting("ivf_min_rows", "LIVEVEC_IVF_MIN_ROWS", int, 100_000, minimum=1, maximum=1 << 40,
+            help="smallest model that gets an inverted file (smaller ones are searched exactly)"),
+    Setting("ivf_lists", "LIVEVEC_IVF_LISTS", int, 0, minimum=0, maximum=1 << 20,
+            help="inverted-file lists, 0 = sqrt(words)"),
+    Setting("ivf_nprobe", "LIVEVEC_IVF_NPROBE", int, 32, minimum=1, maximum=1 << 20,
+            help="lists one query scans: more is slower and finds more of the exact neighbours"),
+    Setting("query_max_wait", "LIVEVEC_QUERY_MAX_WAIT", float, 0.1, minimum=0.001, maximum=60,
+            help="seconds a query may wait for the compute thread; beyond that it is refused with 503 and "
+                 "Retry-After (load shedding) instead of queued"),
+    Setting("query_queue_limit", "LIVEVEC_QUERY_QUEUE_LIMIT", int, 1024, minimum=1, maximum=1_000_000,
+            help="most queries waiting for the compute thread; beyond that, 503"),
+    # what is new: the history the front end records itself (online/frontend/whats_new.py)
+    Setting("new_words_keep", "LIVEVEC_NEW_WORDS_KEEP", int, 100_000, minimum=1, maximum=10_000_000,
+            help="arrivals /v1/new remembers (8 bytes each; the oldest are forgotten first)"),
+    Setting("rising_interval", "LIVEVEC_RISING_INTERVAL", float, 30.0, minimum=0.05, maximum=3600,
+            help="seconds between the count samples /v1/rising compares"),
+    Setting("rising_samples", "LIVEVEC_RISING_SAMPLES", int, 30, minimum=1, maximum=100_000,
+            help="count samples kept: /v1/rising's window reaches back interval x samples seconds "
+                 "(4 bytes per word per sample)"),
+    Setting("drift_interval", "LIVEVEC_DRIFT_INTERVAL", float, 600.0, minimum=0.05, maximum=7 * 86400,
+            help="seconds between the in-memory model checkpoints /v1/drift compares against"),
+    Setting("drift_keep", "LIVEVEC_DRIFT_KEEP", int, 2, minimum=0, maximum=1000,
+            help="checkpoints kept for /v1/drift, each a float16 copy of the vectors "
+                 "(2 x dim + 20 bytes per word; 0 = none)"),
     # under abuse (README "Security", docs/operations.md 10.3)
     Setting("max_body_bytes", "LIVEVEC_MAX_BODY_BYTES", int, 4 * 1024 * 1024, minimum=1024, maximum=1 << 30,
             help="largest request body; larger is answered 413 without reading it all"),
@@ -88,6 +117,17 @@ class FrontendSettings:
     query_batch: int = 64
     query_thread: bool = True
     blas_threads: int = 1
+    search: str = "auto"
+    ivf_min_rows: int = 100_000
+    ivf_lists: int = 0
+    ivf_nprobe: int = 32
+    query_max_wait: float = 0.1
+    query_queue_limit: int = 1024
+    new_words_keep: int = 100_000
+    rising_interval: float = 30.0
+    rising_samples: int = 30
+    drift_interval: float = 600.0
+    drift_keep: int = 2
     max_body_bytes: int = 4 * 1024 * 1024
     max_concurrent_requests: int = 256
     max_connections: int = 4096

@@ -53,6 +53,10 @@ class ModelSync:
         self.last_stats_error: str | None = None
         self.history: collections.deque = collections.deque(maxlen=HISTORY_POINTS)
         self._prev_words: tuple[float, float] | None = None
+        self.applies = {"full": 0, "delta": 0}          # snapshots built (ModelIndex.apply), and their times
+        self.apply_seconds = {"full": 0.0, "delta": 0.0}
+        self.last_apply_seconds: dict[str, float | None] = {"full": None, "delta": None}
+        self.max_apply_seconds = {"full": 0.0, "delta": 0.0}
         self._stopping = False
         registry = registry or Registry()
         self._m_syncs = registry.counter("livevec_frontend_syncs_total", "successful model syncs")
@@ -66,6 +70,9 @@ class ModelSync:
                        fn=lambda: float(self.holder.current.n))
         registry.gauge("livevec_frontend_seconds_since_sync", "age of the served copy (seconds since the "
                        "last successful sync)", fn=lambda: self.seconds_since_sync() or 0.0)
+        registry.gauge("livevec_frontend_model_age_seconds", "seconds since the served copy last changed "
+                       "(since the start before the first change)",
+                       fn=lambda: time.time() - (self.last_change_at or self.started_at))
 
     # ------------------------------------------------------------------ model
     async def sync_once(self) -> bool:
@@ -76,8 +83,11 @@ class ModelSync:
         try:
             async with asyncio.timeout(self.timeout):   # not wait_for: on 3.11 it can swallow a cancel
                 delta = await self.source.changes_since(current.version if self.holder.loaded else 0)
-            if delta.full or len(delta) or len(delta.removed) or delta.version != current.version:
+            if delta.full or len(delta) or len(delta.removed) or delta.version != current.version \
+                    or current.needs_apply():             # new inverted-file lists wait to be installed
+                applying = time.perf_counter()
                 index = await asyncio.to_thread(current.apply, delta)
+                self._timed(delta, time.perf_counter() - applying)
                 if self.holder.current is not current:
                     raise RuntimeError("the model was swapped by someone else during the sync")
                 self.holder.swap(index)
@@ -109,6 +119,14 @@ class ModelSync:
             log_event(log, "model_synced", version=delta.version, rows=len(delta), removed=len(delta.removed),
                       full=delta.full, vocab=self.holder.current.n, ms=round(elapsed * 1e3, 1))
         return True
+
+    def _timed(self, delta, seconds: float) -> None:
+        """Time of building the next snapshot, kept apart for full loads and deltas."""
+        kind = "full" if delta.full else "delta"
+        self.apply_seconds[kind] += seconds
+        self.applies[kind] += 1
+        self.last_apply_seconds[kind] = seconds
+        self.max_apply_seconds[kind] = max(self.max_apply_seconds[kind], seconds)
 
     def stop(self) -> None:
         self._stopping = True
@@ -173,6 +191,11 @@ class ModelSync:
             "seconds_since_sync": None if since is None else round(since, 3),
             "last_sync_ms": None if self.last_sync_seconds is None else round(self.last_sync_seconds * 1e3, 2),
             "last_delta_rows": self.last_delta_rows,
+            "apply": {kind: {"count": self.applies[kind],
+                             "mean_ms": round(1e3 * self.apply_seconds[kind] / max(self.applies[kind], 1), 2),
+                             "last_ms": None if self.last_apply_seconds[kind] is None
+                             else round(1e3 * self.last_apply_seconds[kind], 2),
+                             "max_ms": round(1e3 * self.max_apply_seconds[kind], 2)} for kind in ("full", "delta")},
             "syncs": self.syncs,
             "errors": self.errors,
             "consecutive_errors": self.consecutive_errors,

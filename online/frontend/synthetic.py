@@ -28,6 +28,18 @@ from online.learner.settings import MODEL
 from ps_bridge.settings import Setting, SettingGroup
 
 
+_PIECE = 8192
+
+
+def _take(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``a[rows]`` in pieces (numpy's fancy indexing holds the GIL while it copies)."""
+    out = np.empty((len(rows),) + a.shape[1:], a.dtype)
+    for lo in range(0, len(rows), _PIECE):
+        out[lo:lo + _PIECE] = a[rows[lo:lo + _PIECE]]
+        time.sleep(0)
+    return out
+
+
 class SyntheticSource:
     def __init__(self, n: int = 10_000, dim: int = 100, *, update_rows_per_second: float = 0.0,
                  new_words_per_second: float = 0.0, clusters: int = 200, seed: int = 0,
@@ -50,15 +62,21 @@ class SyntheticSource:
             vectors += [centre + 0.05 * self.rng.standard_normal(dim), centre + 0.05 * self.rng.standard_normal(dim)]
         self.centres = self.rng.standard_normal((clusters, dim))
         rest = max(0, n - len(words))
-        filler = self.centres[self.rng.integers(0, clusters, rest)] + 0.5 * self.rng.standard_normal((rest, dim))
+        which = self.rng.integers(0, clusters, rest)
         self.words = words + [f"w{i}" for i in range(rest)]
-        self.vectors = np.concatenate([np.asarray(vectors), filler]).astype(np.float32)
+        self.vectors = np.empty((len(words) + rest, dim), np.float32)
+        self.vectors[:len(words)] = np.asarray(vectors)
+        for lo in range(0, rest, 1 << 18):      # in float32 chunks: 10M x 100 in float64 would need 8 GB at once
+            hi = min(rest, lo + (1 << 18))
+            self.vectors[len(words) + lo:len(words) + hi] = (self.centres[which[lo:hi]]
+                                                             + 0.5 * self.rng.standard_normal((hi - lo, dim)))
         self.keys = word_keys(self.words)
         self.counts = np.sort(self.rng.zipf(1.3, len(self.words)).astype(np.int64) % 10_000_000)[::-1].copy()
         self.row_version = np.ones(len(self.words), dtype=np.int64)
         # small steps drawn once: generating fresh normals for every changed row would cost
         # this process more than the change it simulates
-        self._noise = (0.05 * self.rng.standard_normal((max(len(self.words), 1), dim))).astype(np.float32)
+        self._noise = (0.05 * self.rng.standard_normal((max(min(len(self.words), 1 << 20), 1), dim))
+                       ).astype(np.float32)
         self.version = 1
         self.started = self._last_step = time.monotonic()
         self.words_trained = 0.0
@@ -76,9 +94,15 @@ class SyntheticSource:
             return
         self.version += 1
         if changed:
-            rows = self.rng.choice(n, changed, replace=False)
+            rows = self.rng.choice(n, changed, replace=False) if changed * 8 > n else \
+                np.unique(self.rng.integers(0, n, changed))      # (a choice without replacement permutes all n)
+            changed = len(rows)
             start = int(self.rng.integers(0, len(self._noise) - changed + 1)) if changed < len(self._noise) else 0
-            self.vectors[rows] += self._noise[start:start + changed][:changed]
+            noise = self._noise[start:start + changed]
+            for lo in range(0, len(noise), _PIECE):   # in pieces: fancy indexing holds the GIL, and this source
+                part = rows[lo:lo + _PIECE]          # runs in the front end's process
+                self.vectors[part] += noise[lo:lo + len(part)]
+                time.sleep(0)
             self.counts[rows] += 1
             self.row_version[rows] = self.version
         if fresh:
@@ -102,15 +126,16 @@ class SyntheticSource:
 
     def _changes_since(self, version: int) -> ModelDelta:
         self._step()
-        if version <= 0 or version > self.version:
-            rows = np.arange(len(self.words))
-            full = True
+        if version <= 0 or version > self.version:      # the whole model, as views (no copy of 10M rows)
+            n = len(self.words)
+            return ModelDelta(self.keys[:n], list(self.words), self.vectors[:n], self.counts[:n], self.version,
+                              full=True)
         elif version == self.version:
             return ModelDelta.unchanged(version, self.dim)
         else:
             rows = np.flatnonzero(self.row_version[:len(self.words)] > version)
             full = False
-        return ModelDelta(self.keys[rows], [self.words[r] for r in rows.tolist()], self.vectors[rows],
+        return ModelDelta(self.keys[rows], [self.words[r] for r in rows.tolist()], _take(self.vectors, rows),
                           self.counts[rows], self.version, full=full)
 
     async def changes_since(self, version: int) -> ModelDelta:

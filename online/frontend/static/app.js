@@ -109,6 +109,7 @@ async function search(quiet = false) {
     if (sim.ok) {
       renderNeighbours(list, sim.body.neighbours);
       $("result-meta").textContent = `neighbours of “${sim.body.word}” · model version ${sim.body.version}`;
+      followDrift(sim.body.word);
     } else if (sim.status === 404) {
       showEmpty(list, `“${q}” is not in the vocabulary (yet)` + (voc && voc.body && voc.body.total ? " — did you mean one of these?" : ""));
       $("result-meta").textContent = "";
@@ -196,6 +197,7 @@ async function refreshStats() {
       ? `last sync error: ${s.sync.last_error}`
       : `synced every ${s.sync.interval_seconds}s · last sync ${s.sync.last_sync_ms ?? "–"} ms, ${s.sync.last_delta_rows} rows`;
     drawChart(s.history || []);
+    if (s.ready && !news.started) { news.started = true; refreshNews(); }
   } catch (e) {
     const status = $("status");
     status.className = "pill pill-bad";
@@ -207,6 +209,189 @@ async function refreshStats() {
 function refreshQuery() {
   if (state.query) search(true);
 }
+
+// ------------------------------------------------------------------ what is new
+// New words (GET /v1/new), rising counts (GET /v1/rising) and the drift of a word against one of the
+// front end's checkpoints (GET /v1/drift); asked only once a model is served, so nothing answers 503.
+const news = { started: false, history: null, seen: new Set(), driftFollows: true, driftTimer: null };
+const WINDOWS = [[60, "1 min"], [300, "5 min"], [900, "15 min"], [3600, "1 h"]];
+
+function chip(word, cls, title) {
+  const c = document.createElement("button");
+  c.type = "button";
+  c.className = "chip " + cls;
+  c.textContent = word;
+  if (title) c.title = title;
+  c.addEventListener("click", () => { $("q").value = word; search(); });
+  return c;
+}
+
+function wordSpan(word) {
+  const w = document.createElement("span");
+  w.className = "word";
+  w.textContent = word;
+  w.title = "show the neighbours of " + word;
+  w.addEventListener("click", () => { $("q").value = word; search(); });
+  return w;
+}
+
+function fillSelect(select, options, preferred) {
+  const keep = select.value || preferred;
+  select.replaceChildren();
+  options.forEach(([value, text]) => {
+    const o = document.createElement("option");
+    o.value = String(value);
+    o.textContent = text;
+    select.appendChild(o);
+  });
+  const values = options.map(([v]) => String(v));
+  select.value = values.includes(String(keep)) ? String(keep) : (values.includes(String(preferred)) ? String(preferred) : values[0] || "");
+}
+
+async function refreshHistory() {
+  const r = await getJSON("/v1/history");
+  if (!r.ok) return;
+  const h = news.history = r.body;
+  const maxWindow = h.rising.max_window_seconds;
+  const windows = WINDOWS.filter(([w]) => w <= maxWindow);
+  if (!windows.length) windows.push([maxWindow, fmtAge(maxWindow)]);
+  fillSelect($("rising-window"), windows, 300);
+  const cps = h.checkpoints.slice().reverse().map((c) => [c.id, `#${c.id} · ${fmtAge(h.now - c.taken_at)} ago`]);
+  const options = cps.length ? [["oldest", "oldest"], ...(cps.length > 1 ? [["previous", "previous"]] : []), ...cps] : [];
+  fillSelect($("drift-checkpoint"), options, "oldest");
+  $("news-note").textContent = `counts sampled every ${fmtAge(h.rising.interval_seconds)} · ` +
+    `${h.checkpoints.length} checkpoint${h.checkpoints.length === 1 ? "" : "s"} kept, one every ${fmtAge(h.drift.interval_seconds)}`;
+}
+
+async function refreshNew() {
+  const r = await getJSON("/v1/new?limit=12");
+  const list = $("new-words");
+  if (!r.ok) { showEmpty(list, (r.body && r.body.message) || "no answer"); return; }
+  const b = r.body;
+  if (!b.words.length) {
+    showEmpty(list, "no word has arrived since " + fmtAge(b.now - (b.observed_since ?? b.now)) + " ago");
+    return;
+  }
+  list.replaceChildren();
+  b.words.forEach((w) => {
+    const li = document.createElement("li");
+    if (news.seen.size && !news.seen.has(w.word)) li.className = "fresh";
+    const age = document.createElement("span");
+    age.className = "age";
+    age.textContent = fmtAge(b.now - w.first_seen) + " ago";
+    const count = document.createElement("span");
+    count.className = "count";
+    count.textContent = "×" + fmt(w.count);
+    li.append(wordSpan(w.word), age, count);
+    list.appendChild(li);
+  });
+  b.words.forEach((w) => news.seen.add(w.word));
+  if (b.total > b.words.length) {
+    const li = document.createElement("li");
+    li.className = "empty";
+    li.textContent = `${fmt(b.total)} words arrived in all`;
+    list.appendChild(li);
+  }
+}
+
+async function refreshRising() {
+  const span = $("rising-window").value;
+  if (!span) return;
+  const by = $("rising-by").value;
+  const r = await getJSON(`/v1/rising?window=${encodeURIComponent(span)}&limit=10&by=${by}`);
+  const list = $("rising");
+  if (!r.ok) { showEmpty(list, (r.body && r.body.message) || "no answer"); return; }
+  const b = r.body;
+  if (!b.words.length) { showEmpty(list, "no count rose in the last " + fmtAge(b.span_seconds)); return; }
+  const value = (w) => (by === "lift" ? w.lift : w.rise);
+  const top = Math.max(...b.words.map(value), 1e-9);
+  list.replaceChildren();
+  b.words.forEach((w) => {
+    const li = document.createElement("li");
+    li.title = `${w.count_then} → ${w.count} in ${fmtAge(b.span_seconds)}`;
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    const fill = document.createElement("span");
+    fill.style.width = Math.max(2, Math.min(100, (value(w) / top) * 100)).toFixed(1) + "%";
+    bar.appendChild(fill);
+    const rise = document.createElement("span");
+    rise.className = "rise";
+    rise.textContent = "+" + fmt(w.rise);
+    const lift = document.createElement("span");
+    lift.className = "lift";
+    lift.textContent = "×" + w.lift.toFixed(1);
+    li.append(wordSpan(w.word), bar, rise, lift);
+    list.appendChild(li);
+  });
+  if (b.partial) {
+    const li = document.createElement("li");
+    li.className = "empty";
+    li.textContent = `history covers the last ${fmtAge(b.span_seconds)} only`;
+    list.appendChild(li);
+  }
+}
+
+function drawGauge(fraction) {
+  const length = 2 * Math.PI * 26;
+  const f = fraction === null ? 0 : Math.max(0, Math.min(1, fraction));
+  $("drift-arc").setAttribute("stroke-dasharray", `${(f * length).toFixed(1)} ${length.toFixed(1)}`);
+  $("drift-pct").textContent = fraction === null ? "–" : Math.round(f * 100) + "%";
+}
+
+async function refreshDrift() {
+  const word = $("drift-word").value.trim();
+  const checkpoint = $("drift-checkpoint").value;
+  const boxes = ["drift-entered", "drift-left", "drift-stayed"].map($);
+  if (!word || !checkpoint) return;
+  const r = await getJSON(`/v1/drift?word=${encodeURIComponent(word)}&k=10&checkpoint=${encodeURIComponent(checkpoint)}`);
+  boxes.forEach((b) => b.replaceChildren());
+  if (!r.ok) {
+    drawGauge(null);
+    $("drift-text").textContent = (r.body && r.body.message) || "no answer";
+    return;
+  }
+  const d = r.body;
+  drawGauge(d.overlap);
+  const cp = d.checkpoint;
+  const when = `checkpoint #${cp.id}, ${fmtAge(cp.age_seconds)} ago (v${cp.version})`;
+  $("drift-text").textContent = d.in_checkpoint
+    ? `of the ${d.now.length} neighbours of “${d.word}” ${d.shared} were already there at ${when}` +
+      (d.self_similarity === null ? "" : ` · its vector then and now: cos ${d.self_similarity.toFixed(3)}`)
+    : `“${d.word}” arrived after ${when}: every neighbour is new`;
+  const then = new Set(d.then.map((n) => n.word));
+  d.entered.forEach((n) => boxes[0].appendChild(chip(n.word, "in", "now " + n.score.toFixed(3))));
+  d.left.forEach((n) => boxes[1].appendChild(chip(n.word, "out", "then " + n.score.toFixed(3))));
+  d.now.filter((n) => then.has(n.word)).forEach((n) => boxes[2].appendChild(chip(n.word, "stay")));
+  boxes.forEach((b) => {
+    if (!b.children.length) { const none = document.createElement("span"); none.className = "meta"; none.textContent = "none"; b.appendChild(none); }
+  });
+}
+
+// The drift view follows the searched word until a word is typed into it.
+function followDrift(word) {
+  if (!news.driftFollows || document.activeElement === $("drift-word")) return;
+  $("drift-word").value = word;
+  clearTimeout(news.driftTimer);
+  news.driftTimer = setTimeout(refreshDrift, 250);
+}
+
+async function refreshNews() {
+  if (!state.lastStats || !state.lastStats.ready) return;
+  try {
+    await refreshHistory();
+    await Promise.all([refreshNew(), refreshRising(), refreshDrift()]);
+  } catch (e) { /* the stats pill already says when the front end is unreachable */ }
+}
+
+$("drift-word").addEventListener("input", () => {
+  news.driftFollows = !$("drift-word").value.trim();
+  clearTimeout(news.driftTimer);
+  news.driftTimer = setTimeout(refreshDrift, 300);
+});
+$("drift-checkpoint").addEventListener("change", refreshDrift);
+$("rising-window").addEventListener("change", refreshRising);
+$("rising-by").addEventListener("change", refreshRising);
+setInterval(refreshNews, 5000);
 
 $("q").addEventListener("input", onType);
 $("k").addEventListener("change", () => search(false));

@@ -1,0 +1,303 @@
+"""Building the inverted file in the background, and watching how good it still is.
+
+``IvfMaintainer.run`` is a task of the front end. Every ``CHECK_INTERVAL`` it asks whether
+the served snapshot needs lists (``wanted``): none yet on a model of ``ivf_min_rows`` rows or
+more, too many rows placed since the last build (``REBUILD_DRIFT`` of them: the centroids
+describe an older model), the vocabulary grew or shrank by half, or the measured recall
+fell below ``REBUILD_RECALL``. A build runs in a worker thread and never holds a snapshot
+for long (which would keep the sync from reusing its buffer, ``row_store``):
+
+1. spherical k-means (``train``): ``L`` centroids (``ivf_lists``, default sqrt(n)) from
+   a sample of up to ``SAMPLE_PER_LIST`` rows per list, ``ITERATIONS`` Lloyd steps;
+2. every row's nearest centroid (``assign``), read ``READ_CHUNK`` rows at a time from the
+   snapshot current at that moment. With many lists the centroids are grouped under
+   sqrt(L) super-centroids and a row is compared with the members of its ``SUPER_PROBE``
+   best groups only (about 5x fewer products than all L, at the price of a few rows
+   filed in their second-best list);
+3. the result goes to the store (``pending_ivf``); the next sync installs it: rows changed
+   since step 1 started (``Store.watch``) and rows added since are re-assigned there, the
+   codes are laid out list by list, and from then on queries use it.
+
+Until step 3, and whenever ``LIVEVEC_SEARCH=exact``, queries are answered exactly.
+
+``RecallMonitor``: every ``MONITOR_INTERVAL`` a few vocabulary words (``MONITOR_QUERIES``, fewer
+above ``MONITOR_ROWS`` / 8 rows, so a check costs at most about one exact search of 8M rows)
+are searched both ways (inverted file and exact) on the served snapshot; the running recall@10 over the last
+``MONITOR_WINDOW`` queries is in ``/v1/stats`` (``search.recall_at_10``) and triggers a
+rebuild when it drops.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+
+import numpy as np
+from numba import njit
+
+from online.frontend import ivf as ivf_lists
+from ps_bridge.structured_logging import log_event
+
+log = logging.getLogger("livevec.frontend.ivf")
+
+CHECK_INTERVAL = 1.0
+SAMPLE_PER_LIST = 64
+MAX_SAMPLE = 131072
+ITERATIONS = 8
+READ_CHUNK = 65536
+SUPER_PROBE = 4
+TWO_LEVEL_FROM = 256          # lists from which the assignment goes through super-centroids
+REBUILD_DRIFT = 0.25
+REBUILD_RECALL = 0.97
+MIN_REBUILD_SECONDS = 60.0
+MONITOR_INTERVAL = 2.0
+MONITOR_QUERIES = 8
+MONITOR_ROWS = 8_000_000      # rows searched exactly per check at most: fewer queries on larger models
+MONITOR_WINDOW = 512
+MONITOR_K = 10
+
+
+def default_lists(n: int) -> int:
+    return int(min(65536, max(16, round(math.sqrt(n)))))
+
+
+def train(sample: np.ndarray, lists: int, rng: np.random.Generator, iterations: int = ITERATIONS) -> np.ndarray:
+    """Spherical k-means: ``lists`` unit centroids of the unit rows ``sample``."""
+    lists = min(lists, len(sample))
+    centroids = sample[rng.choice(len(sample), lists, replace=False)].copy()
+    for _ in range(iterations):
+        assign = ivf_lists.nearest(sample, centroids)
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, assign, sample)
+        empty = np.flatnonzero(np.bincount(assign, minlength=lists) == 0)
+        if len(empty):                     # an empty list restarts at a random sample row
+            sums[empty] = sample[rng.choice(len(sample), len(empty))]
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        centroids = (sums / np.where(norms == 0, 1, norms)).astype(np.float32)
+    return centroids
+
+
+class Assigner:
+    """Nearest centroid of rows: all L products for few lists, two levels for many."""
+
+    def __init__(self, centroids: np.ndarray, rng: np.random.Generator):
+        self.centroids = centroids
+        lists = len(centroids)
+        self.groups = None
+        if lists >= TWO_LEVEL_FROM:
+            supers = train(centroids, int(math.ceil(math.sqrt(lists))), rng)
+            owner = ivf_lists.nearest(centroids, supers)
+            order = np.argsort(owner, kind="stable")
+            ptr = np.zeros(len(supers) + 1, np.int64)
+            np.cumsum(np.bincount(owner, minlength=len(supers)), out=ptr[1:])
+            self.supers, self.members, self.ptr = supers, order.astype(np.int64), ptr
+            self.groups = len(supers)
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        if self.groups is None:
+            return ivf_lists.nearest(rows, self.centroids)
+        out = np.empty(len(rows), np.int64)
+        probe = min(SUPER_PROBE, self.groups)
+        for lo in range(0, len(rows), ivf_lists.ASSIGN_CHUNK):
+            part = rows[lo:lo + ivf_lists.ASSIGN_CHUNK]
+            best = np.argpartition(-(part @ self.supers.T), probe - 1, axis=1)[:, :probe]
+            out[lo:lo + len(part)] = _best_member(part, np.ascontiguousarray(best), self.ptr, self.members,
+                                                  self.centroids)
+        return out
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _best_member(rows, groups, ptr, members, centroids):
+    out = np.empty(len(rows), np.int64)
+    d = rows.shape[1]
+    for i in range(len(rows)):
+        best, best_s = 0, -np.inf
+        for g in groups[i]:
+            for j in range(ptr[g], ptr[g + 1]):
+                c = members[j]
+                s = np.float32(0.0)
+                for t in range(d):
+                    s += rows[i, t] * centroids[c, t]
+                if s > best_s:
+                    best, best_s = c, s
+        out[i] = best
+    return out
+
+
+class BuildResult:
+    def __init__(self, store, generation, centroids, neighbours, assign, version, seconds, assigner):
+        self.store, self.generation = store, generation
+        self.centroids, self.neighbours, self.assign = centroids, neighbours, assign
+        self.version, self.seconds, self.assigner = version, seconds, assigner
+
+
+def build(current, lists: int | None = None, seed: int = 0) -> BuildResult | None:
+    """Build lists for the model ``current()`` returns (called again for every chunk it reads, so
+    no snapshot is held for long). None if the model was replaced meanwhile (a full load)."""
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    index = current()
+    store, n, version = index.store, index.n, index.version
+    with store.lock:
+        generation = store.generation
+        store.watch = np.zeros(max(n, 1), bool)
+        store.building = True
+    try:
+        lists = min(lists or default_lists(n), n)
+        sample_rows = np.sort(rng.choice(n, min(n, max(lists * SAMPLE_PER_LIST, min(n, MAX_SAMPLE // 4)),
+                                                    MAX_SAMPLE), replace=False))
+        sample = index.unit[sample_rows]
+        sample = sample[np.linalg.norm(sample, axis=1) > 0]
+        del index
+        centroids = train(sample, lists, rng)
+        assigner = Assigner(centroids, rng)
+        assign = np.empty(n, np.int64)
+        for lo in range(0, n, READ_CHUNK):
+            index = current()
+            if index.store is not store or store.generation != generation:
+                return None
+            chunk = index.unit[lo:min(n, lo + READ_CHUNK)].copy()
+            del index
+            assign[lo:lo + len(chunk)] = assigner(chunk)
+        return BuildResult(store, generation, centroids, ivf_lists.neighbour_lists(centroids), assign, version,
+                           time.perf_counter() - started, assigner)
+    except BaseException:
+        with store.lock:
+            store.watch, store.building = None, False
+        raise
+
+
+class RecallMonitor:
+    """Recall@10 of the inverted file against exact search, on vocabulary words of the served model."""
+
+    def __init__(self, window: int = MONITOR_WINDOW):
+        self.samples: collections.deque = collections.deque(maxlen=window)
+        self.checked_version: int | None = None
+        self.checked_at: float | None = None
+        self.lists_built_at: float | None = None
+        self.rng = np.random.default_rng(1)
+
+    def reset(self) -> None:
+        self.samples.clear()
+
+    def check(self, index, queries: int | None = None, k: int = MONITOR_K) -> float | None:
+        if index.ivf is None or index.n <= k + 1:
+            return None
+        if queries is None:
+            queries = max(1, min(MONITOR_QUERIES, MONITOR_ROWS // index.n))
+        if self.lists_built_at != index.ivf.built_at:      # new lists: the old figures say nothing about them
+            self.samples.clear()
+            self.lists_built_at = index.ivf.built_at
+        rows = self.rng.choice(index.n, min(queries, index.n), replace=False)
+        rows = rows[index.norms[rows] > 0]
+        if not len(rows):
+            return None
+        q = index.unit[rows].copy()
+        exclude = [[int(r)] for r in rows]
+        approx, _ = index.search(q, exclude, [k] * len(rows), exact=False)
+        exact = index.top_k(q, exclude, [k] * len(rows))
+        for a, e in zip(approx, exact):
+            want = {n.word for n in e}
+            if want:
+                self.samples.append(len(want & {n.word for n in a}) / len(want))
+        self.checked_version, self.checked_at = index.version, time.time()
+        return self.recall()
+
+    def recall(self) -> float | None:
+        return float(np.mean(self.samples)) if self.samples else None
+
+
+class IvfMaintainer:
+    """Decides when to (re)build the inverted file, builds it off the event loop, and monitors it."""
+
+    def __init__(self, holder, config):
+        self.holder, self.config = holder, config
+        self.monitor = RecallMonitor()
+        self.builds = 0
+        self.failed = 0
+        self.last_build_seconds: float | None = None
+        self.last_reason: str | None = None
+        self.building_since: float | None = None
+        self._last_build_end = -math.inf
+        self._stopping = False
+
+    def wanted(self, index) -> str | None:
+        """Why ``index`` needs new lists, or None."""
+        cfg = self.config
+        if cfg.search == "exact" or index.n < cfg.ivf_min_rows or index.store is None \
+                or index.store.pending_ivf is not None or index.store.building:
+            return None
+        ivf = index.ivf
+        if ivf is None:
+            return "no lists yet"
+        if time.monotonic() - self._last_build_end < MIN_REBUILD_SECONDS:
+            return None
+        if ivf.drift > REBUILD_DRIFT * max(ivf.built_rows, 1):
+            return f"{ivf.drift} rows placed since the build"
+        if not ivf.built_rows / 1.5 <= index.n <= ivf.built_rows * 1.5:
+            return f"the vocabulary changed from {ivf.built_rows} to {index.n} words"
+        recall = self.monitor.recall()
+        if recall is not None and len(self.monitor.samples) >= 64 and recall < REBUILD_RECALL:
+            return f"recall@10 fell to {recall:.3f}"
+        return None
+
+    def build_now(self, reason: str) -> bool:
+        """One build and hand-over (blocking; run in a thread)."""
+        self.building_since = time.time()
+        self.last_reason = reason
+        log_event(log, "ivf_build_started", reason=reason, vocab=self.holder.current.n)
+        try:
+            result = build(lambda: self.holder.current, self.config.ivf_lists or None, seed=self.builds)
+        except Exception as exc:
+            self.failed += 1
+            log_event(log, "ivf_build_failed", logging.ERROR, error=repr(exc))
+            return False
+        finally:
+            self.building_since = None
+            self._last_build_end = time.monotonic()
+        if result is None:
+            return False
+        with result.store.lock:
+            if result.store.generation == result.generation:
+                result.store.pending_ivf = result
+            else:
+                result.store.watch, result.store.building = None, False
+        self.builds += 1
+        self.last_build_seconds = result.seconds
+        log_event(log, "ivf_built", lists=len(result.centroids), rows=len(result.assign),
+                  seconds=round(result.seconds, 2))
+        return True
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def run(self) -> None:
+        last_check = 0.0
+        while not self._stopping:
+            await asyncio.sleep(CHECK_INTERVAL)
+            if not self.holder.loaded:
+                continue
+            reason = self.wanted(self.holder.current)
+            if reason is not None:
+                await asyncio.to_thread(self.build_now, reason)
+            elif self.holder.current.ivf is not None and time.monotonic() - last_check >= MONITOR_INTERVAL:
+                last_check = time.monotonic()
+                await asyncio.to_thread(self.check_recall)
+
+    def check_recall(self) -> None:
+        index = self.holder.current
+        try:
+            self.monitor.check(index)
+        except Exception as exc:       # a monitor must never take the front end down
+            log_event(log, "ivf_recall_check_failed", logging.WARNING, error=repr(exc))
+
+    def report(self, index) -> dict:
+        recall = self.monitor.recall()
+        return {"builds": self.builds, "failed_builds": self.failed,
+                "building_since": self.building_since, "last_build_reason": self.last_reason,
+                "last_build_seconds": None if self.last_build_seconds is None else round(self.last_build_seconds, 2),
+                "recall_at_10": None if recall is None else round(recall, 4),
+                "recall_samples": len(self.monitor.samples), "recall_checked_version": self.monitor.checked_version,
+                "pending_install": index.store is not None and index.store.pending_ivf is not None}

@@ -1,0 +1,282 @@
+"""The rows behind the snapshots: two physical copies, so a sync costs O(changed rows).
+
+A ``ModelIndex`` must never change while anyone holds it (a query batch, an export that
+streams for a minute). Copy-on-write gives that, but copies the whole model per sync: at
+1M x 100 that is 400 MB of float32 plus 100 MB of int8 codes every 0.5 s (150 - 400 ms of
+the front end's core). Here each lineage of snapshots (a ``Store``) owns two ``Buffer``s.
+The newest snapshot reads one; the next sync writes the *other* one, which only older
+snapshots read:
+
+1. wait until nothing refers to the other buffer's arrays but the buffer itself. Every
+   numpy view of an array holds a reference to it, so ``sys.getrefcount`` counts the
+   snapshots on that buffer *and* any array anyone took from one of them (a slice kept
+   after its snapshot died counts too). The query thread lets go of its snapshot after
+   every batch, so this is a few ms. If a reference stays longer than ``PIN_WAIT`` (an
+   export streaming one snapshot), give up on that buffer: it stays with whoever holds it
+   and is freed with them, and a fresh copy takes its place (the one O(n) case besides
+   growth and rebuilds).
+2. catch it up: it is one sync behind, so copy from the newest buffer the rows and slots
+   the last sync wrote (``Change``), O(changed rows).
+3. write this sync's changes into it, publish the new snapshot on it.
+
+So no array anyone can still see is ever written; the price is twice the memory of the
+rows (the second buffer is allocated at the first delta, so a static model pays nothing).
+Counts are not in the buffers: they are small (8 bytes a row) and kept by reference as
+history (``whats_new``), so each snapshot that changes them gets its own array.
+
+What a buffer holds, per row: the unit vector, norm and the slot of its int8 code;
+per slot (tiles of 64, the kernel's layout): the code, scale, error, code sum and the row
+it holds (-1: empty); per tile: the largest error. Rows beyond a snapshot's ``n`` and tiles
+beyond its ``tiles`` are spare capacity (``np.zeros``: untouched pages cost no memory).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from online.frontend import int8_prefilter
+from online.frontend.int8_prefilter import TILE_ROWS
+
+PIN_WAIT = 0.5          # seconds the sync waits for the other buffer's last reader before it copies instead
+GROWTH = 1.5            # capacity factor when rows or tiles run out
+ARRAYS = ("unit", "norms", "row_slot", "codes", "scale", "error", "csum", "slot_row", "tile_err")
+CHUNK_BYTES = 4 << 20   # a numpy call that holds the GIL moves at most this much (the event loop waits meanwhile)
+
+
+@njit(nogil=True, cache=True)
+def scatter_rows(dst, dst_rows, src, src_rows):
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` for 2-d arrays, without the GIL (numpy's fancy
+    indexing holds it: 10k rows of 100 floats stall the event loop for milliseconds)."""
+    d = dst.shape[1]
+    for i in range(len(dst_rows)):
+        a, b = dst_rows[i], src_rows[i]
+        for t in range(d):
+            dst[a, t] = src[b, t]
+
+
+@njit(nogil=True, cache=True)
+def scatter(dst, dst_idx, src, src_idx):
+    """``dst[dst_idx[i]] = src[src_idx[i]]`` for 1-d arrays, without the GIL."""
+    for i in range(len(dst_idx)):
+        dst[dst_idx[i]] = src[src_idx[i]]
+
+
+def copy_prefix(dst: np.ndarray, src: np.ndarray, n: int) -> None:
+    """``dst[:n] = src[:n]`` in pieces of ``CHUNK_BYTES`` (numpy holds the GIL for a copy)."""
+    step = max(1, CHUNK_BYTES // max(1, src[:1].nbytes))
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        dst[lo:hi] = src[lo:hi]
+        time.sleep(0)                   # let the event loop take the GIL between pieces
+
+
+def filled(shape, value, dtype) -> np.ndarray:
+    out = np.empty(shape, dtype)
+    copy_fill(out, value)
+    return out
+
+
+def copy_fill(out: np.ndarray, value) -> None:
+    step = max(1, CHUNK_BYTES // max(1, out[:1].nbytes))
+    for lo in range(0, len(out), step):
+        out[lo:lo + step] = value
+        time.sleep(0)
+
+
+class Buffer:
+    """One physical copy of the rows and codes (see the module docstring)."""
+
+    def __init__(self, cap_rows: int, cap_tiles: int, dim: int):
+        groups = -(-dim // 4) if dim else 1
+        slots = cap_tiles * TILE_ROWS
+        self.dim = dim
+        self.unit = np.zeros((cap_rows, dim), np.float32)
+        self.norms = np.zeros(cap_rows, np.float32)
+        self.row_slot = filled(cap_rows, -1, np.int64)
+        self.codes = np.zeros((cap_tiles, groups, 4, 16, 4), np.int8)
+        self.scale = np.zeros(slots, np.float32)
+        self.error = np.zeros(slots, np.float32)
+        self.csum = np.zeros(slots, np.int32)
+        self.slot_row = filled(slots, -1, np.int64)
+        self.tile_err = np.zeros(cap_tiles, np.float32)
+        self.state = 0                  # which write of its store it holds (Store.seq; 0: none yet)
+        self.used_tiles = 0             # tiles that may hold data (what a full copy has to clear beyond)
+
+    @property
+    def cap_rows(self) -> int:
+        return len(self.norms)
+
+    @property
+    def cap_tiles(self) -> int:
+        return len(self.tile_err)
+
+    @property
+    def code_arrays(self):
+        return self.codes, self.scale, self.error, self.csum
+
+    def nbytes(self) -> int:
+        return sum(getattr(self, name).nbytes for name in ARRAYS)
+
+    def in_use(self) -> bool:
+        """Whether anything but this buffer refers to one of its arrays (a snapshot's views, or a
+        view someone kept): 2 = the attribute and getrefcount's own argument."""
+        return any(sys.getrefcount(getattr(self, name)) > 2 for name in ARRAYS)
+
+    def copy_used(self, src: "Buffer", n_rows: int, n_tiles: int) -> None:
+        """This buffer := ``src`` on its first ``n_rows`` rows and ``n_tiles`` tiles (and spare tiles
+        beyond are cleared, so a tile taken from the pool later starts empty)."""
+        s = n_tiles * TILE_ROWS
+        for name in ("unit", "norms", "row_slot"):
+            copy_prefix(getattr(self, name), getattr(src, name), n_rows)
+        for name in ("scale", "error", "csum", "slot_row"):
+            copy_prefix(getattr(self, name), getattr(src, name), s)
+        copy_prefix(self.codes, src.codes, n_tiles)
+        copy_prefix(self.tile_err, src.tile_err, n_tiles)
+        self.clear_tiles(np.arange(n_tiles, min(self.cap_tiles, max(n_tiles, self.used_tiles)), dtype=np.int64))
+        self.used_tiles = n_tiles
+        self.state = src.state
+
+    def copy_change(self, src: "Buffer", change: "Change") -> None:
+        rows, slots, tiles = change.rows, change.slots, change.tiles
+        if len(rows):
+            scatter_rows(self.unit, rows, src.unit, rows)
+            scatter(self.norms, rows, src.norms, rows)
+            scatter(self.row_slot, rows, src.row_slot, rows)
+        if len(slots):
+            int8_prefilter._copy_slots(slots, slots, src.codes, src.scale, src.error, src.csum, *self.code_arrays)
+            scatter(self.slot_row, slots, src.slot_row, slots)
+        if len(tiles):
+            scatter(self.tile_err, tiles, src.tile_err, tiles)
+        self.used_tiles = max(self.used_tiles, change.n_tiles)
+        self.state = change.to_state
+
+    def clear_tiles(self, tiles: np.ndarray) -> None:
+        """Empty whole tiles (codes, per-slot arrays, tile error)."""
+        for lo in range(0, len(tiles), 256):             # in pieces: numpy holds the GIL
+            part = tiles[lo:lo + 256]
+            self.codes[part] = 0
+            slots = (part[:, None] * TILE_ROWS + np.arange(TILE_ROWS)).ravel()
+            self.scale[slots] = 0
+            self.error[slots] = 0
+            self.csum[slots] = 0
+            self.slot_row[slots] = -1
+            self.tile_err[part] = 0
+            time.sleep(0)
+
+
+@dataclass
+class Change:
+    """What one write put into a buffer: replaying it from that buffer brings the other one, which
+    holds ``from_state``, to ``to_state``. ``everything``: the layout changed, copy it all."""
+
+    from_state: int
+    to_state: int
+    rows: np.ndarray
+    slots: np.ndarray
+    tiles: np.ndarray
+    n_rows: int
+    n_tiles: int
+    everything: bool = False
+
+
+class Store:
+    """One lineage of snapshots: its two buffers, the append-only key and word arrays they
+    share, the last ``Change``, and the inverted file's hand-over (``pending_ivf``, ``watch``)."""
+
+    def __init__(self, config, dim: int, keys_all: np.ndarray, words_all: list[str], buffer: Buffer):
+        self.config = config
+        self.dim = dim
+        self.keys_all = keys_all              # append-only; a snapshot reads its first n entries
+        self.words_all = words_all
+        self.buffers: list[Buffer] = [buffer]
+        self.head: weakref.ref | None = None  # the newest snapshot; only it may be applied to in place
+        self.change: Change | None = None
+        self.lock = threading.Lock()          # apply vs the IVF builder's hand-over
+        self.pending_ivf = None               # a finished build waiting to be installed by the next sync
+        self.watch: np.ndarray | None = None  # rows changed since the running build read them
+        self.building = False
+        self.generation = 0                   # a build started in another generation is void
+        self.seq = buffer.state               # writes so far (a buffer's state names the write it holds)
+        self.counters = {"pinned_copies": 0, "full_copies": 0, "grown": 0, "catch_up_rows": 0}
+
+    # ----------------------------------------------------------------- buffers
+    def writable(self, src: Buffer, n_rows: int, n_tiles: int, need_rows: int, need_tiles: int) -> Buffer:
+        """A buffer other than ``src`` that no live snapshot reads, holding what ``src`` holds
+        and with room for ``need_rows`` rows and ``need_tiles`` tiles."""
+        if need_rows > src.cap_rows or need_tiles > src.cap_tiles:
+            cap_rows = max(need_rows, int(src.cap_rows * GROWTH), 1024)
+            cap_tiles = max(need_tiles, int(src.cap_tiles * GROWTH), -(-cap_rows // TILE_ROWS) + 16)
+            target = Buffer(cap_rows, cap_tiles, self.dim)
+            target.copy_used(src, n_rows, n_tiles)
+            self.buffers = [target]           # the old pair stays with the snapshots that read it
+            self.counters["grown"] += 1
+            return target
+        others = [b for b in self.buffers if b is not src]
+        target = others[0] if others else None
+        if target is not None and not _drained(target):
+            self.counters["pinned_copies"] += 1
+            target = None
+        if target is None:
+            target = Buffer(src.cap_rows, src.cap_tiles, self.dim)
+            target.copy_used(src, n_rows, n_tiles)
+            self.buffers = [src, target]
+            self.counters["full_copies"] += 1
+            return target
+        change = self.change
+        if (change is not None and not change.everything and change.to_state == src.state
+                and change.from_state == target.state):
+            target.copy_change(src, change)
+            self.counters["catch_up_rows"] += len(change.rows)
+        elif target.state != src.state:
+            target.copy_used(src, n_rows, n_tiles)
+            self.counters["full_copies"] += 1
+        return target
+
+    def next_state(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def nbytes(self) -> int:
+        return sum(b.nbytes() for b in self.buffers) + self.keys_all.nbytes
+
+    # ------------------------------------------------------------- key/words
+    def append_rows(self, n: int, keys: np.ndarray, words: list[str]) -> tuple[np.ndarray, list[str]]:
+        """Append rows n.. to the shared key and word arrays (the caller is the head, so nothing beyond
+        n is in use); returns the arrays the new snapshot reads (a new key array if it had to grow)."""
+        del self.words_all[n:]
+        self.words_all.extend(words)
+        m = n + len(keys)
+        if m > len(self.keys_all):
+            grown = np.zeros(max(m, int(len(self.keys_all) * GROWTH), 1024), np.uint64)
+            grown[:n] = self.keys_all[:n]
+            self.keys_all = grown
+        self.keys_all[n:m] = keys
+        return self.keys_all, self.words_all
+
+    # ----------------------------------------------------------------- watch
+    def mark_changed(self, rows: np.ndarray) -> None:
+        """Rows written while a build runs: it re-assigns them when it is installed."""
+        watch = self.watch
+        if watch is None or not len(rows):
+            return
+        if rows.max() >= len(watch):
+            grown = np.zeros(max(int(rows.max()) + 1, int(len(watch) * GROWTH)), bool)
+            grown[:len(watch)] = watch
+            self.watch = watch = grown
+        watch[rows] = True
+
+
+def _drained(buffer: Buffer) -> bool:
+    """True once nothing refers to ``buffer``'s arrays, waiting at most ``PIN_WAIT`` for it."""
+    deadline = time.monotonic() + PIN_WAIT
+    while buffer.in_use():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True

@@ -1,0 +1,325 @@
+"""``ModelIndex.apply``: the next snapshot from a delta, in the sync thread.
+
+Three ways, by cost:
+
+incremental (the sync's usual case: the newest snapshot, rows changed and added, nothing removed)
+    O(changed rows). The rows go into the store's other buffer (``row_store``: caught up with
+    the last sync's rows first), changed rows are re-quantised into their slots, and with an
+    inverted file new rows are filed in their nearest list and changed rows re-filed among
+    their list's neighbours (``ivf``). Keys and words are appended to the shared arrays, the
+    key and prefix indexes get a small recent level (``word_lookup``). Counts are copied
+    (8 bytes a row: each snapshot has its own, see ``row_store``). If lists are waiting
+    (``Store.pending_ivf``) they are installed first: the buffer's codes are laid out list by
+    list (O(n), once per build).
+full build (``delta.full``, or the first rows of an empty model)
+    A new store; the vectors are normalised straight into its buffer.
+rebuild (a delta with removals, or applied to a snapshot that is no longer the newest)
+    O(n): a new store holding the old rows minus the removed ones plus the delta, rows
+    renumbered; an inverted file keeps its centroids and is laid out again. Removals are
+    rare (vocabulary pruning); applying twice to one snapshot happens in tests and scripts.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import time
+import weakref
+
+import numpy as np
+
+from online.frontend import int8_prefilter
+from online.frontend import ivf as ivf_lists
+from online.frontend.int8_prefilter import TILE_ROWS
+from online.frontend.model_index import ModelDeltaError, ModelIndex
+from online.frontend.row_store import Buffer, Change, Store, copy_prefix, scatter, scatter_rows
+from online.frontend.sources import ModelDelta
+from online.frontend.word_lookup import AlphaIndex, KeyIndex
+
+HEADROOM = 1.25        # rows of capacity per row at a full build
+PIECE = 8192           # rows per numpy call in the sync's path (numpy holds the GIL; the event loop waits)
+
+
+def normalise_into(vectors: np.ndarray, unit: np.ndarray, norms: np.ndarray) -> None:
+    """Unit rows of ``vectors`` into ``unit`` and their norms into ``norms`` (a zero vector stays zero)."""
+    for lo in range(0, len(vectors), PIECE):
+        v = vectors[lo:lo + PIECE]
+        nrm = np.sqrt(np.einsum("ij,ij->i", v, v, dtype=np.float64)).astype(np.float32)
+        norms[lo:lo + len(v)] = nrm
+        np.divide(v, np.where(nrm == 0, np.float32(1.0), nrm)[:, None], out=unit[lo:lo + len(v)])
+        time.sleep(0)
+
+
+def normalise(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    unit = np.empty(vectors.shape, np.float32)
+    norms = np.empty(len(vectors), np.float32)
+    normalise_into(vectors, unit, norms)
+    return unit, norms
+
+
+def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray, int]:
+    keys = np.asarray(delta.keys, dtype=np.uint64).reshape(-1)
+    words = list(delta.words)
+    vectors = np.asarray(delta.vectors, dtype=np.float32)
+    counts = np.asarray(delta.counts, dtype=np.int64).reshape(-1)
+    removed = np.asarray(delta.removed, dtype=np.uint64).reshape(-1)
+    if vectors.ndim != 2:
+        raise ModelDeltaError(f"vectors must be 2-d, got shape {vectors.shape}")
+    n = len(keys)
+    if not (len(words) == n and vectors.shape[0] == n and len(counts) == n):
+        raise ModelDeltaError(f"delta has {n} keys, {len(words)} words, {vectors.shape[0]} vectors and "
+                              f"{len(counts)} counts; they must match")
+    bad = ~np.isfinite(vectors).all(axis=1) if n else np.zeros(0, bool)
+    if bad.any():                       # a NaN row would win every top-k; serve it as a zero vector
+        vectors = vectors.copy()
+        vectors[bad] = 0.0
+    if n and len(np.unique(keys)) != n:  # duplicate keys: the last occurrence wins
+        _, last = np.unique(keys[::-1], return_index=True)
+        keep = np.sort(n - 1 - last)
+        keys, vectors, counts = keys[keep], vectors[keep], counts[keep]
+        words = [words[i] for i in keep.tolist()]
+    return keys, words, np.ascontiguousarray(vectors), counts, removed, int(bad.sum())
+
+
+def apply(index: ModelIndex, delta: ModelDelta) -> ModelIndex:
+    keys, words, vectors, counts, removed, bad = check_delta(delta)
+    if delta.full or (index.n == 0 and len(keys)):
+        return build(index.config, delta.version, keys, words, counts, vectors=vectors, bad_rows=bad)
+    if index.n == 0:
+        return _same(index, delta.version)
+    if len(keys) and vectors.shape[1] != index.dim:
+        raise ModelDeltaError(f"delta has dimension {vectors.shape[1]}, the model has {index.dim}")
+    rows = index.rows_of_keys(keys)
+    drop = index.rows_of_keys(removed) if len(removed) else np.zeros(0, np.int64)
+    if len(drop):
+        drop = drop[(drop >= 0) & ~np.isin(removed, keys)]       # removed and changed again: keep
+    store = index.store
+    head = store.head() if store.head is not None else None
+    if head is not index or len(drop):
+        return _rebuild(index, keys, words, vectors, counts, rows, drop, bad, delta.version)
+    pending = store.pending_ivf
+    if pending is not None and pending.generation != store.generation:
+        with store.lock:
+            store.pending_ivf, store.watch, store.building = None, None, False
+        pending = None
+    if not len(keys) and pending is None:
+        return _same(index, delta.version)
+    return _incremental(index, keys, words, vectors, counts, rows, bad, delta.version, pending)
+
+
+def _publish(store: Store, snapshot: ModelIndex) -> ModelIndex:
+    store.head = weakref.ref(snapshot)
+    return snapshot
+
+
+def _same(index: ModelIndex, version: int) -> ModelIndex:
+    """The same rows under another version number (nothing changed)."""
+    snapshot = ModelIndex(version, index.store, index._buffer, index.n, index.n_tiles, index.keys, index.words._words,
+                          index.counts, index.key_index, index.alpha, index.ivf, index.bad_rows, config=index.config)
+    return _publish(index.store, snapshot) if index.store is not None else snapshot
+
+
+def _capacity(n: int) -> tuple[int, int]:
+    rows = max(1024, int(n * HEADROOM))
+    return rows, -(-rows // TILE_ROWS) + int(math.ceil(math.sqrt(rows))) + 64
+
+
+def build(config, version: int, keys: np.ndarray, words: list[str], counts: np.ndarray, *,
+          vectors: np.ndarray | None = None, unit: np.ndarray | None = None, norms: np.ndarray | None = None,
+          bad_rows: int = 0, ivf: ivf_lists.IvfLists | None = None, assign: np.ndarray | None = None) -> ModelIndex:
+    """A new store holding these rows (raw ``vectors``, or ``unit`` and ``norms`` already normalised);
+    with ``ivf`` and ``assign`` (each row's list) laid out list by list, else slot = row."""
+    n = len(keys)
+    dim = int(vectors.shape[1] if vectors is not None else unit.shape[1])
+    cap_rows, cap_tiles = _capacity(n)
+    if ivf is not None:
+        slot_of_row, list_ptr, list_tiles, tile_list, free = ivf_lists.plan_layout(assign, ivf.lists)
+        ivf = ivf_lists.IvfLists(ivf.centroids, ivf.neighbours, list_ptr, list_tiles, tile_list, free,
+                                 len(list_tiles), ivf.built_version, ivf.built_rows, ivf.built_at,
+                                 ivf.build_seconds, ivf.drift)
+        cap_tiles = max(cap_tiles, ivf.n_tiles + (cap_rows - n) // TILE_ROWS + ivf.lists + 64)
+        n_tiles = ivf.n_tiles
+    else:
+        slot_of_row = np.arange(n, dtype=np.int64)
+        n_tiles = -(-n // TILE_ROWS)
+    buffer = Buffer(cap_rows, cap_tiles, dim)
+    if vectors is not None:
+        normalise_into(vectors, buffer.unit[:n], buffer.norms[:n])
+    else:
+        buffer.unit[:n], buffer.norms[:n] = unit, norms
+    all_rows = np.arange(n, dtype=np.int64)
+    copy_prefix(buffer.row_slot, slot_of_row, n)
+    scatter(buffer.slot_row, slot_of_row, all_rows, all_rows)
+    int8_prefilter.quantise(buffer.unit, all_rows, buffer.code_arrays, slot_of_row)
+    buffer.tile_err[:n_tiles] = int8_prefilter.tile_error(buffer.error[:n_tiles * TILE_ROWS])
+    buffer.used_tiles = n_tiles
+    keys_all = np.zeros(cap_rows, np.uint64)
+    keys_all[:n] = keys
+    store = Store(config, dim, keys_all, list(words), buffer)
+    buffer.state = store.next_state()
+    snapshot = ModelIndex(version, store, buffer, n, n_tiles, keys_all, store.words_all,
+                          np.array(counts, dtype=np.int64), KeyIndex.build(keys), AlphaIndex.build(words), ivf,
+                          bad_rows, config=config)
+    return _publish(store, snapshot)
+
+
+def _rebuild(index: ModelIndex, keys, words, vectors, counts, rows, drop, bad, version) -> ModelIndex:
+    """The O(n) path: the old rows minus ``drop``, then the delta, renumbered into a new store."""
+    keep = np.ones(index.n, dtype=bool)
+    keep[drop] = False
+    remap = np.cumsum(keep) - 1
+    kept = np.flatnonzero(keep)
+    is_new = rows < 0
+    n_kept, n_new = len(kept), int(is_new.sum())
+    new_rows = np.where(is_new, 0, remap[np.maximum(rows, 0)])
+    new_rows[is_new] = np.arange(n_kept, n_kept + n_new)
+    unit = np.empty((n_kept + n_new, index.dim), np.float32)
+    norms = np.empty(n_kept + n_new, np.float32)
+    unit[:n_kept], norms[:n_kept] = index.unit[kept], index.norms[kept]
+    changed_unit, changed_norms = normalise(vectors)
+    unit[new_rows], norms[new_rows] = changed_unit, changed_norms
+    all_counts = np.concatenate([index.counts[kept], np.zeros(n_new, np.int64)])
+    all_counts[new_rows] = counts
+    all_keys = np.concatenate([index.keys[kept], keys[is_new]])
+    old_words = index.words.tolist()
+    all_words = [old_words[r] for r in kept.tolist()] + [w for w, f in zip(words, is_new.tolist()) if f]
+    for r, w in zip(new_rows.tolist(), words):
+        all_words[r] = w                                     # a key's word string may change (fix-up)
+    assign = None
+    if index.ivf is not None:
+        assign = np.empty(n_kept + n_new, np.int64)
+        assign[:n_kept] = index.ivf.list_of_slots(index.row_slot[kept])
+        assign[new_rows] = ivf_lists.nearest(changed_unit, index.ivf.centroids)
+    return build(index.config, version, all_keys, all_words, all_counts, unit=unit, norms=norms,
+                 bad_rows=index.bad_rows + bad, ivf=index.ivf, assign=assign)
+
+
+class _Install:
+    """New lists about to be installed: the plan for the current rows."""
+
+    def __init__(self, index: ModelIndex, pending):
+        n = index.n
+        assign = np.empty(n, np.int64)
+        b = min(len(pending.assign), n)
+        assign[:b] = pending.assign[:b]
+        watch = index.store.watch
+        redo = np.arange(b, n, dtype=np.int64)
+        if watch is not None:
+            redo = np.concatenate([np.flatnonzero(watch[:b]), redo])
+        if len(redo):
+            assign[redo] = pending.assigner(np.ascontiguousarray(index.unit[redo]))
+        lists = len(pending.centroids)
+        self.slot_of_row, list_ptr, list_tiles, tile_list, free = ivf_lists.plan_layout(assign, lists)
+        self.assign, self.redone = assign, len(redo)
+        self.ivf = ivf_lists.IvfLists(pending.centroids, pending.neighbours, list_ptr, list_tiles, tile_list, free,
+                                      len(list_tiles), pending.version, len(pending.assign),
+                                      build_seconds=pending.seconds)
+
+    def lay_out(self, target: Buffer, src: Buffer, n: int) -> None:
+        """``target`` := the rows of ``src`` with their codes moved to the new slots."""
+        t = self.ivf.n_tiles
+        target.clear_tiles(np.arange(max(target.used_tiles, t), dtype=np.int64))
+        old = src.row_slot[:n]
+        int8_prefilter._copy_slots(old, self.slot_of_row, src.codes, src.scale, src.error, src.csum,
+                                   *target.code_arrays)
+        copy_prefix(target.row_slot, self.slot_of_row, n)
+        all_rows = np.arange(n, dtype=np.int64)
+        scatter(target.slot_row, self.slot_of_row, all_rows, all_rows)
+        target.tile_err[:t] = int8_prefilter.tile_error(target.error[:t * TILE_ROWS])
+        target.used_tiles = t
+
+
+def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, version, pending) -> ModelIndex:
+    store, src = index.store, index._buffer
+    n_old = index.n
+    is_new = rows < 0
+    fresh = np.flatnonzero(is_new)
+    n = n_old + len(fresh)
+    rows = rows.copy()
+    rows[fresh] = np.arange(n_old, n)
+    unit_rows, norm_rows = normalise(vectors)
+    install = _Install(index, pending) if pending is not None else None
+    ivf = install.ivf if install is not None else index.ivf
+    old = np.flatnonzero(~is_new)
+    if ivf is not None:
+        if install is not None:
+            current = install.assign[rows[old]]
+        else:
+            current = ivf.list_of_slots(src.row_slot[rows[old]])
+        targets = np.empty(len(rows), np.int64)
+        targets[old] = ivf_lists.nearest_among(unit_rows, old, current, ivf.neighbours, ivf.centroids)
+        # a row that jumped (not a small training step) may belong far from its list's neighbours
+        far = old[ivf_lists.moved_far(unit_rows, old, src.unit, rows[old], ivf_lists.FAR_COSINE)]
+        targets[far] = ivf_lists.nearest(unit_rows[far], ivf.centroids)
+        targets[fresh] = ivf_lists.nearest(unit_rows[fresh], ivf.centroids)
+        moving = targets[old] != current
+        moves, freed = old[moving], current[moving]
+        inserts = np.concatenate([moves, fresh])
+        need_tiles = ivf.n_tiles + len(np.unique(targets[inserts])) + -(-len(inserts) // TILE_ROWS)
+    else:
+        need_tiles = -(-n // TILE_ROWS)
+    target = store.writable(src, n_old, index.n_tiles, n, need_tiles)
+    target.state = -1                      # half-written until the end: a failure leaves it to a full copy
+    if install is not None:
+        install.lay_out(target, src, n_old)
+    order = np.arange(len(rows), dtype=np.int64)
+    scatter_rows(target.unit, rows, unit_rows, order)
+    scatter(target.norms, rows, norm_rows, order)
+    cleared = np.zeros(0, np.int64)
+    new_tiles = np.zeros(0, np.int64)
+    if ivf is None:
+        slots = rows
+        target.row_slot[rows[fresh]] = rows[fresh]
+        target.slot_row[rows[fresh]] = rows[fresh]
+        n_tiles = -(-n // TILE_ROWS)
+    else:
+        slots = np.empty(len(rows), np.int64)
+        slots[old] = target.row_slot[rows[old]]
+        cleared = slots[moves]
+        target.slot_row[cleared] = -1
+        int8_prefilter._clear_slots(cleared, *target.code_arrays)
+        ivf, placed, new_tiles = ivf_lists.place(ivf, targets[inserts], rows[inserts], target.slot_row, freed,
+                                                 target.cap_tiles)
+        slots[inserts] = placed
+        target.row_slot[rows[inserts]] = placed
+        n_tiles = ivf.n_tiles
+    int8_prefilter.quantise(target.unit, rows, target.code_arrays, slots)
+    np.maximum.at(target.tile_err, slots // TILE_ROWS, target.error[slots])
+    touched = np.concatenate([slots, cleared])
+    change = Change(src.state, store.next_state(), rows, touched,
+                    np.union1d(touched // TILE_ROWS, new_tiles), n, n_tiles, everything=install is not None)
+    # the shared key and word arrays, the lookups, the counts
+    new_counts = np.empty(n, np.int64)
+    copy_prefix(new_counts, index.counts, n_old)
+    scatter(new_counts, rows, counts, order)
+    words_all = index.words._words
+    renamed = []
+    for lo in range(0, len(old), PIECE):   # compared in C (itemgetter, map), in pieces that let the loop in
+        part = old[lo:lo + PIECE]
+        old_rows = rows[part].tolist()
+        had = operator.itemgetter(*old_rows)(words_all) if len(old_rows) > 1 else (words_all[old_rows[0]],)
+        got = operator.itemgetter(*part.tolist())(words) if len(part) > 1 else (words[int(part[0])],)
+        if any(map(operator.ne, had, got)):
+            renamed += [(r, w) for r, h, w in zip(old_rows, had, got) if h != w]
+        time.sleep(0)
+    fresh_words = [words[i] for i in fresh.tolist()]
+    keys_all, words_all = store.append_rows(n_old, keys[fresh], fresh_words)
+    key_index = index.key_index.with_rows(keys[fresh], rows[fresh])
+    if renamed:                            # a key's word string changed (hash collision, fix-up): rare
+        words_all = list(words_all[:n])
+        for r, w in renamed:
+            words_all[r] = w
+        store.words_all = words_all
+        alpha = AlphaIndex.build(words_all)
+    else:
+        alpha = index.alpha.with_rows(fresh_words, rows[fresh])
+    target.state = change.to_state
+    target.used_tiles = max(target.used_tiles, n_tiles)
+    with store.lock:
+        store.change = change
+        if install is not None:
+            store.pending_ivf, store.watch, store.building = None, None, False
+        else:
+            store.mark_changed(rows)
+    snapshot = ModelIndex(version, store, target, n, n_tiles, keys_all, words_all, new_counts, key_index, alpha, ivf,
+                          index.bad_rows + bad, config=index.config)
+    return _publish(store, snapshot)

@@ -1,0 +1,419 @@
+"""What is new in the served model: words that arrived, words whose counts rise, words whose meaning drifted.
+
+The sources keep no history (a server knows its rows and counts now, not an hour ago), so
+the front end records its own, from the snapshots it serves. ``WhatsNew.observe`` looks at
+``ModelHolder.current`` once per sync interval (a background task) and at the start of
+every request, so an answer always describes the model being served:
+
+arrivals (``/v1/new``)
+    The keys of the served snapshot that the previously observed one lacked, with the
+    time they were first served. A word reaches the front end when it becomes trainable
+    (``min_count``) and the next sync brings its row, so ``first_seen`` is that moment, to
+    within one sync interval. The words of the first snapshot have no arrival time
+    (``observed_since``); a word evicted and admitted again arrives again. Kept in a ring
+    of at most ``LIVEVEC_NEW_WORDS_KEEP`` keys, oldest forgotten first.
+count samples (``/v1/rising``)
+    Every ``LIVEVEC_RISING_INTERVAL`` seconds, a copy of the served snapshot's counts, as
+    int32 (int64 once a count passes 2^31). At most ``LIVEVEC_RISING_SAMPLES + 1`` are kept,
+    so a window reaches back ``interval x samples`` seconds. Samples stay aligned with the
+    rows of the latest snapshot (rows only get appended between syncs); after a removal or
+    a full reload they are re-indexed once by key. The rise of a word over a window is its
+    count now minus its count in the newest sample at least ``window`` seconds old.
+checkpoints (``/v1/drift``)
+    The first snapshot, then every ``LIVEVEC_DRIFT_INTERVAL`` seconds a compact copy of the
+    served snapshot (none while the model is unchanged): its words and keys by reference and
+    its unit vectors in float16, so a checkpoint costs 2 dim + 20 bytes per word, not the
+    5 dim + 40 of a ``ModelIndex`` with its int8 search copy (a 1M x 100 model: 220 MB, not
+    540). At most ``LIVEVEC_DRIFT_KEEP`` are kept, numbered 1, 2, ... from the front end's
+    start. They are the front end's own, in memory: not the cluster's coordinated
+    checkpoints, which live on the servers' storage (the front end may not import
+    ``online.checkpoint``, and need not see that storage). A word's drift is its k nearest
+    neighbours now against those in a checkpoint: overlap@k and the words that entered and
+    left. Neighbours now are exact (as ``/v1/similar``); neighbours then are exact over the
+    float16 vectors (scores within about 1e-3 of what ``/v1/similar`` said then). ``oldest``
+    is the oldest kept, ``previous`` the newest that differs from the model being served. A
+    word that arrived after the checkpoint has no neighbours there: all of its neighbours
+    entered (``in_checkpoint`` false).
+
+Cost bounds. Memory, all of it fixed by the settings: arrivals 8 bytes per remembered key;
+samples 4 bytes per word each; checkpoints ``2 dim + 20`` bytes per word each. With the
+defaults (2 checkpoints, 31 samples) that is about 560 bytes per word at dim 100, a third
+of what serving the model takes; ``LIVEVEC_DRIFT_KEEP=0`` keeps no checkpoint. Time per
+observation with a change: one comparison of the key arrays (about 1 ms per million words),
+O(n log n) only after a removal or a full reload (as ``ModelIndex.apply`` pays anyway), and
+per sample or checkpoint one pass over the counts or vectors. Requests: ``new`` O(a log n)
+for the a remembered arrivals since ``since``; ``rising`` one vectorised pass over the
+vocabulary; ``drift`` one exact top-k search now (as ``/v1/similar``) and one over the
+checkpoint's float16 vectors, in blocks of ``_BLOCK`` rows so the temporary stays small.
+Lists are capped by the request's ``limit`` (at most ``MAX_LIMIT``) and windows by the
+samples kept.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from online.frontend.model_index import ModelHolder, ModelIndex, Neighbour
+from online.learner.keys import word_key
+from ps_bridge.structured_logging import log_event
+
+log = logging.getLogger("livevec.frontend.whats_new")
+
+MAX_LIMIT = 1000
+RANKINGS = ("rise", "lift")
+_BLOCK = 65_536              # checkpoint rows scored at once (a 25 MB float32 temporary at dim 100)
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+class HistoryLookupError(LookupError):
+    """What was asked for is not in the history (an unknown word or checkpoint): a 404."""
+
+    def __init__(self, code: str, message: str, **extra: Any):
+        super().__init__(message)
+        self.code, self.message, self.extra = code, message, extra
+
+
+class PastModel:
+    """What ``drift`` needs of a past snapshot: words and keys (by reference), float16 unit vectors and
+    their norms after the rounding (so that scores are cosines of the stored vectors)."""
+
+    def __init__(self, index: ModelIndex):
+        self.version = index.version
+        self.words = index.words
+        self.keys = index.keys
+        self.unit = index.unit.astype(np.float16)
+        norms = np.empty(self.n, np.float32)
+        for start in range(0, self.n, _BLOCK):
+            norms[start:start + _BLOCK] = np.linalg.norm(self.unit[start:start + _BLOCK].astype(np.float32), axis=1)
+        self.inverse_norms = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+
+    def vector(self, row: int) -> np.ndarray:
+        """The unit vector of ``row`` (float32, renormalised after the rounding to float16)."""
+        return self.unit[row].astype(np.float32) * self.inverse_norms[row]
+
+    @property
+    def n(self) -> int:
+        return len(self.words)
+
+    @property
+    def dim(self) -> int:
+        return int(self.unit.shape[1])
+
+    def row(self, word: str) -> int:
+        """Row of exactly ``word`` (a scan of the keys: one per request, about 1 ms per million words)."""
+        hits = np.flatnonzero(self.keys == np.uint64(word_key(word)))
+        return next((int(r) for r in hits if self.words[r] == word), -1)
+
+    def neighbours(self, row: int, k: int) -> list[Neighbour]:
+        """Exact top k by cosine over the float16 vectors, the word itself left out; ties by row."""
+        query = self.vector(row)
+        scores = np.empty(self.n, dtype=np.float32)
+        for start in range(0, self.n, _BLOCK):
+            scores[start:start + _BLOCK] = self.unit[start:start + _BLOCK].astype(np.float32) @ query
+        scores *= self.inverse_norms
+        scores[row] = -np.inf
+        top = _top(scores, min(k, self.n - 1))
+        return [Neighbour(self.words[r], round(float(scores[r]), 6)) for r in top.tolist()]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    id: int
+    taken_at: float
+    model: PastModel
+    served: weakref.ref          # the ModelIndex it was taken from, while that is alive
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "taken_at": round(self.taken_at, 3), "version": self.model.version,
+                "vocab_size": self.model.n}
+
+
+def _rounded(t: float | None) -> float | None:
+    return None if t is None else round(t, 3)
+
+
+def _top(score: np.ndarray, limit: int) -> np.ndarray:
+    """Positions of the ``limit`` largest scores, best first, ties by position (no full sort)."""
+    if limit <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(score) > limit:
+        kth = np.partition(score, len(score) - limit)[len(score) - limit]
+        candidates = np.flatnonzero(score >= kth)
+    else:
+        candidates = np.arange(len(score))
+    return candidates[np.lexsort((candidates, -score[candidates]))][:limit]
+
+
+def _same_start(longer: np.ndarray, shorter: np.ndarray) -> bool:
+    """Whether ``shorter`` is a view of the start of ``longer``'s memory (keys are only ever appended)."""
+    return not len(shorter) or (longer.__array_interface__["data"][0] == shorter.__array_interface__["data"][0]
+                                and longer.strides == shorter.strides)
+
+
+def _samples_of(counts: np.ndarray) -> np.ndarray:
+    return counts.astype(np.int32) if not len(counts) or counts.max() <= _INT32_MAX else counts.copy()
+
+
+def _neighbours(index: ModelIndex, row: int, k: int) -> list[Neighbour]:
+    query = np.ascontiguousarray(index.unit[row][None, :], dtype=np.float32)
+    return index.top_k(query, [[row]], [k])[0]
+
+
+class WhatsNew:
+    """The front end's history of the served model and the answers computed from it (thread-safe)."""
+
+    def __init__(self, holder: ModelHolder, *, new_words_keep: int = 100_000, rising_interval: float = 30.0,
+                 rising_samples: int = 30, drift_interval: float = 600.0, drift_keep: int = 2,
+                 clock: Callable[[], float] = time.time):
+        self.holder = holder
+        self.new_words_keep = int(new_words_keep)
+        self.rising_interval = float(rising_interval)
+        self.rising_samples = int(rising_samples)
+        self.drift_interval = float(drift_interval)
+        self.drift_keep = int(drift_keep)
+        self.clock = clock
+        self._lock = threading.Lock()
+        # The latest snapshot observed, by weak reference: holding a ModelIndex would keep its row
+        # buffer from being reused by the next sync (row_store). Its keys (never in those buffers,
+        # only ever appended to) are all the diff needs; the samples follow its rows.
+        self._last: weakref.ref | None = None
+        self._last_keys: np.ndarray | None = None
+        self._last_at = 0.0
+        self.observed_since: float | None = None       # when the first snapshot was observed
+        self._arrivals: deque[tuple[float, np.ndarray]] = deque()   # (first served at, keys), oldest first
+        self._remembered = 0
+        self.forgotten_until: float | None = None      # arrivals up to this time were dropped from the ring
+        self._samples: deque[tuple[float, np.ndarray]] = deque(maxlen=self.rising_samples + 1)
+        self._checkpoints: deque[Checkpoint] = deque(maxlen=self.drift_keep)
+        self._next_id = 1
+
+    @property
+    def max_window(self) -> float:
+        """The longest window ``rising`` answers in full: the span the kept samples cover."""
+        return self.rising_interval * self.rising_samples
+
+    # ------------------------------------------------------------ recording
+    def observe(self, now: float | None = None) -> None:
+        """Record what changed since the last look at the served snapshot (keeping no reference to it)."""
+        with self._lock:
+            self._observe(self.clock() if now is None else now)
+
+    def _observe(self, now: float) -> ModelIndex | None:
+        if not self.holder.loaded:
+            return None
+        index = self.holder.current
+        now = max(now, self._last_at)          # times only go forward (the wall clock may step back)
+        if self._last is None or self._last() is not index:
+            if self._last_keys is None:
+                self.observed_since = now
+            else:
+                self._follow(self._last_keys, index, now)
+            self._last, self._last_keys = weakref.ref(index), index.keys
+        self._last_at = now
+        if not self._samples or now - self._samples[-1][0] >= self.rising_interval:
+            self._samples.append((now, _samples_of(index.counts)))
+        if self.drift_keep and (not self._checkpoints or (now - self._checkpoints[-1].taken_at >= self.drift_interval
+                                                          and self._checkpoints[-1].served() is not index)):
+            self._checkpoints.append(Checkpoint(self._next_id, now, PastModel(index), weakref.ref(index)))
+            self._next_id += 1
+        return index
+
+    def _follow(self, old_keys: np.ndarray, new: ModelIndex, now: float) -> None:
+        n_old = len(old_keys)
+        new_keys = new.keys
+        if len(new_keys) >= n_old and (_same_start(new_keys, old_keys) or np.array_equal(new_keys[:n_old], old_keys)):
+            fresh = new_keys[n_old:]                     # rows kept, new ones appended: the usual sync
+        else:                                            # a removal or a full reload moved rows
+            order = np.argsort(old_keys, kind="stable")
+            ordered = old_keys[order]
+            pos = np.minimum(np.searchsorted(ordered, new_keys), n_old - 1)     # n_old >= 1 here
+            rows_in_old = np.where(ordered[pos] == new_keys, order[pos], -1)
+            fresh = new_keys[rows_in_old < 0]
+            for i, (t, counts) in enumerate(self._samples):
+                kept = (rows_in_old >= 0) & (rows_in_old < len(counts))
+                moved = np.full(new.n, -1, dtype=counts.dtype)
+                moved[kept] = counts[rows_in_old[kept]]
+                self._samples[i] = (t, moved)
+        if len(fresh):
+            self._arrivals.append((now, fresh.copy()))   # a copy: a view would keep the whole key array alive
+            self._remembered += len(fresh)
+        while self._remembered > self.new_words_keep:
+            t, oldest = self._arrivals[0]
+            excess = self._remembered - self.new_words_keep
+            if len(oldest) <= excess:
+                self._arrivals.popleft()
+                self._remembered -= len(oldest)
+            else:
+                self._arrivals[0] = (t, oldest[excess:].copy())
+                self._remembered -= excess
+            self.forgotten_until = t
+
+    async def run(self, interval: float) -> None:
+        """Observe every ``interval`` seconds until cancelled."""
+        while True:
+            try:
+                await asyncio.to_thread(self.observe)
+            except Exception as exc:    # a bug here must not stop the history, nor the front end
+                log_event(log, "whats_new_observe_failed", logging.ERROR, error=repr(exc))
+            await asyncio.sleep(interval)
+
+    # -------------------------------------------------------------- answers
+    def new_words(self, since: float, limit: int) -> dict[str, Any]:
+        """Words first served at or after ``since`` (unix s) and still in the model, newest first."""
+        with self._lock:
+            now = self.clock()
+            index = self._observe(now)
+            chunks = []
+            for t, keys in reversed(self._arrivals):
+                if t < since:
+                    break
+                chunks.append((t, keys))
+            observed_since, forgotten = self.observed_since, self.forgotten_until
+        if index is None:
+            raise HistoryLookupError("not_ready", "no model has been observed yet")
+        if chunks:
+            keys = np.concatenate([k for _, k in chunks])                  # newest first
+            times = np.concatenate([np.full(len(k), t) for t, k in chunks])
+            _, latest = np.unique(keys, return_index=True)                  # evicted and back: the last arrival
+            keys, times = keys[latest], times[latest]
+            rows = index.rows_of_keys(keys)
+            present = rows >= 0
+            rows, times = rows[present], times[present]
+        else:
+            rows, times = np.zeros(0, np.int64), np.zeros(0)
+        counts = index.counts[rows]
+        order = np.lexsort((rows, -counts, -times))[:limit]   # newest first, then most frequent
+        complete = observed_since is not None and since >= observed_since \
+            and (forgotten is None or since > forgotten)
+        return {"version": index.version, "since": since, "now": round(now, 3),
+                "observed_since": _rounded(observed_since), "complete": bool(complete), "total": int(len(rows)),
+                "words": [{"word": index.words[r], "first_seen": round(float(t), 3), "count": int(c)}
+                          for r, t, c in zip(rows[order].tolist(), times[order].tolist(), counts[order].tolist())]}
+
+    def rising(self, window: float, limit: int, by: str = "rise") -> dict[str, Any]:
+        """Words whose counts rose most over the last ``window`` seconds.
+
+        ``by="rise"``: the largest increase. ``by="lift"``: the increase against what the
+        word's share of the counts at the window's start predicts, ``(rise + 1) /
+        (expected + 1)``, so a word used far more than usual beats a frequent one used as
+        usual. Only words present at both ends and with a rise count; words that arrived
+        within the window are ``new_words``.
+        """
+        if by not in RANKINGS:
+            raise ValueError(f"by must be one of {RANKINGS}")
+        with self._lock:
+            now = self.clock()
+            index = self._observe(now)
+            chosen = next((s for s in reversed(self._samples) if s[0] <= now - window), None)
+            partial = chosen is None
+            if partial and self._samples:
+                chosen = self._samples[0]
+        if index is None or chosen is None:
+            raise HistoryLookupError("not_ready", "no model has been observed yet")
+        version, words, current = index.version, index.words, index.counts   # not its row buffers
+        del index
+        t_then, then = chosen
+        then = then[:min(len(then), len(current))]
+        present = np.flatnonzero(then >= 0)
+        c_then = then[present]
+        total_then = max(int(c_then.sum()), 1)
+        rise = current[present] - c_then
+        up = rise > 0                       # a rollback to a checkpoint can lower counts: not a rise
+        rows, c_then, rise = present[up], c_then[up], rise[up]
+        expected = c_then / total_then * int(rise.sum())     # the rise the word's earlier share predicts
+        lift = (rise + 1.0) / (expected + 1.0)
+        score = rise.astype(np.float64) if by == "rise" else lift
+        span = max(now - t_then, 1e-9)
+        top = _top(score, limit)
+        return {"version": version, "by": by, "window_seconds": window, "from": round(t_then, 3),
+                "to": round(now, 3), "span_seconds": round(now - t_then, 3), "partial": partial,
+                "words": [{"word": words[r], "count": int(current[r]), "count_then": int(c), "rise": int(d),
+                           "per_second": round(d / span, 3), "lift": round(float(f), 3)}
+                          for r, c, d, f in zip(rows[top].tolist(), c_then[top].tolist(), rise[top].tolist(),
+                                                lift[top].tolist())]}
+
+    def _checkpoint(self, spec: str, index: ModelIndex) -> Checkpoint:
+        kept = list(self._checkpoints)
+        ids = [c.id for c in kept]
+        if not kept:
+            why = "LIVEVEC_DRIFT_KEEP is 0" if not self.drift_keep else "none has been taken yet"
+            raise HistoryLookupError("unknown_checkpoint", f"the front end keeps no checkpoints ({why})",
+                                     checkpoints=ids)
+        if spec == "oldest":
+            return kept[0]
+        if spec == "previous":
+            for c in reversed(kept):
+                if c.served() is not index:
+                    return c
+            raise HistoryLookupError("unknown_checkpoint", "no checkpoint differs from the model being served yet "
+                                     f"(one is taken every {self.drift_interval:g} s while it changes)",
+                                     checkpoints=ids)
+        if spec.isascii() and spec.isdigit() and len(spec) <= 18:
+            for c in kept:
+                if c.id == int(spec):
+                    return c
+        raise HistoryLookupError("unknown_checkpoint", f"no checkpoint {spec[:40]!r}: use 'oldest', 'previous' or "
+                                 f"one of the ids kept: {ids}", checkpoints=ids)
+
+    def drift(self, word: str, k: int, checkpoint: str = "oldest") -> dict[str, Any]:
+        """``word``'s k nearest neighbours now against those in a checkpoint."""
+        with self._lock:
+            now = self.clock()
+            index = self._observe(now)
+            if index is None:
+                raise HistoryLookupError("not_ready", "no model has been observed yet")
+            cp = self._checkpoint(checkpoint, index)
+        row = index.row(word)
+        if row < 0:
+            raise HistoryLookupError("unknown_word", f"not in the vocabulary (model version {index.version}): "
+                                     f"{word[:100]!r}", unknown=[word])
+        matched, version, vector = index.words[row], index.version, index.unit[row].copy()
+        now_nb = _neighbours(index, row, k)
+        del index                            # let go of the served snapshot's rows before the longer scan
+        past = cp.model
+        past_row = past.row(matched)
+        then_nb = past.neighbours(past_row, k) if past_row >= 0 else []
+        now_set, then_set = {n.word for n in now_nb}, {n.word for n in then_nb}
+        shared = len(now_set & then_set)
+        size = max(len(now_nb), len(then_nb))
+        self_similarity = None
+        if past_row >= 0 and past.dim == len(vector):
+            self_similarity = round(float(np.dot(vector, past.vector(past_row))), 6)
+
+        def listed(ns):
+            return [{"word": n.word, "score": n.score} for n in ns]
+
+        return {"word": matched, "k": k, "version": version,
+                "checkpoint": {**cp.describe(), "age_seconds": round(now - cp.taken_at, 3)},
+                "in_checkpoint": past_row >= 0, "overlap": round(shared / size, 6) if size else 1.0,
+                "shared": shared, "self_similarity": self_similarity,
+                "entered": listed(n for n in now_nb if n.word not in then_set),
+                "left": listed(n for n in then_nb if n.word not in now_set),
+                "now": listed(now_nb), "then": listed(then_nb)}
+
+    def history(self) -> dict[str, Any]:
+        """What the front end remembers: checkpoints, the samples' reach, the arrivals kept."""
+        with self._lock:
+            now = self.clock()
+            index = self._observe(now)
+            oldest = self._samples[0][0] if self._samples else None
+            return {
+                "now": round(now, 3), "version": None if index is None else index.version,
+                "observed_since": _rounded(self.observed_since),
+                "checkpoints": [c.describe() for c in self._checkpoints],
+                "drift": {"interval_seconds": self.drift_interval, "keep": self.drift_keep},
+                "rising": {"interval_seconds": self.rising_interval, "samples": len(self._samples),
+                           "keep": self.rising_samples, "max_window_seconds": self.max_window,
+                           "oldest_sample_at": _rounded(oldest)},
+                "new_words": {"remembered": self._remembered, "keep": self.new_words_keep,
+                              "forgotten_until": _rounded(self.forgotten_until)},
+            }
