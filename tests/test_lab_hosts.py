@@ -74,10 +74,11 @@ def test_a_group_that_cannot_be_placed_is_refused_naming_the_app():
 
 
 def test_without_root_the_lab_stops_with_a_clear_message_and_changes_nothing():
+    # `unshare --user`: the same files (it may read a checkout only root can), but no root and no capabilities
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     code = ("import sys; from online.deployment.netns_lab import NetnsLab, LabUnavailable\n"
             "try:\n    NetnsLab(2, lab_id=201).start()\nexcept LabUnavailable as e:\n    print(e); sys.exit(3)\n")
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+    done = subprocess.run(["unshare", "--user", sys.executable, "-c", code],
                           cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp"})
     assert done.returncode == 3, done.stdout + done.stderr
@@ -86,7 +87,7 @@ def test_without_root_the_lab_stops_with_a_clear_message_and_changes_nothing():
 
 
 def test_livevec_up_hosts_names_the_setting_when_the_lab_cannot_run():
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+    done = subprocess.run(["unshare", "--user", sys.executable, "-m",
                            "online.cli", "up", "--hosts", "4"], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp"})
     assert done.returncode != 0 and "--hosts" in done.stderr and "needs root" in done.stderr, done.stderr[-500:]
