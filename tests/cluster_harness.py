@@ -124,17 +124,22 @@ def wait_until(predicate, timeout: float, interval: float = 0.5, message: str = 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {message} (last: {last!r})")
 
 
+def runner_metric(runner, app: str, name: str, index: int = 0) -> float:
+    """Sum of a metric's series on one task of a LocalRunner (its ``metrics`` port's /metrics)."""
+    import urllib.request
+    with urllib.request.urlopen(runner.url(app, "metrics", "/metrics", index), timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
 def coordinator_idle(runner) -> bool:
     """No rollback pending or running: the scheduler's ``livevec_recovering`` gauge is 0 (False while it
     cannot be read, e.g. the scheduler restarting)."""
-    import urllib.request
     try:
-        with urllib.request.urlopen(runner.url("scheduler", "metrics", "/metrics"), timeout=5) as resp:
-            text = resp.read().decode()
+        return runner_metric(runner, "scheduler", "livevec_recovering") == 0.0
     except OSError:
         return False
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("livevec_recovering")]
-    return bool(values) and values[0] == 0.0
 
 
 def assert_trained_exactly_once(stats, topic: str, records: int, tokens: int, partitions: int = 4,

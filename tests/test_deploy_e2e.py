@@ -21,6 +21,7 @@ from online.deployment.local_runner import LocalRunner, describe
 from online.deployment.marathon import GROUP_FILE
 from online.stream.producer import produce
 from online.stream.sample_corpus import generate_lines, planted_groups
+from tests.cluster_harness import runner_metric
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -30,12 +31,6 @@ def _get(url: str, timeout: float = 5.0):
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         body = resp.read()
     return json.loads(body) if body[:1] in (b"{", b"[") else body.decode()
-
-
-def _metric(runner: LocalRunner, app: str, index: int, name: str) -> float:
-    text = _get(runner.url(app, "metrics", "/metrics", index))
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and not line.startswith("#"))
 
 
 def _wait(predicate, timeout: float, what: str, runner: LocalRunner):
@@ -79,9 +74,9 @@ def test_marathon_group_trains_and_serves_through_the_local_runner(tmp_path, kaf
         volumes={"/mnt/mfs/livevec": tmp_path / "mfs"}, dependency_timeout=90)
     with runner:
         assert runner.wait_healthy(timeout=120), describe(runner.status())
-        _wait(lambda: sum(_metric(runner, "worker", i, "livevec_worker_tokens_total") for i in range(2))
+        _wait(lambda: sum(runner_metric(runner, "worker", "livevec_worker_tokens_total", i) for i in range(2))
               >= expected_tokens, 180, "every produced token to be trained", runner)
-        assert all(_metric(runner, "server", i, "livevec_server_words") > 0 for i in range(2))
+        assert all(runner_metric(runner, "server", "livevec_server_words", i) > 0 for i in range(2))
         frontend = runner.url("frontend", "http")
         _wait(lambda: _get(f"{frontend}/ready") and _planted_hits(frontend) >= 0.9, 60,
               "the front end to serve the planted neighbours", runner)

@@ -33,7 +33,7 @@ from online.learner.tokenizer import Tokenizer
 from online.stream.kafka_broker import KafkaBroker
 from online.stream.sample_corpus import generate_lines, planted_groups
 from online.stream.settings import KafkaBrokerSettings
-from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, wait_until
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, runner_metric, wait_until
 from tests.test_checkpoint_recovery import Producer, Watcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,7 +158,7 @@ def test_four_hosts_train_serve_and_survive_partitions_and_a_host_loss(lab, lab_
         runner.start()
         assert runner.wait_healthy(timeout=150), describe(runner.status())
         # every task registered with its own host's address, found the scheduler by its Mesos-DNS name
-        sched_log = (tmp_path / "run" / "logs" / "livevec-scheduler-0.log").read_text()
+        sched_log = _scheduler_log(tmp_path)
         for app, index in [("server", 0), ("server", 1), ("worker", 0), ("worker", 1)]:
             assert f"address={_host_of(runner, app, index)}:" in sched_log, (app, index)
         # the probe lives on the front end's host, which no step below cuts off
@@ -254,9 +254,8 @@ def test_four_hosts_train_serve_and_survive_partitions_and_a_host_loss(lab, lab_
         watcher.join(timeout=10)
         assert not watcher.errors_5xx, watcher.errors_5xx[:5]
         assert watcher.codes.get(200, 0) > 50
-        fenced = sum(float(line.rsplit(" ", 1)[1]) for i in range(2) for line in
-                     _metrics(runner, "server", i).splitlines() if line.startswith("livevec_server_fenced_total"))
-        sched_log = (tmp_path / "run" / "logs" / "livevec-scheduler-0.log").read_text()
+        fenced = sum(runner_metric(runner, "server", "livevec_server_fenced_total", i) for i in range(2))
+        sched_log = _scheduler_log(tmp_path)
         assert "event=node_dead" in sched_log and "event=rollback_done" in sched_log
         print(f"lab: fenced changes {fenced:.0f}; {ledger}")
     finally:
@@ -270,9 +269,3 @@ def test_four_hosts_train_serve_and_survive_partitions_and_a_host_loss(lab, lab_
 
 def _scheduler_log(tmp_path) -> str:
     return (tmp_path / "run" / "logs" / "livevec-scheduler-0.log").read_text()
-
-
-def _metrics(runner, app: str, index: int) -> str:
-    import urllib.request
-    with urllib.request.urlopen(runner.url(app, "metrics", "/metrics", index), timeout=5) as resp:
-        return resp.read().decode()
