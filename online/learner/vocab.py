@@ -24,6 +24,14 @@ that never fills is exact. A word is *trainable* while its count is at least
 ``min_count``; only trainable words get rows on the servers, so when a trainable word is
 evicted its key is reported in ``VocabUpdate.evicted_keys`` for the caller to free both
 of its rows.
+
+Cluster trainability
+--------------------
+On a cluster the servers own each word's total count (``online.cluster.word_counts``): a
+word whose ``min_count`` occurrences are spread over many workers never reaches it in any
+one worker's table. ``mark_trainable`` records the servers' verdict; a word is then
+trainable while either its local count reaches ``min_count`` or the cluster said so. Local
+counts stay what subsampling and the noise table estimate frequencies from.
 """
 from __future__ import annotations
 
@@ -67,6 +75,7 @@ class OnlineVocab:
         self.counts = np.zeros(self.capacity, dtype=np.int64)
         self.keys = np.zeros(self.capacity, dtype=np.uint64)
         self.trainable = np.zeros(self.capacity, dtype=bool)
+        self.cluster_trainable = np.zeros(self.capacity, dtype=bool)   # the servers' verdict (see above)
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
         self.total_tokens = 0          # every token ever counted
         self.trainable_total = 0       # sum of counts of trainable words (subsampling's T)
@@ -125,7 +134,7 @@ class OnlineVocab:
         self.counts[touched] = new
         self.total_tokens += n
         was = self.trainable[touched]
-        now = new >= self.min_count
+        now = (new >= self.min_count) | self.cluster_trainable[touched]
         self.trainable[touched] = now
         crossed = touched[now & ~was]
         self.trainable_total += int((new - old)[was & now].sum()) + int(new[now & ~was].sum())
@@ -140,6 +149,22 @@ class OnlineVocab:
             self.keys[s] = word_key(w)
             self.counts[s] = 0
             self.trainable[s] = False
+            self.cluster_trainable[s] = False
+
+    def mark_trainable(self, slots: np.ndarray, trainable: np.ndarray) -> np.ndarray:
+        """Record the cluster's verdict on ``slots`` (bool each); returns the slots that became trainable."""
+        slots = np.asarray(slots, dtype=np.int64)
+        trainable = np.asarray(trainable, dtype=bool)
+        live = slots >= 0
+        slots, trainable = slots[live], trainable[live]
+        self.cluster_trainable[slots] = trainable
+        was = self.trainable[slots]
+        now = trainable | (self.counts[slots] >= self.min_count)
+        self.trainable[slots] = now
+        crossed = slots[now & ~was]
+        dropped = slots[was & ~now]
+        self.trainable_total += int(self.counts[crossed].sum()) - int(self.counts[dropped].sum())
+        return crossed
 
     def _make_room(self, needed: int) -> tuple[np.ndarray, np.ndarray]:
         """Batched Misra-Gries: subtract the smallest d that frees ``needed`` slots."""
@@ -161,7 +186,8 @@ class OnlineVocab:
         self.counts[gone] = 0
         self.keys[gone] = 0
         self.trainable[gone] = False
-        self.trainable[occupied] &= self.counts[occupied] >= self.min_count
+        self.cluster_trainable[gone] = False
+        self.trainable[occupied] &= (self.counts[occupied] >= self.min_count) | self.cluster_trainable[occupied]
         self.trainable_total = int(self.counts[self.trainable].sum())
         self.evictions += len(gone)
         return gone, evicted_keys
