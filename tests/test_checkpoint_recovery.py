@@ -32,7 +32,7 @@ from online.learner.tokenizer import Tokenizer
 from online.cli.up import local_cluster
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings
-from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, wait_until
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, runner_metric, wait_until
 
 LINES_PER_RECORD = 4
 REPO = Path(__file__).resolve().parents[1]
@@ -135,7 +135,8 @@ def _ledger(stats: list[dict] | None) -> dict | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstrap, kafka_topic, tmp_path):
+@pytest.mark.parametrize("sync_ms", ["250", "1500"], ids=["sync-250ms", "unsynced-deltas-at-kill"])
+def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstrap, kafka_topic, tmp_path, sync_ms):
     topic = kafka_topic(partitions=4, prefix="ckpt")
     lines = generate_lines(4800, seed=7)
     producer = Producer(kafka_bootstrap, topic, lines, rate=30.0)     # 1200 records over ~40 s
@@ -144,7 +145,7 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
            "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3", "LIVEVEC_KAFKA_BATCH_RECORDS": "15",
            "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000", "LIVEVEC_REQUEST_TIMEOUT": "4",
            "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}", "LIVEVEC_SYNC_INTERVAL": "0.3",
-           "LIVEVEC_LOG_LEVEL": "INFO"}
+           "LIVEVEC_LOG_LEVEL": "INFO", "LIVEVEC_SYNC_MS": sync_ms, "LIVEVEC_SYNC_TOKENS": "100000000"}
     runner = local_cluster(tmp_path / "run", kafka_bootstrap, topic, servers=2, workers=2, env=env)
     store = CheckpointStore(tmp_path / "run" / "shared" / "livevec" / "checkpoints")
     probe = watcher = None
@@ -174,6 +175,14 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
             before = wait_until(probe.stats, 30, interval=0.25,
                                 message="all servers answering")
             epochs = [s["epoch"] for s in before]
+            if app == "worker" and sync_ms != "250":
+                # kill -9 a worker holding trained batches whose deltas the servers have not seen
+                def unsynced() -> bool:
+                    try:
+                        return runner_metric(runner, "worker", "livevec_worker_unsynced_tokens", index) > 0
+                    except OSError:   # its metrics port is not up (yet)
+                        return False
+                wait_until(unsynced, 30, interval=0.05, message=f"worker#{index} holding unsynced deltas")
             t_kill = time.monotonic()
             assert runner.kill_task(app, index) is not None, f"{app}#{index} was not running"
             if app == "frontend":

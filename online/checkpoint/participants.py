@@ -267,7 +267,8 @@ class ServerCheckpointing(ServerExtension):
         """Read (and verify) checkpoint ``ckpt_id`` into a new shard; None = an empty model."""
         old = self.service.shard
         params = dict(dim=old.dim, optimizer=old.optimizer, eta=old.eta, seed=old.seed,
-                      adagrad_init=old.adagrad_init)
+                      adagrad_init=old.adagrad_init, min_count=old.word_counts.min_count,
+                      word_capacity=old.word_counts.capacity)
         if ckpt_id is None:
             return None, restore_shard([], **params), {}
         ckpt = self.store.verify(ckpt_id)
@@ -421,11 +422,12 @@ class WorkerCheckpointing(WorkerExtension):
         target = {**beginnings, **{tp: off for tp, off in offsets.items() if tp in beginnings or not beginnings}}
         await self.stream.seek_to(target)
         await self.stream.commit()
+        rows = await asyncio.to_thread(self.worker.reload_replica)
         words = await asyncio.to_thread(self._resend_words)
         self._rebalances_at_seek = self._rebalances()
         if self._want is not None and self._want_at <= self._rollback_started:
             self._want = None
-        return {"ok": True, "partitions": len(target), "words": words}
+        return {"ok": True, "partitions": len(target), "words": words, "replica_rows": rows}
 
     def _resend_words(self) -> int:
         """The servers were reloaded, but this worker's vocabulary was not: words that became

@@ -105,11 +105,14 @@ class ShardState:
     word_keys: np.ndarray       # uint64 [m]
     words: list[str]
     meta: dict = field(default_factory=dict)
+    count_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))   # the cluster's word counts
+    count_values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def nbytes(self) -> int:
         return int(self.keys.nbytes + self.vectors.nbytes + self.accum.nbytes + self.counts.nbytes
-                   + self.word_keys.nbytes + sum(len(w) + 1 for w in self.words))
+                   + self.word_keys.nbytes + sum(len(w) + 1 for w in self.words)
+                   + self.count_keys.nbytes + self.count_values.nbytes)
 
 
 def snapshot_shard(shard: "EmbeddingShard", meta: dict | None = None) -> ShardState:
@@ -120,8 +123,9 @@ def snapshot_shard(shard: "EmbeddingShard", meta: dict | None = None) -> ShardSt
     accum = st["accum"] if st["accum"] is not None else np.zeros((0, shard.dim), np.float32)
     base = {"dim": shard.dim, "optimizer": shard.optimizer, "eta": shard.eta, "adagrad_init": shard.adagrad_init,
             "seed": shard.seed, "rows": int(len(keys)), "words": int(named.sum())}
+    count_keys, count_values = st["word_counts"]
     return ShardState(keys, st["vectors"], accum, st["counts"], keys[named],
-                      [w for w in st["words"] if w is not None], {**base, **(meta or {})})
+                      [w for w in st["words"] if w is not None], {**base, **(meta or {})}, count_keys, count_values)
 
 
 def write_shard_file(path: Path, state: ShardState) -> dict:
@@ -131,7 +135,8 @@ def write_shard_file(path: Path, state: ShardState) -> dict:
 
     def write(fh):
         np.savez(fh, keys=state.keys, vectors=state.vectors, accum=state.accum, counts=state.counts,
-                 word_keys=state.word_keys, words=blob, meta=meta)
+                 word_keys=state.word_keys, words=blob, meta=meta, count_keys=state.count_keys,
+                 count_values=state.count_values)
 
     atomic_write(path, write)
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path), "rows": int(len(state.keys)),
@@ -147,6 +152,9 @@ def read_shard_file(path: Path) -> ShardState:
             words = [w.decode("utf-8") for w in blob.split(_SEP)] if len(word_keys) else []
             state = ShardState(z["keys"].astype(np.uint64, copy=False), z["vectors"], z["accum"],
                                z["counts"].astype(np.int64, copy=False), word_keys, words, meta)
+            if "count_keys" in z.files:   # absent in checkpoints written before the cluster's word counts
+                state.count_keys = z["count_keys"].astype(np.uint64, copy=False)
+                state.count_values = z["count_values"].astype(np.int64, copy=False)
     except (OSError, ValueError, KeyError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: unreadable shard file ({type(exc).__name__}: {exc})") from None
     n = len(state.keys)
@@ -157,13 +165,15 @@ def read_shard_file(path: Path) -> ShardState:
 
 
 def restore_shard(states: list[ShardState], *, dim: int, optimizer: str, eta: float | None, seed: int,
-                  key_range: tuple[int, int] | None = None, adagrad_init: float = 1e-8) -> "EmbeddingShard":
+                  key_range: tuple[int, int] | None = None, adagrad_init: float = 1e-8, min_count: int = 5,
+                  word_capacity: int = 1_000_000) -> "EmbeddingShard":
     """A new ``EmbeddingShard`` holding the rows of ``states`` that fall in ``key_range`` ([lo, hi)).
     The optimizer state is converted when the checkpoint was written with another AdaGrad variant."""
     from online.learner.embedding_shard import EmbeddingShard
 
     width = {"adagrad": dim, "rowadagrad": 1, "sgd": 0}[optimizer]
     parts = []
+    counted: list[tuple[np.ndarray, np.ndarray]] = []
     for st in states:
         if st.meta.get("dim", dim) != dim or st.vectors.shape[1:] != (dim,):
             raise CheckpointError(f"checkpoint has dim {st.meta.get('dim')}, this server runs with dim {dim} "
@@ -183,6 +193,9 @@ def restore_shard(states: list[ShardState], *, dim: int, optimizer: str, eta: fl
                 accum = np.repeat(acc[:, :1], width, axis=1)
         names = dict(zip(st.word_keys.tolist(), st.words))
         parts.append((keys, st.vectors[mask], accum, st.counts[mask], [names.get(k) for k in keys.tolist()]))
+        in_range = np.ones(len(st.count_keys), dtype=bool) if key_range is None else \
+            (st.count_keys >= np.uint64(key_range[0])) & (st.count_keys < np.uint64(key_range[1]))
+        counted.append((st.count_keys[in_range], st.count_values[in_range]))
     keys = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64)
     order = np.argsort(keys)
     cat = (lambda i, empty: np.concatenate([p[i] for p in parts])[order] if parts else empty)
@@ -190,8 +203,10 @@ def restore_shard(states: list[ShardState], *, dim: int, optimizer: str, eta: fl
     state = {"dim": dim, "optimizer": optimizer, "eta": eta, "adagrad_init": adagrad_init, "seed": seed,
              "version": 0, "keys": keys[order], "vectors": cat(1, np.zeros((0, dim), np.float32)),
              "accum": cat(2, np.zeros((0, max(width, 1)), np.float32)) if width else None,
-             "counts": cat(3, np.zeros(0, np.int64)), "words": [words[i] for i in order.tolist()]}
-    return EmbeddingShard.from_state(state)
+             "counts": cat(3, np.zeros(0, np.int64)), "words": [words[i] for i in order.tolist()],
+             "word_counts": (np.concatenate([c[0] for c in counted]), np.concatenate([c[1] for c in counted]))
+             if counted else None}
+    return EmbeddingShard.from_state(state, min_count=min_count, word_capacity=word_capacity)
 
 
 # ----------------------------------------------------------------------------- manifests

@@ -13,6 +13,11 @@ KV commands (``cmd``), keys sorted and unique as ps-lite requires:
   pushes and pulls with cmd 0 therefore still talks to a livevec server.
 * ``CMD_COUNTS``: push, one float per key: occurrence counts to add to words.
 * ``CMD_FREE``: push, one (ignored) float per key: delete the rows (evicted words).
+* ``CMD_DELTA``: pushpull, ``dim + 1`` floats per key: a worker replica's change of each row
+  since its last sync and the row's AdaGrad accumulator increment; the answer has the same
+  layout with the merged row and accumulator (``online.cluster.replica``).
+* ``CMD_WORD_COUNTS``: pushpull, one float per key (an input key): occurrences of every word
+  read since the last sync; the answer is the cluster's total of each (``online.learner.word_counts``).
 
 SimpleApp heads:
 
@@ -37,6 +42,8 @@ import orjson
 CMD_ROWS = 0
 CMD_COUNTS = 1
 CMD_FREE = 2
+CMD_DELTA = 3
+CMD_WORD_COUNTS = 4
 
 HEAD_SET_WORDS = 100
 HEAD_CHANGES = 101

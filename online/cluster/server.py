@@ -76,6 +76,8 @@ class ServerSettings:
     optimizer: str = "adagrad"
     eta: float | None = None
     seed: int = 1
+    min_count: int = 5
+    vocab_capacity: int = 1_000_000
     metrics_port: int | None = None
 
     @classmethod
@@ -108,7 +110,8 @@ class ShardService:
         r = registry
         self.m_requests = {name: r.counter("livevec_server_requests_total", "KV and control requests served",
                                            kind=name)
-                           for name in ("pull", "push", "counts", "free", "words", "changes", "stats")}
+                           for name in ("pull", "push", "deltas", "counts", "word_counts", "free", "words",
+                                        "changes", "stats")}
         self.m_fenced = r.counter("livevec_server_fenced_total",
                                   "changes dropped unanswered: the sender is not a member of the training")
         self.m_rejected = r.counter("livevec_server_rejected_total", "requests rejected as malformed")
@@ -148,6 +151,29 @@ class ShardService:
                     self.m_keys_pulled.inc(n)
                     server.response(req, KVPairs(keys, vals.reshape(-1)))
                     return
+            elif req.cmd == pc.CMD_DELTA and req.push and req.pull:
+                width = dim + 1
+                if len(data.vals) != n * width:
+                    raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} + 1")
+                vals = data.vals.reshape(n, width)
+                vectors, accum = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim])
+                self.c.pushes += 1
+                self.c.keys_pushed += n
+                self.m_requests["deltas"].inc()
+                self.m_keys_pushed.inc(n)
+                server.response(req, KVPairs(keys, np.hstack([vectors, accum[:, None]]).reshape(-1)))
+                return
+            elif req.cmd == pc.CMD_WORD_COUNTS and req.push and req.pull:
+                if len(data.vals) != n:
+                    raise ValueError(f"word counts push of {len(data.vals)} values for {n} keys")
+                deltas = np.rint(data.vals).astype(np.int64)
+                if n and int(deltas.min()) < 0:
+                    raise ValueError("word counts must not be negative")
+                totals = self.shard.count_words(keys, deltas)
+                self.c.tokens_counted += int(deltas.sum())
+                self.m_requests["word_counts"].inc()
+                server.response(req, KVPairs(keys, totals.astype(np.float32)))
+                return
             elif req.cmd == pc.CMD_COUNTS and req.push:
                 if len(data.vals) != n:
                     raise ValueError(f"counts push of {len(data.vals)} values for {n} keys")
@@ -167,7 +193,8 @@ class ShardService:
             self.m_rejected.inc()
             log_event(log, "request_rejected", logging.WARNING, sender=req.sender, cmd=req.cmd, error=str(exc))
             if req.pull:
-                server.response(req, KVPairs(keys, np.zeros(n * dim, np.float32)))
+                width = {pc.CMD_DELTA: dim + 1, pc.CMD_WORD_COUNTS: 1}.get(req.cmd, dim)
+                server.response(req, KVPairs(keys, np.zeros(n * width, np.float32)))
                 return
         finally:
             self.m_latency.observe(time.perf_counter() - t0)
@@ -250,7 +277,8 @@ def build(settings: ServerSettings, registry: Registry | None = None,
     key range, which the service does not know)."""
     registry = registry or Registry({"role": "server"})
     po = Postoffice(settings.node, registry)
-    shard = EmbeddingShard(settings.dim, optimizer=settings.optimizer, eta=settings.eta, seed=settings.seed)
+    shard = EmbeddingShard(settings.dim, optimizer=settings.optimizer, eta=settings.eta, seed=settings.seed,
+                           min_count=settings.min_count, word_capacity=settings.vocab_capacity)
     service = ShardService(shard, registry, extension(po) if extension is not None else None)
     server = KVServer(po, 0, service.handle_kv)
     server.set_simple_request_handle(service.handle_simple)

@@ -2,10 +2,19 @@
 to the parameter servers, and commit offsets only for what the servers acknowledged.
 ``livevec worker`` (``online.cli.worker``) reads the settings and runs it.
 
-Flow per batch of records: ``KafkaStream.next_batch`` -> ``Trainer.train_records`` (one pull,
-the kernel, one push; in a thread, so the event loop keeps the consumer alive) ->
-``stream.mark_processed``. At most ``max_inflight`` batches are being trained at once: a
-slow server therefore slows consumption instead of growing memory (backpressure).
+Flow per batch of records: ``KafkaStream.next_batch`` -> ``Trainer.train_records`` (in a
+thread, so the event loop keeps the consumer alive) -> ``stream.mark_processed``. Two
+exchanges with the servers (``LIVEVEC_EXCHANGE``):
+
+* ``replica`` (the default): the trainer updates a local replica in place, and a sync every
+  ``LIVEVEC_SYNC_MS`` (or ``LIVEVEC_SYNC_TOKENS``) sends the servers the rows' deltas
+  (``online.cluster.replica``). A trained batch waits for the next acknowledged sync before
+  its offsets are committed, so what is committed is on the servers.
+* ``pullpush``: each mini-batch pulls its rows, computes against them, and pushes gradients
+  that the servers' optimizer applies (kept for comparison and for stock ps-lite servers).
+
+At most ``max_inflight`` batches are being trained at once: a slow server therefore slows
+consumption instead of growing memory (backpressure).
 
 Failures: a batch whose pull or push is not acknowledged (a server died) is retried with
 backoff until the servers answer again; its offsets stay uncommitted meanwhile, so if
@@ -30,6 +39,7 @@ import orjson
 from online.cluster import ps_commands as pc
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.ps_param_store import PSParamStore
+from online.cluster.replica import ReplicaStore
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
 from online.learner.trainer import BatchStats, LearnerConfig, Trainer
 from online.stream.batches import Batch
@@ -48,6 +58,12 @@ WORKER = SettingGroup("worker", (
     Setting("max_inflight", "LIVEVEC_MAX_INFLIGHT", int, 2, minimum=1, maximum=64, help="batches trained at once"),
     Setting("request_timeout", "LIVEVEC_REQUEST_TIMEOUT", float, 30.0, minimum=0.1,
             help="seconds to wait for the servers before retrying a batch"),
+    Setting("exchange", "LIVEVEC_EXCHANGE", default="replica", choices=("replica", "pullpush"),
+            help="replica: train a local replica and sync deltas; pullpush: pull and push every mini-batch"),
+    Setting("sync_ms", "LIVEVEC_SYNC_MS", int, 250, minimum=1, maximum=60_000,
+            help="replica: longest time between syncs with the servers, in ms (the staleness bound)"),
+    Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 200_000, minimum=1,
+            help="replica: sync sooner once this many tokens were trained since the last sync"),
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
@@ -85,6 +101,9 @@ class WorkerSettings:
     max_inflight: int = 2
     batch_words: int = 10_000
     request_timeout: float = 30.0
+    exchange: str = "replica"
+    sync_ms: int = 250
+    sync_tokens: int = 200_000
     report_interval: float = 2.0
     metrics_port: int | None = None
 
@@ -133,6 +152,8 @@ class WorkerMetrics:
         self.lag = r.gauge("livevec_worker_kafka_lag", "records behind the high watermark, summed over partitions")
         self.inflight = r.gauge("livevec_worker_inflight_batches", "batches being trained now")
         self.words_per_second = r.gauge("livevec_worker_words_per_second", "tokens read per second (recent)")
+        self.unsynced = r.gauge("livevec_worker_unsynced_tokens",
+                                "tokens trained into the replica whose deltas the servers have not acknowledged")
 
 
 class StreamingWorker:
@@ -149,8 +170,19 @@ class StreamingWorker:
         self.kv = kv
         self.stream = stream
         self.metrics = WorkerMetrics(registry)
-        store = PSParamStore(kv, settings.learner.dim, settings.request_timeout, registry)
-        self.trainer = Trainer(settings.learner, store)
+        cfg = settings.learner
+        if settings.exchange == "replica":
+            self.replica = ReplicaStore(kv, cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta, seed=cfg.seed,
+                                        timeout=settings.request_timeout, registry=registry)
+            self.trainer = Trainer(cfg, self.replica)
+            self.replica.on_totals = self.trainer.apply_cluster_counts
+        else:
+            self.replica = None
+            self.trainer = Trainer(cfg, PSParamStore(kv, cfg.dim, settings.request_timeout, registry))
+        self._awaiting: list[tuple[Batch, BatchStats]] = []   # trained into the replica, not yet synced
+        self._awaiting_tokens = 0
+        self._sync_lock = asyncio.Lock()
+        self._sync_soon = asyncio.Event()
         self.stopping = asyncio.Event()
         self.paused = asyncio.Event()   # set while an extension holds the stream
         self.idle = asyncio.Event()     # set by run() once paused with nothing in flight
@@ -215,6 +247,17 @@ class StreamingWorker:
             if await self.extension.batch_done(batch, BatchStats()):
                 await self.stream.mark_processed(batch)
             return
+        if self.replica is not None:
+            self._awaiting.append((batch, stats))
+            self._awaiting_tokens += stats.tokens
+            self.metrics.unsynced.set(self._awaiting_tokens)
+            if self._awaiting_tokens >= self.settings.sync_tokens:
+                self._sync_soon.set()   # the sync loop runs it while the next batches train
+            return
+        await self._complete(batch, stats)
+
+    async def _complete(self, batch: Batch, stats: BatchStats) -> None:
+        """The batch's effect is on the servers: record it in the ledger and commit its offsets."""
         if not await self.extension.batch_done(batch, stats):
             return
         await self.stream.mark_processed(batch)
@@ -228,12 +271,67 @@ class StreamingWorker:
         self._rate_window.append((time.monotonic(), stats.tokens))
 
     async def drain(self) -> None:
-        """Finish every batch in flight (used at shutdown and by checkpoints)."""
+        """Finish every batch in flight and sync what they trained (used at shutdown and by checkpoints)."""
         while self._inflight:
             await self._finish_oldest()
+        if self.replica is not None:
+            await self.sync()
+
+    async def sync(self) -> None:
+        """Send the replica's deltas (and counts and words) to the servers, then complete the batches
+        trained before it. A sync the servers do not acknowledge is retried (a rollback is asked
+        for: part of it may have been applied); one a rollback abandons drops its batches uncommitted."""
+        async with self._sync_lock:
+            done, self._awaiting, self._awaiting_tokens = self._awaiting, [], 0
+            self.metrics.unsynced.set(0)
+            if not await asyncio.to_thread(self._sync_with_retry):
+                return
+            for batch, stats in done:
+                await self._complete(batch, stats)
+
+    def _sync_with_retry(self) -> bool:
+        backoff = 0.2
+        while True:
+            if self.abandon.is_set():
+                return False
+            try:
+                self.replica.sync()
+                return True
+            except (RequestTimeout, SendError) as exc:
+                if self.abandon.is_set():
+                    return False
+                self.metrics.errors.inc()
+                log_event(log, "sync_retry", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
+                          backoff=round(backoff, 2))
+                if self.stopping.is_set():
+                    return False
+                self.extension.batch_retried(exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def reload_replica(self) -> int:
+        """After a rollback: forget unsynced work and take the reloaded servers' rows (blocking)."""
+        self._awaiting, self._awaiting_tokens = [], 0
+        return self.replica.reload() if self.replica is not None else 0
+
+    async def _sync_loop(self) -> None:
+        interval = self.settings.sync_ms / 1000.0
+        while True:
+            try:
+                await asyncio.wait_for(self._sync_soon.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            self._sync_soon.clear()
+            if (self._awaiting or self.replica.has_pending()) and not self.abandon.is_set() \
+                    and not self.paused.is_set():
+                try:
+                    await self.sync()
+                except Exception:
+                    log.exception("sync failed")
 
     async def run(self) -> None:
         report = asyncio.create_task(self._report_loop())
+        syncing = asyncio.create_task(self._sync_loop()) if self.replica is not None else None
         try:
             while not self.stopping.is_set():
                 if self.paused.is_set():
@@ -253,6 +351,8 @@ class StreamingWorker:
             await self.drain()
         finally:
             report.cancel()
+            if syncing is not None:
+                syncing.cancel()
             self.extension.close()
 
     # ------------------------------------------------------------ reporting

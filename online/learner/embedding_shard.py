@@ -17,6 +17,13 @@ vector (syn0) and its output vector (syn1neg) at two keys, each ``dim`` float32.
   Duplicate keys in one push are applied one after the other.
 * **Per-word counts and word strings** are kept for the front end (``add_counts``,
   ``set_words``); they describe input keys.
+* **Deltas** (``add_deltas``): workers that train a local replica (``online.cluster.replica``)
+  send the change of each row since their last sync, and the row's AdaGrad accumulator
+  increment; the shard adds them, so deltas from any number of workers merge, and answers
+  with the merged values.
+* **The cluster's word counts** (``count_words``, ``online.learner.word_counts``): totals of
+  every word of this key range, in bounded memory; a word whose total reaches
+  ``min_count`` gets its rows and its count here, one whose trainable total is evicted loses them.
 * **Eviction**: ``free(keys)`` deletes rows (their storage is reused).
 * **Versions**: every mutating call (push, assign, free, or ``mark_changed`` from the
   in-process trainer) bumps ``version`` and stamps the rows it changed, so
@@ -40,7 +47,8 @@ import numpy as np
 from numba import njit
 
 from online.learner.key_index import KeyIndex
-from online.learner.keys import OUTPUT_BIT
+from online.learner.keys import OUTPUT_BIT, word_rows
+from online.learner.word_counts import WordCounts
 
 OPTIMIZERS = ("adagrad", "rowadagrad", "sgd")
 DEFAULT_ETA = {"adagrad": 0.1, "rowadagrad": 0.1, "sgd": 0.025}
@@ -160,7 +168,8 @@ class EmbeddingShard:
     REMOVAL_LOG_LIMIT = 1 << 20   # removed keys remembered for changes_since before a full resync
 
     def __init__(self, dim: int = 100, *, optimizer: str = "rowadagrad", eta: float | None = None,
-                 adagrad_init: float = 1e-8, seed: int = 0, initial_rows: int = 1024):
+                 adagrad_init: float = 1e-8, seed: int = 0, initial_rows: int = 1024,
+                 min_count: int = 5, word_capacity: int = 1_000_000):
         if dim < 1:
             raise ValueError("dim must be >= 1")
         if optimizer not in OPTIMIZERS:
@@ -187,6 +196,7 @@ class EmbeddingShard:
         self._removal_floor = 0   # changes_since(v) with v < this needs a full resync
         self._lock = threading.RLock()
         self._growth = _GrowthLock()
+        self.word_counts = WordCounts(word_capacity, min_count)
 
     def _accum_shape(self, rows: int) -> tuple[int, int]:
         return {"adagrad": (rows, self.dim), "rowadagrad": (rows, 1), "sgd": (0, self.dim)}[self.optimizer]
@@ -285,6 +295,43 @@ class EmbeddingShard:
                 self.accum[rows] = np.asarray(accum, dtype=np.float32).reshape(len(keys), self.accum.shape[1])
             return self._stamp(rows)
 
+    def add_deltas(self, keys: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add workers' row changes (float32 [n, dim]) and AdaGrad accumulator increments ([n]);
+        returns the merged (vectors [n, dim], accumulators [n]).
+
+        The accumulator is the row-wise one (the mean squared gradient summed): with a
+        per-coordinate AdaGrad shard the increment goes to every coordinate, which keeps the
+        mean over coordinates equal to the row-wise value; SGD has none (answered as 0)."""
+        deltas = np.ascontiguousarray(deltas, dtype=np.float32).reshape(len(keys), self.dim)
+        accum_deltas = np.asarray(accum_deltas, dtype=np.float32).reshape(len(keys), 1)
+        with self._lock:
+            rows = self.rows_for(keys, create=True)
+            self.vectors[rows] += deltas
+            if self.accum.shape[0]:
+                self.accum[rows] += accum_deltas
+                acc = self.accum[rows].mean(axis=1)
+            else:
+                acc = np.zeros(len(rows), dtype=np.float32)
+            self._stamp(rows)
+            return self.vectors[rows], acc
+
+    def count_words(self, keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+        """Add occurrence counts of words (distinct input keys) to the cluster's totals; returns the totals.
+
+        Words whose total reaches ``min_count`` get rows and carry the total as their count;
+        trainable words the bounded table evicts lose their rows here, and only here."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        with self._lock:
+            totals, evicted = self.word_counts.add(keys, deltas)
+            if len(evicted):
+                self.free(word_rows(evicted))
+            trainable = totals >= self.word_counts.min_count
+            if trainable.any():
+                tkeys = keys[trainable]
+                rows = self.rows_for(tkeys, create=True)
+                self.counts[rows] = totals[trainable]
+            return totals
+
     def free(self, keys: np.ndarray) -> int:
         """Delete the rows of ``keys`` (evicted words; absent keys are ignored)."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
@@ -373,12 +420,16 @@ class EmbeddingShard:
                     "adagrad_init": self.adagrad_init, "seed": self.seed, "version": self.version,
                     "keys": keys, "vectors": self.vectors[rows],
                     "accum": self.accum[rows] if self.accum.shape[0] else None,
-                    "counts": self.counts[rows], "words": self.words_for(keys)}
+                    "counts": self.counts[rows], "words": self.words_for(keys),
+                    "word_counts": self.word_counts.state()}
 
     @classmethod
-    def from_state(cls, state: dict) -> "EmbeddingShard":
+    def from_state(cls, state: dict, **options) -> "EmbeddingShard":
+        """``options``: the word-count table's settings (``min_count``, ``word_capacity``), which are the
+        loading server's, not the checkpoint's."""
         shard = cls(state["dim"], optimizer=state["optimizer"], eta=state["eta"],
-                    adagrad_init=state["adagrad_init"], seed=state["seed"], initial_rows=max(16, len(state["keys"])))
+                    adagrad_init=state["adagrad_init"], seed=state["seed"], initial_rows=max(16, len(state["keys"])),
+                    **options)
         keys = np.asarray(state["keys"], dtype=np.uint64)
         if len(keys):
             shard.assign(keys, state["vectors"], state.get("accum"))
@@ -386,6 +437,8 @@ class EmbeddingShard:
             named = [(k, w) for k, w in zip(keys.tolist(), state["words"]) if w is not None]
             if named:
                 shard.set_words(np.array([k for k, _ in named], dtype=np.uint64), [w for _, w in named])
+        if state.get("word_counts") is not None:
+            shard.word_counts.load(*state["word_counts"])
         shard.version = max(shard.version, int(state["version"]))
         return shard
 

@@ -47,10 +47,11 @@ SERVER_OPTIMIZER = MODEL["optimizer"].with_default(
     "adagrad", why="servers default to per-coordinate AdaGrad: applied once per pushed row, its cost does not "
                    "show, and it learned better on the pull/push path")
 
-# What each role reads of the model. Workers do not apply the optimizer (the servers do);
-# servers neither sample nor tokenise.
-WORKER_MODEL = MODEL.without("optimizer", "eta")
-SERVER_MODEL = MODEL.only("dim", "seed", "eta").plus(SERVER_OPTIMIZER)
+# What each role reads of the model. Workers train a local replica with the optimizer
+# (``online.cluster.replica``); servers neither sample nor tokenise, but they count the
+# cluster's words (min_count decides trainability there) in a table of ``vocab_capacity``.
+WORKER_MODEL = MODEL
+SERVER_MODEL = MODEL.only("dim", "seed", "eta", "min_count").plus(SERVER_OPTIMIZER, LEARNER["vocab_capacity"])
 
 
 def learner_config(values: Mapping[str, object], **fixed) -> LearnerConfig:

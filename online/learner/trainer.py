@@ -258,6 +258,11 @@ class Trainer:
                 rows = self.shard.rows_for(word_rows(keys), create=True)
                 self.slot_in_row[new] = rows[:len(new)]
                 self.slot_out_row[new] = rows[len(new):]
+        if getattr(store, "counts_every_word", False):
+            # The store (a worker's replica) sends every word's increments to the servers, which own the
+            # cluster's counts and answer with totals (``apply_cluster_counts``).
+            store.count_words(upd.touched, vocab.keys[upd.touched], upd.new_counts - upd.old_counts)
+            return len(upd.evicted_keys)
         counted = upd.new_counts >= vocab.min_count
         if counted.any():
             deltas = np.where(upd.old_counts >= vocab.min_count, upd.new_counts - upd.old_counts, upd.new_counts)
@@ -294,6 +299,26 @@ class Trainer:
         with self._lock:
             self.totals.add(stats)
         return stats
+
+
+    def apply_cluster_counts(self, slots: np.ndarray, keys: np.ndarray, totals: np.ndarray) -> int:
+        """The servers' totals of words this trainer counted (``slots`` as reported, -1 unknown): words
+        whose cluster count reaches ``min_count`` become trainable here even if this worker saw them
+        less often. Returns how many became trainable."""
+        with self._lock:
+            vocab = self.vocab
+            slots = np.asarray(slots, dtype=np.int64)
+            ok = slots >= 0
+            ok[ok] = vocab.keys[slots[ok]] == keys[ok]    # the slot still holds that word
+            new = vocab.mark_trainable(slots[ok], totals[ok] >= vocab.min_count)
+            if len(new):   # the noise table stays a local estimate: they join it at a local min_count
+                new_keys = vocab.keys[new]
+                self.store.set_words(new_keys, [vocab.words[s] for s in new.tolist()])
+                if self.shard is not None:
+                    rows = self.shard.rows_for(word_rows(new_keys), create=True)
+                    self.slot_in_row[new] = rows[:len(new)]
+                    self.slot_out_row[new] = rows[len(new):]
+            return int(len(new))
 
 
 def default_threads() -> int:

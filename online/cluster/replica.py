@@ -1,0 +1,309 @@
+"""A worker's local replica of the rows it trains, synchronised with the servers by deltas.
+
+Why. word2vec keeps its quality because every (context, centre) pair updates the rows in
+place before the next pair reads them. Pulling a mini-batch's rows, computing against that
+stale copy and pushing one summed update (the old pull/push exchange) makes a frequent word
+take hundreds of steps against one snapshot, and moves every row of every batch twice. So a
+worker trains a replica in place with the same kernel and optimizer as ``livevec train``
+(``sgns_kernel.train_inplace``, hogwild across its threads), and at intervals sends the
+servers only what changed.
+
+The sync, per interval (``LIVEVEC_SYNC_MS`` or ``LIVEVEC_SYNC_TOKENS``, whichever comes
+first). The replica keeps, per row, ``base``: the value the servers last confirmed.
+
+1. **Collect** the rows changed since the last sync (their version stamps):
+   ``delta = row - base`` and the AdaGrad accumulator's ``acc - base_acc``; then ``base = row``.
+   Rows written by a kernel that is still running are stamped when it ends, so whatever it
+   writes after the copy is collected by the next sync: nothing is lost.
+2. **One pushpull per server** (``CMD_DELTA``): the server adds the deltas (so deltas from
+   all workers merge) and answers with the merged row ``S``.
+3. **Apply**: ``row += S - base`` (the other workers' contributions; what this replica
+   trained since step 1 stays on top), ``base = S``. Same for the accumulator, so the
+   optimizer's state is the cluster's, as it would be in one process.
+
+The optimizer runs here, once per pair, where row-wise AdaGrad costs little
+(``bench/README.md``); the servers only add. A row first touched here starts from the
+deterministic initial value every node agrees on (``embedding_shard.init_rows``), with
+``base`` equal to it, so a new row needs no round trip: the first sync brings in whatever
+other workers trained. Staleness is therefore bounded by one sync interval.
+
+The vocabulary travels with the sync too (no round trip on the training path): the count
+increments of every word read (``CMD_WORD_COUNTS``: the servers answer with the cluster's
+totals, which make a word trainable wherever its occurrences were) and the strings of words
+that became trainable (``HEAD_SET_WORDS``). A word the worker's own table evicts loses its
+replica rows after their last delta is sent, never its rows on the servers.
+
+Bound: the replica holds the rows of the worker's trainable words, at most
+``LIVEVEC_VOCAB_CAPACITY`` words; each costs two rows of ``dim`` float32 plus their base
+copies and accumulators, about 16 * dim + 60 bytes per word (1.7 KB at dim 100). Rows held
+but no longer trained here are refreshed in turn, a tenth of the changed rows' number per sync,
+so their staleness is bounded by (rows held) / (rows refreshed per sync) syncs.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from online.cluster import ps_commands as pc
+from online.learner.embedding_shard import EmbeddingShard
+from ps_bridge.kv_app import KVWorker
+from ps_bridge.metrics import Registry
+
+_SYNC_CHUNK = 1 << 16   # keys per pushpull message: bounds a message at ~26 MB at dim 100
+
+
+class ReplicaShard(EmbeddingShard):
+    """An ``EmbeddingShard`` that also keeps the servers' last confirmed value of every row."""
+
+    REFRESH_SHARE = 0.1   # rows not changed here that a sync refreshes, as a share of the changed ones
+    REFRESH_MIN = 256     # (and at least this many): every held row is refreshed within rows / that syncs
+
+    def __init__(self, dim: int, **options):
+        super().__init__(dim, **options)
+        self.base = np.zeros_like(self.vectors)
+        self.base_acc = np.zeros((self.capacity, 1), dtype=np.float32)
+        self.synced_version = 0
+        self._refresh_at = 0
+        self.pending_free: set[int] = set()
+
+    def _grow(self, needed: int) -> None:
+        super()._grow(needed)
+        cap = self.capacity
+        if self.base.shape[0] < cap:
+            base = np.zeros((cap, self.dim), dtype=np.float32)
+            base[:self.base.shape[0]] = self.base
+            acc = np.zeros((cap, 1), dtype=np.float32)
+            acc[:self.base_acc.shape[0]] = self.base_acc
+            self.base, self.base_acc = base, acc
+
+    def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        with self._lock:
+            if not create:
+                return super().rows_for(keys, create=False)
+            missing = self._index.lookup(keys) < 0
+            rows = super().rows_for(keys, create=True)
+            if missing.any():
+                new = rows[missing]
+                self.base[new] = self.vectors[new]
+                self.base_acc[new] = self._accum_column(new)
+            if self.pending_free:
+                self.pending_free.difference_update(keys.tolist())
+            return rows
+
+    def _accum_column(self, rows: np.ndarray) -> np.ndarray:
+        if not self.accum.shape[0]:
+            return np.zeros((len(rows), 1), dtype=np.float32)
+        return self.accum[rows].mean(axis=1, keepdims=True)
+
+    def free(self, keys: np.ndarray) -> int:
+        """Deferred: the rows leave after the next sync has sent their last delta."""
+        with self._lock:
+            self.pending_free.update(np.asarray(keys, dtype=np.uint64).tolist())
+            return self.version
+
+    def collect(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted keys, float32 [n, dim + 1] deltas) of the rows changed since the last collect, and of
+        the next ``REFRESH_SHARE`` of the other rows in turn, so that rows held but no longer trained
+        here also learn what other workers did (their delta is zero or the unstamped part of a kernel
+        still running; either way ``row - base`` is exactly what has not been sent)."""
+        with self._lock:
+            now = self.version
+            stamps = self.row_version[:self._next_row]
+            changed = np.flatnonzero(stamps > self.synced_version)
+            budget = max(self.REFRESH_MIN, int(len(changed) * self.REFRESH_SHARE))
+            lo = self._refresh_at if self._refresh_at < self._next_row else 0
+            turn = np.arange(lo, min(lo + budget, self._next_row), dtype=np.int64)
+            self._refresh_at = lo + len(turn)
+            turn = turn[stamps[turn] > 0]                                    # freed rows have no stamp
+            rows = np.union1d(changed, turn)
+            rows = rows[self._index.lookup(self.row_keys[rows]) == rows]   # live rows only
+            self.synced_version = now
+            keys = self.row_keys[rows]
+            order = np.argsort(keys)
+            rows, keys = rows[order], keys[order]
+            snap = self.vectors[rows]
+            snap_acc = self._accum_column(rows)
+            out = np.empty((len(rows), self.dim + 1), dtype=np.float32)
+            np.subtract(snap, self.base[rows], out=out[:, :self.dim])
+            np.subtract(snap_acc[:, 0], self.base_acc[rows, 0], out=out[:, self.dim])
+            self.base[rows] = snap
+            self.base_acc[rows] = snap_acc
+            return keys, out
+
+    def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:
+        """Bring in the servers' merged values (``merged`` [n, dim + 1]), keeping local changes on top."""
+        with self._lock:
+            rows = self._index.lookup(keys)
+            live = rows >= 0
+            rows, merged = rows[live], merged[live]
+            self.vectors[rows] += merged[:, :self.dim] - self.base[rows]
+            self.base[rows] = merged[:, :self.dim]
+            if self.accum.shape[0]:
+                self.accum[rows] += (merged[:, self.dim] - self.base_acc[rows, 0])[:, None]
+            self.base_acc[rows, 0] = merged[:, self.dim]
+
+    def overwrite(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Set rows and their base to the servers' values (``values`` [n, dim + 1]); nothing is pending after."""
+        with self._lock:
+            rows = self._index.lookup(keys)
+            live = rows >= 0
+            rows, values = rows[live], values[live]
+            self.vectors[rows] = values[:, :self.dim]
+            self.base[rows] = values[:, :self.dim]
+            if self.accum.shape[0]:
+                self.accum[rows] = values[:, self.dim:]
+            self.base_acc[rows, 0] = values[:, self.dim]
+            self.synced_version = self.version
+
+    def release_freed(self) -> int:
+        """Drop the rows of evicted words (their last delta has been sent)."""
+        with self._lock:
+            if not self.pending_free:
+                return 0
+            keys = np.fromiter(self.pending_free, dtype=np.uint64, count=len(self.pending_free))
+            self.pending_free.clear()
+            return super().free(keys)
+
+
+class ReplicaStore:
+    """The trainer's ``ParamStore`` on a worker: a ``ReplicaShard`` trained in place, and ``sync``.
+
+    ``online.learner.param_store`` gives the contract. ``local_shard`` returns the replica, so
+    the trainer takes its in-place path; counts and words are buffered for the next sync.
+    ``on_totals(slots, keys, totals)`` is told the cluster's count of the words this worker read.
+    """
+
+    counts_every_word = True   # the trainer reports every word's count increments, not only trainable ones
+
+    def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
+                 seed: int = 1, timeout: float = 30.0, registry: Registry | None = None):
+        registry = registry or Registry()
+        self.worker = worker
+        self.dim = int(dim)
+        self.timeout = timeout
+        self.shard = ReplicaShard(dim, optimizer=optimizer, eta=eta, seed=seed)
+        self.on_totals = None
+        self._buffer_lock = threading.Lock()
+        self._counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (slots, keys, deltas)
+        self._words: dict[int, str] = {}
+        self._sync_lock = threading.Lock()
+        self._unsent: tuple[np.ndarray, np.ndarray] | None = None   # a collected payload not yet acknowledged
+        self.m_syncs = registry.counter("livevec_worker_syncs_total", "delta syncs with the servers")
+        self.m_rows = registry.counter("livevec_worker_rows_synced_total", "rows whose delta was sent")
+        self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
+        registry.gauge("livevec_worker_replica_rows", "rows held by the replica", fn=lambda: float(len(self.shard)))
+        self._server_ids = worker.po.server_ids()
+        self._starts = np.array([r[0] for r in worker.po.server_key_ranges()], dtype=np.uint64)
+
+    # ---------------------------------------------------------- ParamStore
+    def local_shard(self) -> EmbeddingShard:
+        return self.shard
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        return self.shard.pull(keys)
+
+    def push(self, keys: np.ndarray, grads: np.ndarray) -> None:
+        self.shard.push(keys, grads)
+
+    def free(self, keys: np.ndarray) -> None:
+        self.shard.free(keys)
+
+    def add_counts(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        self.count_words(np.full(len(keys), -1, np.int64), keys, deltas)
+
+    def count_words(self, slots: np.ndarray, keys: np.ndarray, deltas: np.ndarray) -> None:
+        with self._buffer_lock:
+            self._counts.append((np.asarray(slots, np.int64).copy(), np.asarray(keys, np.uint64).copy(),
+                                 np.asarray(deltas, np.int64).copy()))
+
+    def set_words(self, keys: np.ndarray, words: list[str]) -> None:
+        with self._buffer_lock:
+            self._words.update(zip(np.asarray(keys, dtype=np.uint64).tolist(), words))
+
+    # ---------------------------------------------------------------- sync
+    def has_pending(self) -> bool:
+        """Counts or words wait to be sent (e.g. the words named again after a rollback)."""
+        return bool(self._counts or self._words or self._unsent is not None)
+
+    def sync(self) -> int:
+        """One sync (see the module docstring); returns the rows sent. Raises ``RequestTimeout`` /
+        ``SendError`` when a server does not answer: the payload is kept and sent again by the
+        next call (the caller asks for a rollback, which makes a partly applied sync exact)."""
+        with self._sync_lock:
+            t0 = time.perf_counter()
+            with self._buffer_lock:
+                counts, self._counts = self._counts, []
+                words, self._words = self._words, {}
+            try:
+                self._send_words(words)
+                self._sync_counts(counts)
+            except BaseException:
+                with self._buffer_lock:   # sent again next time (words are idempotent, counts are not
+                    self._counts[:0] = counts   # applied twice: a failed sync leads to a rollback)
+                    self._words = {**words, **self._words}
+                raise
+            if self._unsent is None:
+                self._unsent = self.shard.collect()
+            keys, deltas = self._unsent
+            for a in range(0, len(keys), _SYNC_CHUNK):
+                k = keys[a:a + _SYNC_CHUNK]
+                res = self.worker.wait(self.worker.pushpull(k, deltas[a:a + _SYNC_CHUNK].reshape(-1),
+                                                            cmd=pc.CMD_DELTA), self.timeout)
+                self.shard.apply(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
+                self._unsent = (keys[a + _SYNC_CHUNK:], deltas[a + _SYNC_CHUNK:])
+            self._unsent = None
+            self.shard.release_freed()
+            self.m_syncs.inc()
+            self.m_rows.inc(len(keys))
+            self.m_seconds.observe(time.perf_counter() - t0)
+            return len(keys)
+
+    def _sync_counts(self, counts) -> None:
+        if not counts:
+            return
+        slots = np.concatenate([c[0] for c in counts])
+        keys = np.concatenate([c[1] for c in counts])
+        deltas = np.concatenate([c[2] for c in counts])
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        summed = np.bincount(inverse, weights=deltas, minlength=len(uniq))
+        res = self.worker.wait(self.worker.pushpull(uniq, summed.astype(np.float32), cmd=pc.CMD_WORD_COUNTS),
+                               self.timeout)
+        totals = np.rint(np.asarray(res.vals, dtype=np.float64)).astype(np.int64)
+        last = np.full(len(uniq), -1, dtype=np.int64)
+        last[inverse] = slots          # the latest slot reported for each key
+        if self.on_totals is not None:
+            self.on_totals(last, uniq, totals)
+
+    def _send_words(self, words: dict[int, str]) -> None:
+        if not words:
+            return
+        keys = np.fromiter(words.keys(), dtype=np.uint64, count=len(words))
+        names = list(words.values())
+        owner = np.searchsorted(self._starts, keys, side="right") - 1
+        pending = []
+        for rank in np.unique(owner).tolist():
+            pos = np.flatnonzero(owner == rank)
+            body = pc.encode_words(keys[pos], [names[i] for i in pos.tolist()])
+            pending.append(self.worker.request(pc.HEAD_SET_WORDS, body, self._server_ids[rank]))
+        for ts in pending:
+            self.worker.wait(ts, self.timeout)
+
+    def reload(self) -> int:
+        """After a rollback reloaded the servers: drop every unsynced delta and count, and set every
+        row to the servers' value (one zero-delta pushpull per chunk); returns the rows fetched.
+        The worker is paused meanwhile, so no kernel writes the replica."""
+        with self._sync_lock:
+            with self._buffer_lock:
+                self._counts = []
+            self._unsent = None
+            keys = np.sort(self.shard.keys())
+            for a in range(0, len(keys), _SYNC_CHUNK):
+                k = keys[a:a + _SYNC_CHUNK]
+                zeros = np.zeros(len(k) * (self.dim + 1), dtype=np.float32)
+                res = self.worker.wait(self.worker.pushpull(k, zeros, cmd=pc.CMD_DELTA), self.timeout)
+                self.shard.overwrite(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
+            self.shard.synced_version = self.shard.version
+            return int(len(keys))

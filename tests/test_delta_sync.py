@@ -1,0 +1,236 @@
+"""Worker replicas with delta sync, and the cluster's word counts on the servers (issue 13).
+
+The pure parts (the count table, the shard's merge, the replica's collect/apply arithmetic)
+are unit-tested; the rest runs against real scheduler and server processes, with the
+test's own ps-lite worker nodes, or with real worker processes reading a real Kafka topic.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from online.cluster.replica import ReplicaShard, ReplicaStore
+from online.learner.embedding_shard import EmbeddingShard
+from online.learner.keys import output_rows, word_key, word_rows
+from online.learner.param_store import LocalParamStore
+from online.learner.trainer import LearnerConfig, Trainer
+from online.learner.word_counts import WordCounts
+from online.stream.producer import produce
+from online.stream.sample_corpus import generate_lines
+from ps_bridge.roles import start_worker
+from ps_bridge.settings import NodeSettings
+from tests.cluster_harness import Cluster, read_model, wait_until
+
+
+# ----------------------------------------------------------------------------- the count table
+
+def test_word_counts_are_exact_until_the_table_fills():
+    wc = WordCounts(capacity=100, min_count=3)
+    keys = np.arange(1, 51, dtype=np.uint64)
+    totals, evicted = wc.add(keys, np.full(50, 2))
+    assert (totals == 2).all() and not len(evicted)
+    totals, _ = wc.add(keys[:10], np.ones(10))
+    assert (totals == 3).all()
+    assert (wc.totals(keys[10:]) == 2).all() and wc.totals(np.array([999], np.uint64))[0] == 0
+
+
+def test_a_full_table_evicts_the_rarest_and_reports_only_trainable_words():
+    wc = WordCounts(capacity=10, min_count=5)
+    frequent = np.arange(1, 6, dtype=np.uint64)
+    rare = np.arange(6, 11, dtype=np.uint64)
+    wc.add(frequent, np.full(5, 100))
+    wc.add(rare, np.full(5, 1))
+    newcomers = np.arange(11, 16, dtype=np.uint64)
+    totals, evicted = wc.add(newcomers, np.full(5, 1))
+    assert len(wc) <= 10
+    assert (wc.totals(frequent) >= 99).all(), "frequent words survive with at most the decrement lost"
+    assert not len(evicted), "the evicted words were below min_count"
+    # a batch of frequent newcomers now pushes trainable words out, and says which
+    wc2 = WordCounts(capacity=4, min_count=5)
+    wc2.add(np.array([1, 2, 3, 4], np.uint64), np.array([6, 6, 6, 50]))
+    _, evicted = wc2.add(np.array([7, 8, 9], np.uint64), np.array([9, 9, 9]))
+    assert set(evicted.tolist()) <= {1, 2, 3} and len(evicted) >= 3 - (4 - len(wc2) + 3 - 3)
+    assert wc2.totals(np.array([4], np.uint64))[0] > 0
+
+
+def test_word_counts_survive_a_checkpoint_round_trip():
+    wc = WordCounts(capacity=1000, min_count=5)
+    keys = np.array([5, 9, 1 << 60], dtype=np.uint64)
+    wc.add(keys, np.array([3, 7, 11]))
+    back = WordCounts(capacity=1000, min_count=5)
+    back.load(*wc.state())
+    assert back.totals(keys).tolist() == [3, 7, 11]
+
+
+def test_the_shard_gives_rows_at_the_cluster_min_count_and_frees_what_its_table_evicts():
+    shard = EmbeddingShard(4, min_count=3, word_capacity=3)
+    a, b = word_key("alpha"), word_key("beta")
+    shard.count_words(np.array([a], np.uint64), np.array([2]))          # one worker: 2
+    assert shard.rows_for(word_rows(np.array([a], np.uint64)), create=False).max() < 0
+    shard.count_words(np.array([a], np.uint64), np.array([1]))          # another worker: 1 -> 3
+    rows = shard.rows_for(np.array([a], np.uint64), create=False)
+    assert rows[0] >= 0 and shard.counts_for(np.array([a], np.uint64))[0] == 3
+    shard.count_words(np.array([b], np.uint64), np.array([1]))
+    newcomers = np.array(sorted(word_key(w) for w in ("c1", "c2", "c3")), np.uint64)
+    shard.count_words(newcomers, np.full(3, 5))                          # the table (3) overflows
+    assert shard.rows_for(np.array([a], np.uint64), create=False)[0] < 0, "the owner freed the evicted word's row"
+
+
+def test_deltas_from_two_workers_merge_on_the_shard():
+    server = EmbeddingShard(3, optimizer="rowadagrad")
+    keys = np.array([7, 8], dtype=np.uint64)
+    start = server.pull(keys).copy()
+    d1 = np.ones((2, 3), np.float32)
+    d2 = np.full((2, 3), 2.0, np.float32)
+    server.add_deltas(keys, d1, np.array([0.5, 0.5], np.float32))
+    vectors, acc = server.add_deltas(keys, d2, np.array([0.25, 0.25], np.float32))
+    np.testing.assert_allclose(vectors, start + 3.0, rtol=1e-6)
+    np.testing.assert_allclose(acc, 0.75 + server.adagrad_init, rtol=1e-5)
+
+
+def _sync_by_hand(replica: ReplicaShard, server: EmbeddingShard) -> None:
+    keys, deltas = replica.collect()
+    vectors, acc = server.add_deltas(keys, deltas[:, :-1], deltas[:, -1])
+    replica.apply(keys, np.hstack([vectors, acc[:, None]]))
+
+
+def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_during_a_sync():
+    server = EmbeddingShard(4, optimizer="rowadagrad", seed=5)
+    r1, r2 = ReplicaShard(4, seed=5), ReplicaShard(4, seed=5)
+    keys = np.array([11, 12, 13], dtype=np.uint64)
+    init = server.pull(keys).copy()
+    rows1, rows2 = r1.rows_for(keys), r2.rows_for(keys)
+    np.testing.assert_array_equal(r1.vectors[rows1], init)      # every node agrees on a row it never saw
+    r1.vectors[rows1] += 1.0
+    r1.mark_changed(rows1)
+    r2.vectors[rows2[:2]] += 10.0
+    r2.mark_changed(rows2[:2])
+    _sync_by_hand(r1, server)
+    keys2, deltas2 = r2.collect()
+    r2.vectors[rows2[0]] += 100.0          # trained while the pushpull is on the wire
+    r2.mark_changed(rows2[:1])
+    vectors, acc = server.add_deltas(keys2, deltas2[:, :-1], deltas2[:, -1])
+    r2.apply(keys2, np.hstack([vectors, acc[:, None]]))
+    _sync_by_hand(r2, server)              # sends the +100 made during its first sync
+    _sync_by_hand(r1, server)              # nothing changed in r1: its rows are refreshed with r2's work
+    expected = init + np.array([[111.0], [11.0], [1.0]], np.float32)
+    np.testing.assert_allclose(server.pull(keys), expected, rtol=1e-6)
+    np.testing.assert_allclose(r2.vectors[rows2], expected, rtol=1e-6)
+    np.testing.assert_allclose(r1.vectors[rows1], expected, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ against real servers
+
+@pytest.fixture
+def ps_cluster(tmp_path):
+    """A real scheduler and one server; the test joins as elastic worker nodes."""
+    cluster = Cluster(tmp_path, servers=1, workers=1, env={"LIVEVEC_DIM": "16", "LIVEVEC_MIN_COUNT": "3"})
+    cluster.start("scheduler", "scheduler")
+    cluster.start("server0", "server")
+    nodes = []
+
+    def join():
+        kv = start_worker(NodeSettings(role="worker", root_uri="127.0.0.1", root_port=cluster.root_port,
+                                       num_server=1, num_worker=1, elastic_workers=True,
+                                       heartbeat_interval=0.5), timeout=60)
+        nodes.append(kv)
+        return kv
+    try:
+        yield cluster, join
+    finally:
+        for kv in nodes:
+            kv.po.leave()
+        cluster.stop()
+
+
+def _config(**changes) -> LearnerConfig:
+    return LearnerConfig(dim=16, min_count=3, window=3, negative=3, seed=1, **changes)
+
+
+def _batches(n_lines: int, seed: int, per_batch: int = 40) -> list[list[str]]:
+    lines = generate_lines(n_lines, seed=seed)
+    return [lines[i:i + per_batch] for i in range(0, len(lines), per_batch)]
+
+
+def test_one_worker_through_delta_sync_learns_the_same_vectors_as_the_in_process_kernel(ps_cluster):
+    """Tolerance 1e-4 absolute: the server holds init + sum of deltas, the replica the same sum
+    taken in another order, so only float32 rounding may differ."""
+    _, join = ps_cluster
+    batches = _batches(1200, seed=3)
+    local = Trainer(_config(), LocalParamStore(dim=16, seed=1))
+    store = ReplicaStore(join(), 16, seed=1, timeout=20)
+    remote = Trainer(_config(), store)
+    store.on_totals = remote.apply_cluster_counts
+    for i, batch in enumerate(batches):
+        local.train_records(batch)
+        remote.train_records(batch)
+        if i % 3 == 2:
+            store.sync()
+    store.sync()
+    words, vectors, _ = local.export()
+    keys = np.array([word_key(w) for w in words], dtype=np.uint64)
+    order = np.argsort(keys)
+    kv = store.worker
+    pulled = kv.pull_sync(keys[order], timeout=20).reshape(len(keys), 16)
+    assert len(words) > 150
+    np.testing.assert_allclose(pulled, vectors[order], atol=1e-4)
+    out = np.sort(output_rows(keys))
+    np.testing.assert_allclose(kv.pull_sync(out, timeout=20).reshape(len(keys), 16),
+                               local.shard.pull(out), atol=1e-4)
+
+
+def test_a_word_evicted_from_one_workers_table_keeps_its_rows_while_the_cluster_counts_it(ps_cluster):
+    _, join = ps_cluster
+    small = ReplicaStore(join(), 16, seed=1, timeout=20)
+    forgetful = Trainer(_config(vocab_capacity=60), small)
+    small.on_totals = forgetful.apply_cluster_counts
+    forgetful.train_records(["zebra lion zebra lion zebra lion zebra lion"] * 3)
+    small.sync()
+    zebra = np.array([word_key("zebra")], dtype=np.uint64)
+    before = small.worker.pull_sync(zebra, timeout=20)
+    # flood the small table with new words until zebra is evicted there
+    rng = np.random.default_rng(0)
+    evicted = 0
+    for _ in range(20):
+        words = ("".join(chr(97 + c) for c in rng.integers(0, 26, 9)) for _ in range(200))
+        stats = forgetful.train_records([" ".join(words)])
+        evicted += stats.evicted
+    small.sync()
+    assert "zebra" not in forgetful.vocab and evicted > 0
+    model, _ = read_model(ps_cluster[0])
+    assert "zebra" in model.words, "the servers still hold the word another worker forgot"
+    after = small.worker.pull_sync(zebra, timeout=20)
+    np.testing.assert_allclose(after, before, atol=1e-6)
+
+
+# -------------------------------------------------------------- real workers on a real topic
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_word_whose_occurrences_are_spread_over_eight_workers_becomes_trainable(tmp_path, kafka_bootstrap,
+                                                                                    kafka_topic):
+    topic = kafka_topic(8)
+    cluster = Cluster(tmp_path, servers=1, workers=8, env={
+        "LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap, "LIVEVEC_KAFKA_TOPICS": topic, "LIVEVEC_KAFKA_GROUP": "g-spread",
+        "LIVEVEC_DIM": "8", "LIVEVEC_MIN_COUNT": "5", "LIVEVEC_KAFKA_BATCH_RECORDS": "5"})
+    try:
+        cluster.start("scheduler", "scheduler")
+        cluster.start("server0", "server")
+        for i in range(8):
+            cluster.start(f"worker{i}", "worker")
+        background = generate_lines(800, seed=5)
+        # records are spread round-robin over the partitions; wait until every worker trains
+        produce(background, bootstrap=kafka_bootstrap, topic=topic, lines_per_record=5, create_topic=False)
+        wait_until(lambda: all(cluster.metric(f"worker{i}", "livevec_worker_records_total") > 0 for i in range(8)),
+                   180, message="all 8 workers own a partition and train")
+        # 8 records, one per partition: each worker reads 'quokka' once or twice, below min_count 5
+        produce([f"the quokka number {i} sat on the mat" for i in range(8)], bootstrap=kafka_bootstrap, topic=topic,
+                partitions=8, create_topic=False)
+
+        def quokka():
+            model, _ = read_model(cluster)
+            return "quokka" in model.words
+        wait_until(quokka, 60, message="quokka trainable on the servers")
+        cluster.assert_alive()
+    finally:
+        cluster.stop()
