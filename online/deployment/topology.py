@@ -421,8 +421,9 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         "LIVEVEC_NEGATIVE": "5",
         "LIVEVEC_MIN_COUNT": "5",
         "LIVEVEC_SAMPLE": "1e-3",
-        # The workers' walk over a mini-batch before its push (0 = one step against the pulled rows).
-        "LIVEVEC_LOCAL_RATE": "0.002",
+        # Workers train a local replica and send the servers its deltas at least every 250 ms.
+        "LIVEVEC_EXCHANGE": "replica",
+        "LIVEVEC_SYNC_MS": "250",
         "LIVEVEC_CHECKPOINT_DIR": shared.checkpoint_dir,
         "LIVEVEC_LOG_LEVEL": "INFO",
         # The ps_bridge extension that admits workers joining and leaving at run time; the
