@@ -240,6 +240,13 @@ class Capacity:
     # partition), in-flight mini-batches with their pulled rows, the online vocabulary and
     # noise table (the measured 268 MiB peak is baseline + ~110 MiB of this).
     worker_working_set_mib: int = 256
+    # The worker's replica (online.cluster.replica) holds the rows of its trainable words, at most
+    # its vocabulary's capacity (LIVEVEC_VOCAB_CAPACITY, set on the workers to this): per word two
+    # rows of dim float32 and their base copies, accumulators, key, version and count (832 B a row
+    # at dim 100), at up to 2x row capacity (the arrays double when full), plus ~200 B of vocabulary
+    # entry. Frequent words stay (Misra-Gries); the servers keep every word's rows and counts.
+    worker_vocab_words: int = 200_000
+    worker_vocab_entry_bytes: int = 200
     # Limits are hard cgroup limits on Marathon (OOM kill): checkpoint serialisation of a
     # shard can transiently double part of it, and Mesos health-check helpers run inside
     # the task's resources.
@@ -264,9 +271,13 @@ def size_resources(role: str, capacity: Capacity, servers: int) -> Resources:
                  f"{per_word} B/word at 2x row capacity) x {capacity.server_headroom} headroom")
         return Resources(1.0, mem, 1024, basis)
     if role == "worker":
-        mem = _round_up((base + capacity.worker_working_set_mib) * capacity.headroom)
-        basis = (f"({base} MiB baseline + {capacity.worker_working_set_mib} MiB fetch buffers, "
-                 f"batches and row cache) x {capacity.headroom} headroom")
+        row_bytes = 2 * 4 * capacity.dim + 32          # vectors + base, accumulators, key, version, count
+        per_word = int(2 * capacity.server_row_growth * row_bytes + capacity.worker_vocab_entry_bytes)
+        replica_mib = capacity.worker_vocab_words * per_word / 2**20
+        mem = _round_up((base + capacity.worker_working_set_mib + replica_mib) * capacity.headroom)
+        basis = (f"({base} MiB baseline + {capacity.worker_working_set_mib} MiB fetch buffers and batches + "
+                 f"replica of {capacity.worker_vocab_words:,} words x {per_word} B/word at 2x row capacity) "
+                 f"x {capacity.headroom} headroom")
         return Resources(1.5, mem, 512, basis)
     if role == "frontend":
         per_word = 4 * capacity.dim * capacity.frontend_float_copies + capacity.frontend_bytes_per_word
@@ -480,7 +491,7 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         name="worker", command="livevec worker", instances=workers, workload="elastic",
         resources=size_resources("worker", capacity, servers),
         ports=(Port("ps", container_port=9092), Port("metrics", container_port=9100)),
-        env={"DMLC_ROLE": "worker"},
+        env={"DMLC_ROLE": "worker", "LIVEVEC_VOCAB_CAPACITY": str(capacity.worker_vocab_words)},
         port_env={"PORT": "ps", "LIVEVEC_METRICS_PORT": "metrics"},
         host_env=("DMLC_NODE_HOST",),
         health=Check("http", "metrics", "/health", grace_period_seconds=300, interval_seconds=30,
