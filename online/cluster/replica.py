@@ -229,29 +229,42 @@ class ReplicaStore:
         return bool(self._counts or self._words or self._unsent is not None)
 
     def sync(self) -> int:
-        """One sync (see the module docstring); returns the rows sent. Raises ``RequestTimeout`` /
-        ``SendError`` when a server does not answer: the payload is kept and sent again by the
-        next call (the caller asks for a rollback, which makes a partly applied sync exact)."""
+        """One sync (see the module docstring); returns the rows sent. The words, the counts and every
+        chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
+        round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
+        what was not acknowledged is kept and sent again by the next call (the caller asks for a
+        rollback, which makes a partly applied sync exact)."""
         with self._sync_lock:
             t0 = time.perf_counter()
+            kv = self.worker
             with self._buffer_lock:
                 counts, self._counts = self._counts, []
                 words, self._words = self._words, {}
             try:
-                self._send_words(words)
-                self._sync_counts(counts)
+                pending_words = self._send_words(words)
+                pending_counts = self._send_counts(counts)
             except BaseException:
-                with self._buffer_lock:   # sent again next time (words are idempotent, counts are not
-                    self._counts[:0] = counts   # applied twice: a failed sync leads to a rollback)
-                    self._words = {**words, **self._words}
+                self._requeue(counts, words)
                 raise
             if self._unsent is None:
                 self._unsent = self.shard.collect()
             keys, deltas = self._unsent
-            for a in range(0, len(keys), _SYNC_CHUNK):
+            chunks = [(a, kv.pushpull(keys[a:a + _SYNC_CHUNK], deltas[a:a + _SYNC_CHUNK].reshape(-1),
+                                      cmd=pc.CMD_DELTA)) for a in range(0, len(keys), _SYNC_CHUNK)]
+            try:
+                for ts in pending_words:
+                    kv.wait(ts, self.timeout)
+                if pending_counts is not None:
+                    ts, slots, uniq = pending_counts
+                    totals = np.rint(np.asarray(kv.wait(ts, self.timeout).vals, np.float64)).astype(np.int64)
+                    if self.on_totals is not None:
+                        self.on_totals(slots, uniq, totals)
+            except BaseException:
+                self._requeue(counts, words)
+                raise
+            for a, ts in chunks:
+                res = kv.wait(ts, self.timeout)
                 k = keys[a:a + _SYNC_CHUNK]
-                res = self.worker.wait(self.worker.pushpull(k, deltas[a:a + _SYNC_CHUNK].reshape(-1),
-                                                            cmd=pc.CMD_DELTA), self.timeout)
                 self.shard.apply(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
                 self._unsent = (keys[a + _SYNC_CHUNK:], deltas[a + _SYNC_CHUNK:])
             self._unsent = None
@@ -261,25 +274,29 @@ class ReplicaStore:
             self.m_seconds.observe(time.perf_counter() - t0)
             return len(keys)
 
-    def _sync_counts(self, counts) -> None:
+    def _requeue(self, counts, words) -> None:
+        """Sent again next time (words are idempotent; counts applied twice are undone by the rollback
+        that a failed sync leads to)."""
+        with self._buffer_lock:
+            self._counts[:0] = counts
+            self._words = {**words, **self._words}
+
+    def _send_counts(self, counts):
+        """The summed increments of each word, as one pushpull; returns (ts, slot of each key, keys) or None."""
         if not counts:
-            return
+            return None
         slots = np.concatenate([c[0] for c in counts])
         keys = np.concatenate([c[1] for c in counts])
         deltas = np.concatenate([c[2] for c in counts])
-        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        summed = np.bincount(inverse, weights=deltas, minlength=len(uniq))
-        res = self.worker.wait(self.worker.pushpull(uniq, summed.astype(np.float32), cmd=pc.CMD_WORD_COUNTS),
-                               self.timeout)
-        totals = np.rint(np.asarray(res.vals, dtype=np.float64)).astype(np.int64)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        summed = np.bincount(inverse, weights=deltas, minlength=len(uniq)).astype(np.float32)
         last = np.full(len(uniq), -1, dtype=np.int64)
         last[inverse] = slots          # the latest slot reported for each key
-        if self.on_totals is not None:
-            self.on_totals(last, uniq, totals)
+        return self.worker.pushpull(uniq, summed, cmd=pc.CMD_WORD_COUNTS), last, uniq
 
-    def _send_words(self, words: dict[int, str]) -> None:
+    def _send_words(self, words: dict[int, str]) -> list[int]:
         if not words:
-            return
+            return []
         keys = np.fromiter(words.keys(), dtype=np.uint64, count=len(words))
         names = list(words.values())
         owner = np.searchsorted(self._starts, keys, side="right") - 1
@@ -288,8 +305,7 @@ class ReplicaStore:
             pos = np.flatnonzero(owner == rank)
             body = pc.encode_words(keys[pos], [names[i] for i in pos.tolist()])
             pending.append(self.worker.request(pc.HEAD_SET_WORDS, body, self._server_ids[rank]))
-        for ts in pending:
-            self.worker.wait(ts, self.timeout)
+        return pending
 
     def reload(self) -> int:
         """After a rollback reloaded the servers: drop every unsynced delta and count, and set every
