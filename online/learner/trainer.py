@@ -40,8 +40,7 @@ from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.learner.param_store import LocalParamStore, ParamStore
 from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
                                 walk_gradients)
-from online.learner.spans import spans_of_sentences
-from online.learner.subsampling import keep_tokens
+from online.learner.subsampling import keep_mask
 from online.learner.tokenizer import Tokenizer
 from online.learner.vocab import OnlineVocab
 
@@ -182,39 +181,37 @@ class Trainer:
 
     # -------------------------------------------------------------- stages
     def prepare(self, sentences: list[list[str]], update_vocab: bool = True) -> _Prepared:
-        """The GIL-bound part: vocabulary, noise, subsampling, row/key resolution.
-
-        ``sentences``: ``list[list[str]]``, or the ``TokenSpans`` of ``Tokenizer.spans`` (no
-        string per token). Look-ups, counting and subsampling are compiled passes over the batch."""
+        """The GIL-bound part: vocabulary, noise, subsampling, row/key resolution."""
         cfg = self.config
-        spans = spans_of_sentences(sentences)
-        stats = BatchStats(sentences=spans.num_sentences, tokens=spans.num_tokens)
+        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+        tokens = list(chain.from_iterable(sentences))
+        stats = BatchStats(sentences=len(sentences), tokens=len(tokens))
         with self._lock:
             vocab = self.vocab
             if update_vocab:
-                upd = vocab.update_spans(spans)
+                upd = vocab.update(tokens)
                 slots = upd.slots
                 stats.evicted = self._apply_vocab_update(upd)
             else:
-                slots = vocab.lookup_spans(spans)
-            keep_seed = int(self._rng.integers(1, 1 << 62))
-            if self.shard is not None:
-                in_rows, out_rows, starts = keep_tokens(slots, spans.sentences, vocab.trainable, vocab.counts,
-                                                        vocab.trainable_total, cfg.sample, keep_seed,
-                                                        self.slot_in_row, self.slot_out_row)
-                kept = in_rows
-            else:
-                kept, starts = keep_tokens(slots, spans.sentences, vocab.trainable, vocab.counts,
-                                           vocab.trainable_total, cfg.sample, keep_seed)
+                slots = vocab.lookup(tokens)
+            known = slots >= 0
+            keep = known.copy()
+            keep[known] = vocab.trainable[slots[known]]
+            if cfg.sample > 0 and keep.any():
+                idx = np.flatnonzero(keep)
+                keep[idx] = keep_mask(slots[idx], vocab.counts, vocab.trainable_total, cfg.sample, self._rng)
+            kept = slots[keep]
+            sentence_of = np.repeat(np.arange(len(sentences), dtype=np.int64), lengths)[keep]
+            starts = np.searchsorted(sentence_of, np.arange(len(sentences) + 1)).astype(np.int64)
             stats.kept = len(kept)
             seed = int(self._rng.integers(1, 1 << 62))
             eta = self._eta()
-            self.tokens_seen += stats.tokens
+            self.tokens_seen += len(tokens)
             prepared = _Prepared(stats, seed, eta)
             noise = self.noise.active()
             if self.shard is not None:
-                prepared.in_rows = in_rows
-                prepared.out_rows = out_rows
+                prepared.in_rows = self.slot_in_row[kept]
+                prepared.out_rows = self.slot_out_row[kept]
                 prepared.starts = starts
                 prepared.noise = noise
             elif len(kept):
