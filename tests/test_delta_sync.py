@@ -6,6 +6,8 @@ test's own ps-lite worker nodes, or with real worker processes reading a real Ka
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -218,11 +220,25 @@ def test_a_word_whose_occurrences_are_spread_over_eight_workers_becomes_trainabl
         cluster.start("server0", "server")
         for i in range(8):
             cluster.start(f"worker{i}", "worker")
-        background = generate_lines(800, seed=5)
-        # records are spread round-robin over the partitions; wait until every worker trains
-        produce(background, bootstrap=kafka_bootstrap, topic=topic, lines_per_record=5, create_topic=False)
-        wait_until(lambda: all(cluster.metric(f"worker{i}", "livevec_worker_records_total") > 0 for i in range(8)),
-                   180, message="all 8 workers own a partition and train")
+        # A steady stream, round-robin over the partitions, until every worker has a partition and trains
+        # (the group rebalances as the workers join; a worker that joins late finds records to read).
+        stop = threading.Event()
+
+        def background():
+            lines = generate_lines(20_000, seed=5)
+            for i in range(0, len(lines), 200):
+                if stop.is_set():
+                    return
+                produce(lines[i:i + 200], bootstrap=kafka_bootstrap, topic=topic, lines_per_record=5, rate=200,
+                        create_topic=False)
+        feeder = threading.Thread(target=background, daemon=True)
+        feeder.start()
+        try:
+            wait_until(lambda: all(cluster.metric(f"worker{i}", "livevec_worker_records_total") > 0
+                                   for i in range(8)), 180, message="all 8 workers own a partition and train")
+        finally:
+            stop.set()
+            feeder.join(timeout=30)
         # 8 records, one per partition: each worker reads 'quokka' once or twice, below min_count 5
         produce([f"the quokka number {i} sat on the mat" for i in range(8)], bootstrap=kafka_bootstrap, topic=topic,
                 partitions=8, create_topic=False)

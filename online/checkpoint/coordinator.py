@@ -48,7 +48,8 @@ class _Metrics:
         self.checkpoints = {res: r.counter("livevec_checkpoints_total", "checkpoints attempted", result=res)
                             for res in ("done", "aborted", "failed")}
         self.pause = r.histogram("livevec_checkpoint_pause_seconds", "training stall per checkpoint",
-                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
+                                 buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1, 2, 5, 10, 30))
+        self.last_pause = r.gauge("livevec_checkpoint_last_pause_seconds", "training stall of the latest checkpoint")
         self.write = r.histogram("livevec_checkpoint_write_seconds", "time to write the shards and the manifest",
                                  buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120))
         self.bytes = r.gauge("livevec_checkpoint_bytes", "size of the latest checkpoint")
@@ -336,12 +337,13 @@ class CheckpointCoordinator(SchedulerExtension):
                 problem = f"a rollback was requested during the checkpoint ({self._rollback_reasons[0]})"
         self._ask(pc.HEAD_CHECKPOINT_RESUME, {}, workers, 5.0, drop_gone=True)
         pause = time.monotonic() - t0
+        self.metrics.pause.observe(pause)   # an aborted checkpoint stalled training too
+        self.metrics.last_pause.set(pause)
         if problem is not None:
             self.metrics.checkpoints["aborted"].inc()
             log_event(log, "checkpoint_aborted", logging.WARNING, id=ckpt_id, reason=problem, pause_ms=round(pause * 1e3))
             return {"ok": False, "error": problem}
         self.trainers |= set(trainers)
-        self.metrics.pause.observe(pause)
         t1 = time.monotonic()
         self.store.prepare(ckpt_id)
         written = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "write"}, servers, 600)

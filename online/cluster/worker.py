@@ -148,7 +148,8 @@ class WorkerMetrics:
         self.errors = r.counter("livevec_worker_batch_errors_total", "batch attempts that failed (retried)")
         self.skipped = r.counter("livevec_worker_records_skipped_total",
                                  "records of batches that could not be trained at all (logged with their offsets)")
-        self.batch_seconds = r.histogram("livevec_worker_batch_seconds", "pull + kernel + push time of a batch")
+        self.batch_seconds = r.histogram("livevec_worker_batch_seconds",
+                                         "training time of a batch (replica: the kernel; pullpush: pull + kernel + push)")
         self.lag = r.gauge("livevec_worker_kafka_lag", "records behind the high watermark, summed over partitions")
         self.inflight = r.gauge("livevec_worker_inflight_batches", "batches being trained now")
         self.words_per_second = r.gauge("livevec_worker_words_per_second", "tokens read per second (recent)")
@@ -183,6 +184,7 @@ class StreamingWorker:
         self._awaiting_tokens = 0
         self._sync_lock = asyncio.Lock()
         self._sync_soon = asyncio.Event()
+        self._words_per_record = 0.0   # moving average, sizes the Kafka batches (``_records_per_batch``)
         self.stopping = asyncio.Event()
         self.paused = asyncio.Event()   # set while an extension holds the stream
         self.idle = asyncio.Event()     # set by run() once paused with nothing in flight
@@ -225,6 +227,15 @@ class StreamingWorker:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
+    def _records_per_batch(self) -> int:
+        """Kafka records per batch, so that a batch holds about ``batch_words`` tokens whatever the
+        records' size. A checkpoint's pause waits for the batches in flight: with records of 100 words,
+        500 of them would be 50,000 tokens, a third of a second of training each."""
+        cap = self.stream.batch_records
+        if self._words_per_record <= 0:
+            return min(cap, 64)
+        return max(1, min(cap, int(self.settings.batch_words / self._words_per_record)))
+
     async def _finish_oldest(self) -> None:
         batch, task = self._inflight.popleft()
         self.metrics.inflight.set(len(self._inflight))
@@ -247,6 +258,9 @@ class StreamingWorker:
             if await self.extension.batch_done(batch, BatchStats()):
                 await self.stream.mark_processed(batch)
             return
+        if len(batch) and stats.tokens:
+            seen = stats.tokens / len(batch)
+            self._words_per_record = seen if self._words_per_record <= 0 else 0.8 * self._words_per_record + 0.2 * seen
         if self.replica is not None:
             self._awaiting.append((batch, stats))
             self._awaiting_tokens += stats.tokens
@@ -340,7 +354,7 @@ class StreamingWorker:
                     await asyncio.sleep(0.05)
                     continue
                 self.idle.clear()
-                batch = await self.stream.next_batch(timeout=0.5)
+                batch = await self.stream.next_batch(self._records_per_batch(), timeout=0.5)
                 if batch is not None and len(batch):
                     task = asyncio.create_task(asyncio.to_thread(self._train_blocking, batch.texts))
                     self._inflight.append((batch, task))
