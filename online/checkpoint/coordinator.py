@@ -318,6 +318,7 @@ class CheckpointCoordinator(SchedulerExtension):
         answers = self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "drain", "id": ckpt_id, "timeout": s.pause_timeout},
                             workers, s.pause_timeout + 5, give_up_on_rollback=True)
         trainers = {n: a for n, a in answers.items() if a and a.get("trainer")}
+        paused_ms = round((time.monotonic() - t0) * 1e3, 1)
         problem = None
         if any(a is None or not a.get("ok", True) for a in answers.values()):
             bad = sorted(n for n, a in answers.items() if a is None or not a.get("ok", True))
@@ -375,6 +376,8 @@ class CheckpointCoordinator(SchedulerExtension):
                                 "total_seconds": total, "bytes": ckpt.bytes,
                                 "rows": sum(f["rows"] for f in files.values()), "reason": reason}
         log_event(log, "checkpoint_done", id=ckpt_id, reason=reason, pause_ms=round(pause * 1e3, 1),
+                  workers_paused_ms=paused_ms,
+                  drain_ms=max((float(a.get("drain_ms", 0)) for a in trainers.values()), default=0.0),
                   write_ms=round((time.monotonic() - t1) * 1e3, 1), bytes=ckpt.bytes, workers=len(trainers),
                   records=ledger.get("records"), pruned=",".join(map(str, removed)) or "-")
         return {"ok": True, **self.last_checkpoint}

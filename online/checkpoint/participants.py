@@ -74,7 +74,8 @@ class BatchLedger:
         self.overlaps = int(state.get("overlaps", 0))    # offsets trained again (a duplicate)
         self.gaps = int(state.get("gaps", 0))            # offsets skipped (all-malformed batches, or a loss)
 
-    def apply(self, ranges: list, records: int, tokens: int) -> None:
+    def apply(self, ranges: list, records: int, tokens: int, batches: int = 1) -> None:
+        """Ranges in the order they were trained (one batch's, or several batches' one after the other)."""
         for topic, partition, start, end in ranges:
             start, end = int(start), int(end)
             if end < start:
@@ -93,7 +94,7 @@ class BatchLedger:
             self.offsets += end - start
         self.records += int(records)
         self.tokens += int(tokens)
-        self.batches += 1
+        self.batches += int(batches)
 
     def to_json(self) -> dict:
         return {"frontier": dict(self.frontier), "offsets": self.offsets, "records": self.records,
@@ -187,7 +188,8 @@ class ServerCheckpointing(ServerExtension):
                 self.service._fenced(req.sender, "ledger")
                 return True
             ask = _json(req.body)
-            self.ledger.apply(ask.get("ranges") or [], int(ask.get("records", 0)), int(ask.get("tokens", 0)))
+            self.ledger.apply(ask.get("ranges") or [], int(ask.get("records", 0)), int(ask.get("tokens", 0)),
+                              int(ask.get("batches", 1)))
             app.response(req)
         elif head == pc.HEAD_FENCE:
             app.response(req)   # answered in order after every earlier message from that worker
@@ -394,8 +396,9 @@ class WorkerCheckpointing(WorkerExtension):
                 self.kv.customer.fail_all(RequestTimeout("abandoned: the cluster is rolling back"))
             if w.stopping.is_set() or time.monotonic() > deadline:
                 return {"ok": False, "trainer": True, "error": "batches in flight did not finish in time"}
-            await asyncio.sleep(0.02)
-        answer = {"ok": True, "trainer": True, "node": self.kv.po.node_id,
+            await asyncio.sleep(0.005)
+        drained = time.monotonic()
+        answer = {"ok": True, "trainer": True, "node": self.kv.po.node_id, "drain_ms": round((drained - now) * 1e3, 1),
                   "dirty": self._rebalances() != self._rebalances_at_seek,
                   "assignment": sorted([t, p] for t, p in self.stream.assignment())}
         if abandon:
@@ -403,6 +406,7 @@ class WorkerCheckpointing(WorkerExtension):
         else:
             await self.stream.commit()
             answer["positions"] = offsets_to_json(self.stream.positions())
+            answer["commit_ms"] = round((time.monotonic() - drained) * 1e3, 1)
         return answer
 
     async def _fence(self) -> bool:
@@ -449,10 +453,15 @@ class WorkerCheckpointing(WorkerExtension):
 
     # -- called by the worker
     async def batch_done(self, batch, stats) -> bool:
+        return await self.batches_done([(batch, stats)])
+
+    async def batches_done(self, done) -> bool:
+        """One ledger message for the batches a sync carried, in the order they were trained."""
         if self.coordinator is False:
             return True
-        body = orjson.dumps({"ranges": [[t, p, s, e] for (t, p), (s, e) in batch.ranges.items()],
-                             "records": len(batch), "tokens": int(stats.tokens)})
+        body = orjson.dumps({"ranges": [[t, p, s, e] for batch, _ in done for (t, p), (s, e) in batch.ranges.items()],
+                             "records": sum(len(b) for b, _ in done), "tokens": sum(int(st.tokens) for _, st in done),
+                             "batches": len(done)})
         try:
             ts = self.kv.request(pc.HEAD_LEDGER, body, self._server0())
             await self.kv.wait_async(ts, self.worker.settings.request_timeout)

@@ -86,6 +86,13 @@ class WorkerExtension:
         """A batch's pushes were acknowledged; its offsets are committed only if this says True."""
         return True
 
+    async def batches_done(self, done: list[tuple[Batch, BatchStats]]) -> bool:
+        """Several batches a replica sync carried, in training order; the same contract as ``batch_done``."""
+        for batch, stats in done:
+            if not await self.batch_done(batch, stats):
+                return False
+        return True
+
     def batch_retried(self, exc: BaseException) -> None:
         """A batch is trained again after ``exc`` (called from the training thread)."""
 
@@ -228,13 +235,13 @@ class StreamingWorker:
                 backoff = min(backoff * 2, 5.0)
 
     def _records_per_batch(self) -> int:
-        """Kafka records per batch, so that a batch holds about ``batch_words`` tokens whatever the
+        """Kafka records per batch, so that a batch holds about ``batch_words / 2`` tokens whatever the
         records' size. A checkpoint's pause waits for the batches in flight: with records of 100 words,
         500 of them would be 50,000 tokens, a third of a second of training each."""
         cap = self.stream.batch_records
         if self._words_per_record <= 0:
             return min(cap, 64)
-        return max(1, min(cap, int(self.settings.batch_words / self._words_per_record)))
+        return max(1, min(cap, int(self.settings.batch_words / 2 / self._words_per_record)))
 
     async def _finish_oldest(self) -> None:
         batch, task = self._inflight.popleft()
@@ -275,6 +282,18 @@ class StreamingWorker:
         if not await self.extension.batch_done(batch, stats):
             return
         await self.stream.mark_processed(batch)
+        self._count(batch, stats)
+
+    async def _complete_all(self, done: list[tuple[Batch, BatchStats]]) -> None:
+        """``_complete`` for the batches a sync carried: one ledger message and one commit for all of them
+        (a checkpoint's pause waits for this)."""
+        if not done or not await self.extension.batches_done(done):
+            return
+        await self.stream.mark_all_processed([batch for batch, _ in done])
+        for batch, stats in done:
+            self._count(batch, stats)
+
+    def _count(self, batch: Batch, stats: BatchStats) -> None:
         m = self.metrics
         m.batches.inc()
         m.records.inc(len(batch))
@@ -300,8 +319,7 @@ class StreamingWorker:
             self.metrics.unsynced.set(0)
             if not await asyncio.to_thread(self._sync_with_retry):
                 return
-            for batch, stats in done:
-                await self._complete(batch, stats)
+            await self._complete_all(done)
 
     def _sync_with_retry(self) -> bool:
         backoff = 0.2
@@ -354,7 +372,8 @@ class StreamingWorker:
                     await asyncio.sleep(0.05)
                     continue
                 self.idle.clear()
-                batch = await self.stream.next_batch(self._records_per_batch(), timeout=0.5)
+                # a short poll: a checkpoint's pause is noticed within it when the stream is quiet
+                batch = await self.stream.next_batch(self._records_per_batch(), timeout=0.1)
                 if batch is not None and len(batch):
                     task = asyncio.create_task(asyncio.to_thread(self._train_blocking, batch.texts))
                     self._inflight.append((batch, task))

@@ -176,6 +176,19 @@ class _TextStreamBase:
             await self._commit(offsets)
         self._completed.set()
 
+    async def mark_all_processed(self, batches: list[Batch]) -> None:
+        """``mark_processed`` for several batches, with one commit."""
+        offsets: dict[TopicPartitionKey, int] = {}
+        for batch in batches:
+            done, stale = self.tracker.complete(batch)
+            if stale:
+                self.counters.stale_batches += 1
+                log_event(logger, "stale_batch_completed", level=logging.INFO, batch=batch.id, records=len(batch))
+            offsets.update(done)
+        if offsets:
+            await self._commit(offsets)
+        self._completed.set()
+
     async def commit(self) -> None:
         """Commit every processed offset not committed yet (``mark_processed`` already does; this retries)."""
         offsets = self.tracker.uncommitted()
