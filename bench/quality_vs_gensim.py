@@ -1,7 +1,7 @@
 """livevec's learner against gensim on the same corpus: quality and words/s, in one run.
 
     .venv/bin/python bench/quality_vs_gensim.py [--corpus ../shared/data/wiki17m.txt.xz]
-        [--max-tokens N] [--epochs 1,5] [--workers 1]
+        [--max-tokens N] [--epochs 1,5] [--workers 1] [--rounds N]
 
 Both systems see the same text (the corpus is decompressed once, cut at ``--max-tokens``,
 into a temporary plain file), the same hyper-parameters (skip-gram, d=100, window 5,
@@ -24,6 +24,7 @@ import argparse
 import json
 import lzma
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -97,7 +98,7 @@ class GensimRun:
 
     def _rates(self) -> dict:
         return {"seconds": round(self.seconds, 2), "cpu_seconds": round(self.cpu, 2),
-                "raw_words_per_s": round(self.raw / self.seconds),
+                "raw_words_per_s": round(self.raw / self.seconds), "raw_words_per_cpu_s": round(self.raw / self.cpu),
                 "effective_words_per_s": round(self.effective / self.seconds),
                 "effective_words_per_cpu_s": round(self.effective / self.cpu)}
 
@@ -144,6 +145,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--systems", default="gensim,livevec")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat each comparison with fresh models, the other system first each time; the ratios "
+                         "are reported per round and as their median (the machine's speed drifts by the minute)")
     ap.add_argument("--optimizer", default="rowadagrad")
     ap.add_argument("--shards", type=int, default=1, help=">1: livevec's pull/push path over that many shards")
     ap.add_argument("--eta", type=float, default=None)
@@ -168,9 +172,9 @@ def main(argv=None) -> int:
         corpus = Path(tmp) / "corpus.txt"
         tokens = prepare_corpus(Path(args.corpus), args.max_tokens, corpus)
         print(f"corpus: {args.corpus}, {tokens:,} tokens, workers {args.workers}", file=sys.stderr)
-        for epochs in passes:
-            # The systems alternate pass by pass (and which goes first), so that both see the
-            # same load from the other jobs on this shared machine.
+        for epochs, round_no in [(e, r) for e in passes for r in range(args.rounds)]:
+            # The systems alternate pass by pass (and which goes first; rounds swap it too), so
+            # that both see the same load from the other jobs on this shared machine.
             runs = []
             if "gensim" in systems:
                 runs.append(GensimRun(corpus, epochs, args.workers, args.seed))
@@ -180,10 +184,10 @@ def main(argv=None) -> int:
                     opts["learner"].update(optimizer="sgd", sgd_decay_words=tokens * epochs)
                 runs.append(LivevecRun(corpus, epochs, args.workers, args.seed, Path(tmp) / f"lv{epochs}", opts))
             for index in range(epochs):
-                for run in (runs if index % 2 == 0 else runs[::-1]):
+                for run in (runs if (index + round_no) % 2 == 0 else runs[::-1]):
                     run.train_pass(index)
                     print(f"{run.name} pass {index + 1}/{epochs}: {run.seconds:.1f}s", file=sys.stderr, flush=True)
-            row = {"passes": epochs}
+            row = {"passes": epochs, "round": round_no + 1}
             for run in runs:
                 row[run.name] = run.finish()
                 print(f"{run.name} passes={epochs}: {row[run.name]}", file=sys.stderr, flush=True)
@@ -191,24 +195,33 @@ def main(argv=None) -> int:
                 g, lv = row["gensim"], row["livevec"]
                 row["ratios"] = {
                     "raw_words_per_s": round(lv["raw_words_per_s"] / g["raw_words_per_s"], 3),
+                    "raw_words_per_cpu_s": round(lv["raw_words_per_cpu_s"] / g["raw_words_per_cpu_s"], 3),
                     "effective_words_per_s": round(lv["effective_words_per_s"] / g["effective_words_per_s"], 3),
                     "effective_words_per_cpu_s": round(lv["effective_words_per_cpu_s"] / g["effective_words_per_cpu_s"], 3),
                     "analogy_points": round(100 * (lv["analogy"] - g["analogy"]), 2),
                     "ws353_diff": round(lv["ws353"] - g["ws353"], 4),
                 }
             rows.append(row)
-    print(f"\n{'passes':>6} {'system':>8} {'analogy':>8} {'ws353':>7} {'simlex':>7} {'raw w/s':>9} {'eff w/s':>9} {'vocab':>7}")
+    print(f"\n{'passes':>6} {'system':>8} {'analogy':>8} {'ws353':>7} {'simlex':>7} {'raw w/s':>9} {'raw w/cpu-s':>11} "
+          f"{'eff w/s':>9} {'vocab':>7}")
     for row in rows:
         for name in ("gensim", "livevec"):
             if name in row:
                 r = row[name]
                 print(f"{row['passes']:>6} {name:>8} {100 * r['analogy']:>7.2f}% {r['ws353']:>7.3f} {r['simlex']:>7.3f} "
-                      f"{r['raw_words_per_s']:>9,} {r['effective_words_per_s']:>9,} {r['vocabulary']:>7,}")
+                      f"{r['raw_words_per_s']:>9,} {r['raw_words_per_cpu_s']:>11,} {r['effective_words_per_s']:>9,} "
+                      f"{r['vocabulary']:>7,}")
         if "ratios" in row:
             print(f"{row['passes']:>6} {'ratio':>8} {row['ratios']}")
+    medians = {}
+    for epochs in passes:
+        ratios = [row["ratios"] for row in rows if row["passes"] == epochs and "ratios" in row]
+        if len(ratios) > 1:
+            medians[epochs] = {k: round(statistics.median(r[k] for r in ratios), 3) for k in ratios[0]}
+            print(f"{epochs:>6} {'median':>8} {medians[epochs]} over {len(ratios)} rounds")
     print(json.dumps({"corpus": os.path.basename(args.corpus), "tokens": tokens, "workers": args.workers,
                       "learner": learner, "batch_words": args.batch_words, "shards": args.shards,
-                      "results": rows}))
+                      "rounds": args.rounds, "results": rows, "median_ratios": medians}))
     return 0
 
 

@@ -48,20 +48,20 @@ def _chi_square_against_exact(vocab: OnlineVocab, observed_slots: np.ndarray):
     return stats.chisquare(obs, exp), len(obs)
 
 
-def test_filling_table_matches_exact_unigram_075():
+def test_table_matches_exact_unigram_075_along_a_stream():
     tokens = _zipf_stream(60_000, 400, seed=1)
     vocab, table = _stream_into_table(tokens, table_size=1 << 20, min_count=5)
-    assert 0 < table.filled < table.size
+    assert table.filled == table.size and table.layouts > 1
     draws = table.sample(40_000, np.random.default_rng(3))
     result, cells = _chi_square_against_exact(vocab, draws)
     assert cells > 30
     assert result.pvalue > 1e-3, result
 
 
-def test_reservoir_updated_table_matches_exact_unigram_075_after_it_is_full():
+def test_a_small_table_matches_exact_unigram_075_when_the_weights_far_exceed_its_size():
     tokens = _zipf_stream(200_000, 300, seed=2)
     vocab, table = _stream_into_table(tokens, table_size=4096, min_count=5)
-    assert table.filled == table.size and table.z > 4 * table.size   # well into the replacement phase
+    assert table.filled == table.size and table.z > 4 * table.size
     result, cells = _chi_square_against_exact(vocab, table.active())
     assert cells > 30
     assert result.pvalue > 1e-3, result
@@ -80,6 +80,30 @@ def test_words_below_min_count_are_never_negatives_and_rebuild_is_exact():
     table.rebuild(np.array([vocab.slot("a"), vocab.slot("c")]), np.array([16, 1]))
     share = np.mean(table.active() == vocab.slot("a"))
     assert abs(share - 8 / 9) < 0.1
+
+
+def test_each_word_holds_its_share_of_the_table_to_within_one_entry():
+    vocab, table = _stream_into_table(_zipf_stream(100_000, 2000, seed=4), table_size=100_003, min_count=3,
+                                      batch=500)
+    table.rebuild(np.flatnonzero(vocab.trainable), vocab.counts[np.flatnonzero(vocab.trainable)])
+    slots = np.flatnonzero(vocab.trainable)
+    w = vocab.counts[slots].astype(float) ** 0.75
+    held = np.bincount(table.active(), minlength=vocab.capacity)[slots]
+    assert held.sum() == table.size
+    assert np.abs(held - w / w.sum() * table.size).max() <= 1.0 + 1e-9
+
+
+def test_the_table_is_laid_out_again_once_the_weights_moved_by_refresh_and_old_layouts_stay_intact():
+    table = NoiseTable(1000, refresh=0.1)
+    table.add(np.array([0, 1]), np.array([0, 0]), np.array([100, 100]), 5)
+    first = table.active()
+    snapshot = first.copy()
+    assert table.layouts == 1 and set(first.tolist()) == {0, 1}
+    table.add(np.array([2]), np.array([0]), np.array([5]), 5)      # 5^0.75 = 3.3: under 10 % of z
+    assert table.layouts == 1 and 2 not in set(table.active().tolist())
+    table.add(np.array([2]), np.array([5]), np.array([100]), 5)
+    assert table.layouts == 2 and abs(np.mean(table.active() == 2) - 1 / 3) < 0.01
+    assert (first == snapshot).all()      # a kernel still sampling the previous layout is not disturbed
 
 
 def test_keep_probability_is_word2vec_formula():

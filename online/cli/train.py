@@ -4,9 +4,10 @@
 
 Reads plain, .gz or .xz text (one record per line), runs the same ``Trainer`` the Kafka
 workers run, against an in-process ``EmbeddingShard`` updated in place by ``--workers``
-threads (the compiled kernels run without the GIL; one reader thread tokenises and feeds
-them), and writes ``DIR/vectors.txt`` and ``DIR/vectors.bin`` (word2vec text and binary,
-most frequent word first), ``DIR/vocab.txt`` (word and count) and ``DIR/train_stats.json``.
+threads (the compiled kernels run without the GIL; one reader thread reads blocks of lines,
+tokenises them into mini-batches of token spans, compiled too, and feeds them), and writes
+``DIR/vectors.txt`` and ``DIR/vectors.bin`` (word2vec text and binary, most frequent word
+first), ``DIR/vocab.txt`` (word and count) and ``DIR/train_stats.json``.
 
 Passes: the first pass counts the vocabulary as it trains (a stream); later passes
 re-read the same text without counting it again, so that ``min_count`` keeps meaning
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from online.learner.param_store import LocalParamStore
+from online.learner.spans import TokenSpans, batch_ends
 from ps_bridge.structured_logging import log_event
 from online.learner.trainer import LearnerConfig, Trainer
 from online.learner.word2vec_format import write_binary, write_text
@@ -36,6 +38,7 @@ from ps_bridge.settings import Setting, SettingError, SettingGroup, add_groups
 
 logger = logging.getLogger("livevec.train")
 DEFAULT_BATCH_WORDS = LEARNER["batch_words"].default
+BLOCK_BYTES = 1 << 20     # the reader's unit: about 170k tokens of English
 
 
 @dataclass
@@ -119,6 +122,16 @@ class _Source:
         for line in self.stream:
             yield line.decode("utf-8", errors="replace")
 
+    def blocks(self, size: int = BLOCK_BYTES):
+        """The file in blocks of about ``size`` bytes that end at a line's end (or the file's)."""
+        while True:
+            data = self.stream.read(size)
+            if not data:
+                return
+            if not data.endswith(b"\n"):
+                data += self.stream.readline()
+            yield data
+
     def close(self) -> None:
         self.stream.close()
         self.raw.close()
@@ -191,7 +204,9 @@ def write_outputs(settings: TrainSettings, trainer: Trainer, seconds: float) -> 
 
 
 def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress: _Progress | None = None) -> None:
-    """One pass over the file: a reader thread (this one) tokenises, ``settings.workers`` threads train."""
+    """One pass over the file: a reader thread (this one) reads blocks of lines and tokenises them
+    into mini-batches of token spans (compiled, without the GIL), ``settings.workers`` threads
+    train them. A batch closes with the sentence that brings it to ``batch_words`` tokens."""
     progress = progress or _Progress(False, settings.epochs)
     update_vocab = pass_no == 1
     work: queue.Queue = queue.Queue(maxsize=2 * settings.workers)
@@ -216,28 +231,28 @@ def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress
     source = _Source(settings.input)
     tokenizer = trainer.tokenizer
     budget = settings.max_tokens or None
-    batch: list[list[str]] = []
-    batch_tokens = 0
+    pending: TokenSpans | None = None     # the sentences of the batch still being filled
     try:
-        for line in source:
-            for sentence in tokenizer.sentences(line):
-                if budget is not None:
-                    if budget <= 0:
-                        break
-                    sentence = sentence[:budget]
-                    budget -= len(sentence)
-                batch.append(sentence)
-                batch_tokens += len(sentence)
-                if batch_tokens >= settings.batch_words:
-                    work.put(batch)
-                    batch, batch_tokens = [], 0
-                    if errors:
-                        raise errors[0]
-                    progress.show(pass_no, source.fraction(), trainer)
+        for block in source.blocks():
+            spans = tokenizer.text_spans(block)
+            if budget is not None:
+                spans = spans.head(budget)
+                budget -= spans.num_tokens
+            if pending is not None:
+                spans = TokenSpans.concat([pending, spans])
+            first = 0
+            for end in batch_ends(spans.sentences, 0, settings.batch_words).tolist():
+                work.put(spans.sentence_slice(first, end))
+                first = end
+                if errors:
+                    raise errors[0]
+                progress.show(pass_no, source.fraction(), trainer)
+            pending = spans.sentence_slice(first, spans.num_sentences).compact() if first < spans.num_sentences \
+                else None
             if budget is not None and budget <= 0:
                 break
-        if batch:
-            work.put(batch)
+        if pending is not None and pending.num_tokens:
+            work.put(pending)
     finally:
         for _ in threads:
             work.put(None)

@@ -2,99 +2,158 @@
 
 word2vec.c fills a table of 10^8 word ids once, each word taking a share proportional
 to ``count^0.75``; a negative sample is a uniform draw from it. On a stream the counts
-change forever, so livevec keeps yskip's reservoir-updated table (Kaji & Kobayashi
-2017, Algorithm 2): each time a word's weight ``count^0.75`` grows by ``F``, the running
-total ``z`` grows by ``F`` and
+change forever, so livevec keeps the weight ``count^0.75`` of every trainable word (count
+>= min_count) as the counts grow, and lays the table out again from those weights whenever
+they have moved by more than ``refresh`` (0.5 %) of their total ``z`` since the last layout
+(every batch early in a stream, every few batches later: 442 layouts over wiki17m's 17M tokens).
 
-* while the table is not full, ``round(F * fill_scale)`` copies of the word are
-  appended (yskip appends ``round(F)``; livevec appends 16 per unit of weight so
-  that a word at min_count, weight 5^0.75 = 3.3, is not rounded by +-15%);
-* once it is full, ``round(F / z * size)`` entries chosen uniformly at random are
-  overwritten with the word.
+A layout is systematic: the words are placed one after the other in slot order, word ``s``
+ending at entry ``round(M * (w_0 + ... + w_s) / z)`` of the ``M`` entries, so each word holds its
+exact share of the table to within one entry, deterministically. Between layouts the table lags
+the counts by less than ``refresh`` of the mass (a word that just became trainable waits for
+the next layout, a batch or a few later). Each layout is a new array, so a kernel still
+sampling from the previous one is never disturbed.
 
-By induction every word's expected share of the table is its weight divided by ``z``
-at every moment, which is the exact unigram^0.75 distribution of the counts so far,
-at O(F / z * size) work per update. Rounding is probabilistic (``floor(x)`` plus one with
-probability ``frac(x)``) so small weights are not rounded away.
+Why not yskip's reservoir update (Kaji & Kobayashi 2017: overwrite ``round(F / z * M)`` random
+entries when a word's weight grows by F), which this module used before: its shares are right
+only in expectation, so the table must be large for them to be close, and a large table costs a
+cache miss per negative in the kernels, which read it at a random entry five times per pair.
+At the end of wiki17m (68k trainable words) the reservoir's 2^24 entries (64 MiB) misplaced
+1.1 % of the probability mass (2^20 entries: 5.7 %); the default 524,287 entries laid out
+systematically (2 MiB, in the cache) misplace 2.0 %, almost all of it on the rarest words (the
+1,000 most frequent are within 0.24 % of their share, against 0.7 % in the reservoir), and the
+in-place kernel runs about 1.5x as many pairs per second with two threads as against the 64 MiB
+table (bench/README.md, "Learner quality and speed vs gensim"). The length is a prime so that the
+kernels' index ``(state >> 16) % M`` depends on all the high bits of their generator's state (a
+power of two would take bits 16..35 of word2vec.c's LCG alone, whose low bits have short
+periods, on a table in slot order); no difference in quality was measurable, and it costs
+nothing.
 
 livevec applies it per mini-batch: a word counted ``c`` times in the batch adds
-``new^0.75 - old^0.75`` at once. Only trainable words (count >= min_count) are in the
-table; a word that becomes trainable adds its whole weight. After an eviction the
-vocabulary's counts have all moved (Misra-Gries), so the table is rebuilt exactly from
-them (as yskip does after ``reduce_vocab``).
+``new^0.75 - old^0.75`` at once. After an eviction the vocabulary's counts have all moved
+(Misra-Gries), so the weights are set again from them (``rebuild``).
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-DEFAULT_TABLE_SIZE = 1 << 24   # 64 MiB of int32; word2vec.c uses 10^8
+DEFAULT_TABLE_SIZE = 524_287    # 2 MiB of int32 (stays in the cache), a prime (see above); word2vec.c: 10^8
+DEFAULT_REFRESH = 0.005
 
 
-def _random_round(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    base = np.floor(x)
-    return (base + (rng.random(len(x)) < (x - base))).astype(np.int64)
+@njit(nogil=True, cache=True)
+def _layout(weights, n_slots, table):
+    """Systematic layout of the positive ``weights[:n_slots]`` over ``table``; returns their sum."""
+    z = 0.0
+    for s in range(n_slots):
+        if weights[s] > 0:
+            z += weights[s]
+    m = table.shape[0]
+    if z <= 0:
+        return z
+    acc = 0.0
+    pos = 0
+    last = 0
+    for s in range(n_slots):
+        w = weights[s]
+        if w <= 0:
+            continue
+        acc += w
+        end = min(m, np.int64(acc / z * m + 0.5))
+        while pos < end:
+            table[pos] = s
+            pos += 1
+        last = s
+    while pos < m:          # rounding can leave the last entry
+        table[pos] = last
+        pos += 1
+    return z
+
+
+@njit(nogil=True, cache=True)
+def _grow(weights, slots, old_counts, new_counts, min_count, power):
+    """Set the weights of the slots whose counts reached ``min_count``; returns the weight added."""
+    added = 0.0
+    for k in range(slots.shape[0]):
+        c = new_counts[k]
+        if c < min_count:
+            continue
+        w = float(c) ** power
+        o = old_counts[k]
+        added += w - (float(o) ** power if o >= min_count else 0.0)
+        weights[slots[k]] = w
+    return added
 
 
 class NoiseTable:
     """Table of vocabulary slots, sampled uniformly; not thread-safe (the trainer locks it)."""
 
     def __init__(self, size: int = DEFAULT_TABLE_SIZE, power: float = 0.75, seed: int | None = 1,
-                 fill_scale: float = 16.0):
+                 refresh: float = DEFAULT_REFRESH):
         if size < 1:
             raise ValueError("noise table size must be >= 1")
+        if refresh < 0:
+            raise ValueError("refresh must be >= 0")
         self.size = int(size)
         self.power = float(power)
-        self.fill_scale = float(fill_scale)
-        self.table = np.zeros(self.size, dtype=np.int32)
+        self.refresh = float(refresh)
+        self.table = np.zeros(0, dtype=np.int32)
         self.filled = 0
-        self.z = 0.0
+        self.z = 0.0                 # total weight of the trainable words
+        self.layouts = 0             # how many times the table was laid out
         self.rng = np.random.default_rng(seed)
+        self._weights = np.zeros(1024, dtype=np.float64)
+        self._n_slots = 0            # weights beyond this are all 0
+        self._moved = 0.0            # weight added since the last layout
 
     def weight(self, counts) -> np.ndarray:
         return np.asarray(counts, dtype=np.float64) ** self.power
 
+    def _reserve(self, top: int) -> None:
+        if top > len(self._weights):
+            grown = np.zeros(max(top, 2 * len(self._weights)), dtype=np.float64)
+            grown[:self._n_slots] = self._weights[:self._n_slots]
+            self._weights = grown
+        self._n_slots = max(self._n_slots, top)
+
     def add(self, slots: np.ndarray, old_counts: np.ndarray, new_counts: np.ndarray, min_count: int) -> None:
         """Account for counts growing from ``old_counts`` to ``new_counts`` (one entry per slot)."""
-        live = new_counts >= min_count
-        if not live.any():
+        slots = np.asarray(slots, dtype=np.int64)
+        if len(slots) == 0:
             return
-        slots, old, new = slots[live], old_counts[live], new_counts[live]
-        delta = self.weight(new) - np.where(old >= min_count, self.weight(old), 0.0)
-        self.z += float(delta.sum())
-        if self.filled < self.size:
-            n = _random_round(delta * self.fill_scale, self.rng)
-            ids = np.repeat(slots.astype(np.int32), n)
-            take = min(len(ids), self.size - self.filled)
-            if take < len(ids):  # the last ones would not fit: shuffle so no slot is favoured
-                self.rng.shuffle(ids)
-            self.table[self.filled:self.filled + take] = ids[:take]
-            self.filled += take
+        self._reserve(int(slots.max()) + 1)
+        added = _grow(self._weights, slots, np.asarray(old_counts, dtype=np.int64),
+                      np.asarray(new_counts, dtype=np.int64), int(min_count), self.power)
+        if added <= 0 and self.filled:
             return
-        n = _random_round(delta / self.z * self.size, self.rng)
-        total = int(n.sum())
-        if total:
-            ids = np.repeat(slots.astype(np.int32), n)
-            self.table[self.rng.integers(0, self.size, total)] = ids
+        self.z += added
+        self._moved += added
+        if self._moved > self.refresh * self.z or (self.filled == 0 and self.z > 0):
+            self._lay_out()
 
     def rebuild(self, slots: np.ndarray, counts: np.ndarray) -> None:
         """Exact table for ``counts`` of ``slots`` (used after evictions)."""
-        w = self.weight(counts)
-        self.z = float(w.sum())
-        if self.z <= 0:
-            self.filled = 0
-            return
-        # Keep a partly-filled table at the fill scale (entries per unit of weight)
-        # so later ``add`` calls keep appending; cap it at the table size.
-        target = min(self.size, int(np.ceil(self.z * self.fill_scale)))
-        n = _random_round(w / self.z * target, self.rng)
-        ids = np.repeat(slots.astype(np.int32), n)
-        self.rng.shuffle(ids)
-        k = min(len(ids), self.size)
-        self.table[:k] = ids[:k]
-        self.filled = k
+        slots = np.asarray(slots, dtype=np.int64)
+        self._weights[:self._n_slots] = 0.0
+        self._n_slots = 0
+        if len(slots):
+            self._reserve(int(slots.max()) + 1)
+            self._weights[slots] = self.weight(counts)
+        self._lay_out()
+
+    def _lay_out(self) -> None:
+        table = np.empty(self.size, dtype=np.int32)
+        self.z = float(_layout(self._weights, self._n_slots, table))
+        self._moved = 0.0
+        self.layouts += 1
+        if self.z > 0:
+            self.table, self.filled = table, self.size
+        else:
+            self.table, self.filled = np.zeros(0, dtype=np.int32), 0
 
     def active(self) -> np.ndarray:
-        """The filled part of the table (a view), what samplers draw from."""
+        """The current table, what samplers draw from (empty until a word is trainable)."""
         return self.table[:self.filled]
 
     def sample(self, n: int, rng: np.random.Generator | None = None) -> np.ndarray:

@@ -20,12 +20,21 @@ boundaries: on newlines and, for raw text, after ``. ! ?`` (and their full-width
 forms) followed by whitespace. A sentence longer than ``max_sentence_length`` tokens is cut
 into chunks, as gensim and word2vec.c do (10,000 and 1,000 tokens), so one huge record
 (a whole Wikipedia article on one line) costs no more memory than it must.
+
+``Tokenizer.sentences`` gives lists of strings. The trainer's path is ``Tokenizer.spans`` (records)
+and ``Tokenizer.text_spans`` (a block of lines, one record each): the same tokens and sentences
+as ``online.learner.spans.TokenSpans``, which the ``text8`` tokenizer makes in one compiled pass
+over the bytes without a Python string per token (``unicode`` goes through ``sentences``).
 """
 from __future__ import annotations
 
 import re
 import unicodedata
 from collections.abc import Iterable
+
+import numpy as np
+
+from online.learner.spans import TokenSpans, spans_of_sentences, text8_spans
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
@@ -108,3 +117,30 @@ class Tokenizer:
         for record in records:
             out.extend(self.sentences(record))
         return out
+
+    def spans(self, records: Iterable[str | bytes | None]) -> TokenSpans:
+        """``sentences_of(records)`` as ``TokenSpans`` (compiled for ``text8``)."""
+        if self.kind != "text8":
+            return spans_of_sentences(self.sentences_of(records))
+        parts: list[bytes] = []
+        bounds: list[int] = []
+        end = 0
+        for record in records:
+            if record is None:
+                continue
+            data = record.encode("utf-8", "surrogatepass") if isinstance(record, str) else bytes(record)
+            parts.append(data)
+            end += len(data)
+            bounds.append(end)
+            end += 1
+        return text8_spans(b"\n".join(parts), self.max_sentence_length, self.split_sentences,
+                           np.array(bounds, dtype=np.int64))
+
+    def text_spans(self, block: bytes) -> TokenSpans:
+        """The sentences of a block of UTF-8 text whose lines are records (``livevec train``'s
+        file), as ``TokenSpans``: the same as ``spans(block.split(b"\\n"))``."""
+        if self.kind != "text8":
+            return spans_of_sentences(self.sentences_of(block.split(b"\n")))
+        raw = np.frombuffer(block, dtype=np.uint8)
+        bounds = None if self.split_sentences else np.flatnonzero(raw == 10)
+        return text8_spans(raw, self.max_sentence_length, self.split_sentences, bounds)

@@ -31,7 +31,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
@@ -40,7 +39,8 @@ from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.learner.param_store import LocalParamStore, ParamStore
 from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
                                 walk_gradients)
-from online.learner.subsampling import keep_mask
+from online.learner.spans import spans_of_sentences
+from online.learner.subsampling import keep_tokens
 from online.learner.tokenizer import Tokenizer
 from online.learner.vocab import OnlineVocab
 
@@ -154,7 +154,7 @@ class Trainer:
     # ------------------------------------------------------------------ API
     def train_records(self, records, update_vocab: bool = True) -> BatchStats:
         """Train on a batch of text records (str or UTF-8 bytes), e.g. one Kafka poll."""
-        return self.train_sentences(self.tokenizer.sentences_of(records), update_vocab)
+        return self.run(self.prepare(self.tokenizer.spans(records), update_vocab))
 
     def train_sentences(self, sentences: list[list[str]], update_vocab: bool = True) -> BatchStats:
         """Train on tokenised sentences. ``update_vocab=False`` trains without counting
@@ -181,37 +181,39 @@ class Trainer:
 
     # -------------------------------------------------------------- stages
     def prepare(self, sentences: list[list[str]], update_vocab: bool = True) -> _Prepared:
-        """The GIL-bound part: vocabulary, noise, subsampling, row/key resolution."""
+        """The GIL-bound part: vocabulary, noise, subsampling, row/key resolution.
+
+        ``sentences``: ``list[list[str]]``, or the ``TokenSpans`` of ``Tokenizer.spans`` (no
+        string per token). Look-ups, counting and subsampling are compiled passes over the batch."""
         cfg = self.config
-        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
-        tokens = list(chain.from_iterable(sentences))
-        stats = BatchStats(sentences=len(sentences), tokens=len(tokens))
+        spans = spans_of_sentences(sentences)
+        stats = BatchStats(sentences=spans.num_sentences, tokens=spans.num_tokens)
         with self._lock:
             vocab = self.vocab
             if update_vocab:
-                upd = vocab.update(tokens)
+                upd = vocab.update_spans(spans)
                 slots = upd.slots
                 stats.evicted = self._apply_vocab_update(upd)
             else:
-                slots = vocab.lookup(tokens)
-            known = slots >= 0
-            keep = known.copy()
-            keep[known] = vocab.trainable[slots[known]]
-            if cfg.sample > 0 and keep.any():
-                idx = np.flatnonzero(keep)
-                keep[idx] = keep_mask(slots[idx], vocab.counts, vocab.trainable_total, cfg.sample, self._rng)
-            kept = slots[keep]
-            sentence_of = np.repeat(np.arange(len(sentences), dtype=np.int64), lengths)[keep]
-            starts = np.searchsorted(sentence_of, np.arange(len(sentences) + 1)).astype(np.int64)
+                slots = vocab.lookup_spans(spans)
+            keep_seed = int(self._rng.integers(1, 1 << 62))
+            if self.shard is not None:
+                in_rows, out_rows, starts = keep_tokens(slots, spans.sentences, vocab.trainable, vocab.counts,
+                                                        vocab.trainable_total, cfg.sample, keep_seed,
+                                                        self.slot_in_row, self.slot_out_row)
+                kept = in_rows
+            else:
+                kept, starts = keep_tokens(slots, spans.sentences, vocab.trainable, vocab.counts,
+                                           vocab.trainable_total, cfg.sample, keep_seed)
             stats.kept = len(kept)
             seed = int(self._rng.integers(1, 1 << 62))
             eta = self._eta()
-            self.tokens_seen += len(tokens)
+            self.tokens_seen += stats.tokens
             prepared = _Prepared(stats, seed, eta)
             noise = self.noise.active()
             if self.shard is not None:
-                prepared.in_rows = self.slot_in_row[kept]
-                prepared.out_rows = self.slot_out_row[kept]
+                prepared.in_rows = in_rows
+                prepared.out_rows = out_rows
                 prepared.starts = starts
                 prepared.noise = noise
             elif len(kept):

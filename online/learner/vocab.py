@@ -9,7 +9,15 @@ Collisions: if two words share a key they share both rows on the servers: each r
 writes the same vectors, so they end up with one blended embedding, and whichever word
 was recorded last owns the key's string on the server. Nothing crashes and no other word
 is affected; the vocabulary itself still keeps their counts apart because it is indexed
-by the string.
+by the word's bytes.
+
+The index
+---------
+Words are found by their UTF-8 bytes in a compiled hash table (``online.learner.word_table``),
+a whole mini-batch of token spans (``online.learner.spans.TokenSpans``) per call:
+``update_spans`` and ``lookup_spans`` are the trainer's per-token path and never make a
+Python string of a token; only admitted words are decoded (``words``) and keyed (``keys``).
+``update`` and ``lookup`` take lists of strings and go the same way.
 
 Bounded counts
 --------------
@@ -20,7 +28,8 @@ enough slots and the words that reach zero are evicted. (Misra-Gries decrements 
 repeatedly; doing it once by ``d`` for a whole mini-batch is the same thing batched.)
 Estimates never exceed the true count and undercount by at most about N / capacity
 after N tokens, so frequent words are never evicted and a word's count in a table
-that never fills is exact. A word is *trainable* while its count is at least
+that never fills is exact. The occurrences, in the batch that forces an eviction, of a word
+evicted by it are not counted (the word is gone; it comes back when it occurs again). A word is *trainable* while its count is at least
 ``min_count``; only trainable words get rows on the servers, so when a trainable word is
 evicted its key is reported in ``VocabUpdate.evicted_keys`` for the caller to free both
 of its rows.
@@ -36,11 +45,12 @@ counts stay what subsampling and the noise table estimate frequencies from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import numpy as np
 
+from online.learner import word_table as wt
 from online.learner.keys import word_key
+from online.learner.spans import TokenSpans, spans_of_tokens
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
@@ -50,8 +60,8 @@ _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
 class VocabUpdate:
     """What one ``OnlineVocab.update`` changed; consumed by the noise table and the trainer."""
 
-    slots: np.ndarray                 # int64 slot of every token, in order
-    touched: np.ndarray               # int64 distinct slots counted in this update
+    slots: np.ndarray                 # int64 slot of every token, in order (-1: not counted)
+    touched: np.ndarray               # int64 distinct slots counted in this update (first occurrence first)
     old_counts: np.ndarray            # their counts before
     new_counts: np.ndarray            # and after
     newly_trainable: np.ndarray = field(default_factory=lambda: _EMPTY_I64)  # slots that reached min_count
@@ -70,33 +80,49 @@ class OnlineVocab:
             raise ValueError("min_count must be >= 1")
         self.capacity = int(capacity)
         self.min_count = int(min_count)
-        self._index: dict[str, int] = {}
         self.words: list[str | None] = [None] * self.capacity
         self.counts = np.zeros(self.capacity, dtype=np.int64)
         self.keys = np.zeros(self.capacity, dtype=np.uint64)
         self.trainable = np.zeros(self.capacity, dtype=bool)
         self.cluster_trainable = np.zeros(self.capacity, dtype=bool)   # the servers' verdict (see above)
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
+        self._size = 0
+        self._live = np.zeros(self.capacity, dtype=bool)
+        # the word index (see online.learner.word_table): slot -> bytes in the arena, hash -> slot
+        self._offset = np.zeros(self.capacity, dtype=np.int64)
+        self._length = np.zeros(self.capacity, dtype=np.int64)
+        self._hash = np.zeros(self.capacity, dtype=np.uint64)
+        self._seen = np.zeros(self.capacity, dtype=np.uint8)
+        self._arena = np.zeros(1 << 16, dtype=np.uint8)
+        self._used = 0
+        self._new_table(1024)
         self.total_tokens = 0          # every token ever counted
         self.trainable_total = 0       # sum of counts of trainable words (subsampling's T)
         self.evictions = 0
 
     # ---------------------------------------------------------------- queries
     def __len__(self) -> int:
-        return len(self._index)
+        return self._size
 
     def __contains__(self, token: str) -> bool:
-        return token in self._index
+        return self.slot(token) >= 0
 
     def slot(self, token: str) -> int:
-        return self._index.get(token, -1)
+        return int(self.lookup([token])[0])
 
     def lookup(self, tokens: list[str]) -> np.ndarray:
         """Slot of each token, -1 for unknown words; counts nothing."""
-        return np.array(list(map(self._index.get, tokens, repeat(-1))), dtype=np.int64)
+        return self.lookup_spans(spans_of_tokens(tokens))
+
+    def lookup_spans(self, spans: TokenSpans) -> np.ndarray:
+        """Slot of each token span, -1 for unknown words; counts nothing."""
+        out = np.empty(spans.num_tokens, dtype=np.int64)
+        wt.lookup(self._tslot, self._thash, self._shift, self._arena, self._offset, self._length,
+                  spans.buf, spans.start, spans.length, spans.hash, out)
+        return out
 
     def count(self, token: str) -> int:
-        s = self._index.get(token, -1)
+        s = self.slot(token)
         return int(self.counts[s]) if s >= 0 else 0
 
     def trainable_slots(self) -> np.ndarray:
@@ -112,44 +138,104 @@ class OnlineVocab:
     # ---------------------------------------------------------------- updates
     def update(self, tokens: list[str]) -> VocabUpdate:
         """Count ``tokens``; admit new words (evicting if full); return what changed."""
-        n = len(tokens)
+        return self.update_spans(spans_of_tokens(tokens))
+
+    def update_spans(self, spans: TokenSpans) -> VocabUpdate:
+        """``update`` for a mini-batch of token spans (the trainer's path)."""
+        n = spans.num_tokens
         if n == 0:
             return VocabUpdate(_EMPTY_I64, _EMPTY_I64, _EMPTY_I64, _EMPTY_I64)
-        slots = self.lookup(tokens)
+        slots = np.empty(n, dtype=np.int64)
+        missing = wt.lookup(self._tslot, self._thash, self._shift, self._arena, self._offset, self._length,
+                            spans.buf, spans.start, spans.length, spans.hash, slots)
         evicted_slots, evicted_keys, rescaled = _EMPTY_I64, _EMPTY_U64, False
-        missing = np.flatnonzero(slots < 0)
-        if len(missing):
-            new_words = list(dict.fromkeys(tokens[i] for i in missing))
-            if len(new_words) > len(self._free):
-                evicted_slots, evicted_keys = self._make_room(len(new_words))
+        if missing:
+            ordinal = np.empty(n, dtype=np.int64)
+            first = wt.distinct_missing(spans.buf, spans.start, spans.length, spans.hash, slots, missing, ordinal)
+            if len(first) > len(self._free):
+                evicted_slots, evicted_keys = self._make_room(len(first))
                 rescaled = True
-            self._admit(new_words)
-            get = self._index.get
-            for i in missing:   # only the misses; a missing word must be admitted by now or skipped
-                slots[i] = get(tokens[i], -1)
-        valid = slots[slots >= 0] if rescaled and (slots < 0).any() else slots
-        touched, c = np.unique(valid, return_counts=True)
-        old = self.counts[touched].copy()
-        new = old + c
-        self.counts[touched] = new
+                gone = np.zeros(self.capacity, dtype=np.uint8)
+                gone[evicted_slots] = 1
+                wt.drop_slots(slots, gone)      # their words are gone: -2, not counted
+            new_slots = self._admit(spans, first[:len(self._free)])
+            wt.resolve_missing(slots, ordinal, new_slots)
+            if rescaled:
+                slots[slots == -2] = -1
+        touched = np.empty(n, dtype=np.int64)
+        old = np.empty(n, dtype=np.int64)
+        k = wt.count_slots(slots, self.counts, self._seen, touched, old)
+        touched, old = touched[:k], old[:k]
+        new = np.empty(k, dtype=np.int64)
+        crossed = np.empty(k, dtype=np.int64)
+        n_crossed, delta = wt.settle(touched, old, self.counts, self.trainable, self.cluster_trainable,
+                                     self.min_count, new, crossed)
         self.total_tokens += n
-        was = self.trainable[touched]
-        now = (new >= self.min_count) | self.cluster_trainable[touched]
-        self.trainable[touched] = now
-        crossed = touched[now & ~was]
-        self.trainable_total += int((new - old)[was & now].sum()) + int(new[now & ~was].sum())
-        return VocabUpdate(slots, touched, old, new, crossed, evicted_slots, evicted_keys, rescaled)
+        self.trainable_total += int(delta)
+        return VocabUpdate(slots, touched, old, new, crossed[:n_crossed], evicted_slots, evicted_keys, rescaled)
 
-    def _admit(self, words: list[str]) -> None:
-        take = min(len(words), len(self._free))
-        for w in words[:take]:
-            s = self._free.pop()
-            self._index[w] = s
+    def _admit(self, spans: TokenSpans, first: np.ndarray) -> np.ndarray:
+        """Give the words of spans ``first`` (absent, distinct) free slots; returns the slots."""
+        k = len(first)
+        if k == 0:
+            return _EMPTY_I64
+        slots = np.array(self._free[-k:][::-1], dtype=np.int64)
+        del self._free[-k:]
+        if 2 * (self._size + k) > len(self._tslot):
+            self._size += k     # rebuild() sizes the table for the words being added too
+            self._rebuild()
+            self._size -= k
+        lengths = spans.length[first]
+        nbytes = int(lengths.sum())
+        if self._used + nbytes > len(self._arena):
+            grown = np.zeros(max(2 * len(self._arena), self._used + nbytes), dtype=np.uint8)
+            grown[:self._used] = self._arena[:self._used]
+            self._arena = grown
+        self._used = wt.insert(self._tslot, self._thash, self._shift, self._arena, self._used, self._offset,
+                               self._length, self._hash, spans.buf, spans.start, spans.length, spans.hash,
+                               first, slots)
+        words = self._decode(slots, lengths, nbytes)
+        for s, w in zip(slots.tolist(), words):
             self.words[s] = w
-            self.keys[s] = word_key(w)
-            self.counts[s] = 0
-            self.trainable[s] = False
-            self.cluster_trainable[s] = False
+        self.keys[slots] = np.fromiter(map(word_key, words), dtype=np.uint64, count=k)
+        self.counts[slots] = 0
+        self.trainable[slots] = False
+        self.cluster_trainable[slots] = False
+        self._live[slots] = True
+        self._size += k
+        return slots
+
+    def _decode(self, slots: np.ndarray, lengths: np.ndarray, nbytes: int) -> list[str]:
+        raw = np.empty(nbytes, dtype=np.uint8)
+        wt.gather_bytes(self._arena, self._offset, self._length, slots, raw)
+        data = raw.tobytes()
+        ends = np.cumsum(lengths).tolist()
+        begins = [0] + ends[:-1]
+        text = data.decode("utf-8", "surrogatepass")
+        if len(text) == len(data):      # ASCII: byte offsets are character offsets
+            return [text[a:b] for a, b in zip(begins, ends)]
+        return [data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(begins, ends)]
+
+    def _new_table(self, size: int) -> None:
+        # (slot, hash) side by side: a probe reads one cache line
+        table = np.empty((size, 2), dtype=np.int64)
+        table[:, 0] = -1
+        table[:, 1] = 0
+        self._tslot = table[:, 0]
+        self._thash = table[:, 1].view(np.uint64)
+        self._shift = np.uint64(64 - int(np.log2(size)))
+
+    def _rebuild(self) -> None:
+        """A fresh table for the live words (sized for load <= 1/2), with a compacted arena."""
+        size = 1024
+        while 2 * self._size > size:
+            size *= 2
+        self._new_table(size)
+        live = np.flatnonzero(self._live)
+        arena = np.zeros(max(1 << 16, 2 * int(self._length[live].sum())), dtype=np.uint8)
+        self._used = wt.rebuild(self._tslot, self._thash, self._shift, self._arena, arena, self._offset,
+                                self._length, self._hash, live)
+        self._arena = arena
 
     def mark_trainable(self, slots: np.ndarray, trainable: np.ndarray) -> np.ndarray:
         """Record the cluster's verdict on ``slots`` (bool each); returns the slots that became trainable."""
@@ -168,7 +254,7 @@ class OnlineVocab:
 
     def _make_room(self, needed: int) -> tuple[np.ndarray, np.ndarray]:
         """Batched Misra-Gries: subtract the smallest d that frees ``needed`` slots."""
-        occupied = np.fromiter(self._index.values(), dtype=np.int64, count=len(self._index))
+        occupied = np.flatnonzero(self._live)
         to_free = needed - len(self._free)
         if to_free >= len(occupied):
             d = int(self.counts[occupied].max())
@@ -180,9 +266,10 @@ class OnlineVocab:
         was_trainable = self.trainable[gone]
         evicted_keys = self.keys[gone][was_trainable].copy()
         for s in gone.tolist():
-            del self._index[self.words[s]]
             self.words[s] = None
-            self._free.append(s)
+        self._free.extend(gone.tolist())
+        self._live[gone] = False
+        self._size -= len(gone)
         self.counts[gone] = 0
         self.keys[gone] = 0
         self.trainable[gone] = False
@@ -190,4 +277,5 @@ class OnlineVocab:
         self.trainable[occupied] &= (self.counts[occupied] >= self.min_count) | self.cluster_trainable[occupied]
         self.trainable_total = int(self.counts[self.trainable].sum())
         self.evictions += len(gone)
+        self._rebuild()
         return gone, evicted_keys
