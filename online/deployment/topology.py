@@ -550,5 +550,7 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         roles=(scheduler, server, worker, frontend, producer),
         common_env=common_env, image=image, shared=shared, capacity=capacity,
         kafka_partitions=kafka_partitions,
-        platform_env={"k8s": {"LIVEVEC_KAFKA_BOOTSTRAP": k8s_kafka_bootstrap}},
+        # KEDA scales the workers up to the partition count, and the replica exchange collapsed the model with
+        # 8 workers (docs/operations.md section 2): Kubernetes runs the pull/push exchange until that is fixed.
+        platform_env={"k8s": {"LIVEVEC_KAFKA_BOOTSTRAP": k8s_kafka_bootstrap, "LIVEVEC_EXCHANGE": "pullpush"}},
     )
