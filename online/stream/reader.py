@@ -168,13 +168,7 @@ class _TextStreamBase:
 
     async def mark_processed(self, batch: Batch) -> None:
         """The worker finished ``batch`` (trained and pushed): its offsets may be committed."""
-        offsets, stale = self.tracker.complete(batch)
-        if stale:
-            self.counters.stale_batches += 1
-            log_event(logger, "stale_batch_completed", level=logging.INFO, batch=batch.id, records=len(batch))
-        if offsets:
-            await self._commit(offsets)
-        self._completed.set()
+        await self.mark_all_processed([batch])
 
     async def mark_all_processed(self, batches: list[Batch]) -> None:
         """``mark_processed`` for several batches, with one commit."""
