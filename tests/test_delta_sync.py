@@ -91,9 +91,10 @@ def test_deltas_from_two_workers_merge_on_the_shard():
 
 
 def _sync_by_hand(replica: ReplicaShard, server: EmbeddingShard) -> None:
-    keys, deltas = replica.collect()
-    vectors, acc = server.add_deltas(keys, deltas[:, :-1], deltas[:, -1])
-    replica.apply(keys, np.hstack([vectors, acc[:, None]]))
+    keys, deltas, fresh = replica.collect()
+    for pick in (~fresh, fresh):
+        vectors, acc = server.add_deltas(keys[pick], deltas[pick, :-1], deltas[pick, -1], fresh=pick is fresh)
+        replica.apply(keys[pick], np.hstack([vectors, acc[:, None]]), adopt=fresh[pick])
 
 
 def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_during_a_sync():
@@ -103,12 +104,16 @@ def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_
     init = server.pull(keys).copy()
     rows1, rows2 = r1.rows_for(keys), r2.rows_for(keys)
     np.testing.assert_array_equal(r1.vectors[rows1], init)      # every node agrees on a row it never saw
+    _sync_by_hand(r1, server)              # the first sync confirms the rows (nothing trained yet)
+    _sync_by_hand(r2, server)
+    assert r1.confirmed[rows1].all() and r2.confirmed[rows2].all()
     r1.vectors[rows1] += 1.0
     r1.mark_changed(rows1)
     r2.vectors[rows2[:2]] += 10.0
     r2.mark_changed(rows2[:2])
     _sync_by_hand(r1, server)
-    keys2, deltas2 = r2.collect()
+    keys2, deltas2, fresh2 = r2.collect()
+    assert not fresh2.any()
     r2.vectors[rows2[0]] += 100.0          # trained while the pushpull is on the wire
     r2.mark_changed(rows2[:1])
     vectors, acc = server.add_deltas(keys2, deltas2[:, :-1], deltas2[:, -1])
@@ -119,6 +124,54 @@ def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_
     np.testing.assert_allclose(server.pull(keys), expected, rtol=1e-6)
     np.testing.assert_allclose(r2.vectors[rows2], expected, rtol=1e-6)
     np.testing.assert_allclose(r1.vectors[rows1], expected, rtol=1e-6)
+
+
+def test_workers_that_discover_a_new_word_together_all_count():
+    """Two replicas create a row the cluster has never trained and train it from the initial value
+    before any answer: both deltas start from the same value, so both are added."""
+    server = EmbeddingShard(4, optimizer="rowadagrad", seed=5)
+    r1, r2 = ReplicaShard(4, seed=5), ReplicaShard(4, seed=5)
+    key = np.array([21], dtype=np.uint64)
+    init = server.pull(key).copy()
+    for replica, step in ((r1, 1.0), (r2, 2.0)):
+        rows = replica.rows_for(key)
+        replica.vectors[rows] += step
+        replica.accum[rows] += step
+        replica.mark_changed(rows)
+    _sync_by_hand(r1, server)
+    _sync_by_hand(r2, server)
+    np.testing.assert_allclose(server.pull(key), init + 3.0, rtol=1e-6)
+    np.testing.assert_allclose(r2.vectors[r2.rows_for(key)], init + 3.0, rtol=1e-6)
+    np.testing.assert_allclose(server.accum[server.rows_for(key), 0], server.adagrad_init + 3.0, rtol=1e-6)
+
+
+def test_a_worker_new_to_an_established_word_adopts_the_cluster_row_and_its_optimizer_state():
+    """A replica that starts a row the cluster has trained for a while trained it from the
+    initial value with an empty accumulator: that delta is dropped, and the replica takes the
+    servers' row and accumulator, so its next steps are the size the row's history says."""
+    server = EmbeddingShard(4, optimizer="rowadagrad", seed=5)
+    old, late = ReplicaShard(4, seed=5), ReplicaShard(4, seed=5)
+    key = np.array([31], dtype=np.uint64)
+    init = server.pull(key).copy()
+    rows = old.rows_for(key)
+    for step in (1.0, 1.0):                # two syncs: the second, ordinary, establishes the row
+        old.vectors[rows] += step
+        old.accum[rows] += 4.0
+        old.mark_changed(rows)
+        _sync_by_hand(old, server)
+    trained = server.pull(key).copy()
+    np.testing.assert_allclose(trained, init + 2.0, rtol=1e-6)
+    late_rows = late.rows_for(key)
+    late.vectors[late_rows] += 50.0        # a big first step from the wrong point
+    late.mark_changed(late_rows)
+    _sync_by_hand(late, server)
+    np.testing.assert_allclose(server.pull(key), trained, rtol=1e-6)
+    np.testing.assert_allclose(late.vectors[late_rows], trained, rtol=1e-6)
+    np.testing.assert_allclose(late.accum[late_rows, 0], server.adagrad_init + 8.0, rtol=1e-6)
+    late.vectors[late_rows] += 0.5         # from now on its work counts
+    late.mark_changed(late_rows)
+    _sync_by_hand(late, server)
+    np.testing.assert_allclose(server.pull(key), trained + 0.5, rtol=1e-6)
 
 
 # ------------------------------------------------------------------ against real servers

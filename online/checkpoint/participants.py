@@ -287,6 +287,7 @@ class ServerCheckpointing(ServerExtension):
 
     def _install(self, ckpt_id: int | None, shard, meta: dict) -> None:
         svc = self.service
+        shard.merge_window = svc.shard.merge_window
         svc.shard = shard
         svc.c.tokens_counted = int(meta.get("tokens_counted", 0))
         self.ledger = BatchLedger(meta.get("ledger") if self._rank() == 0 else None)

@@ -16,6 +16,9 @@ KV commands (``cmd``), keys sorted and unique as ps-lite requires:
 * ``CMD_DELTA``: pushpull, ``dim + 1`` floats per key: a worker replica's change of each row
   since its last sync and the row's AdaGrad accumulator increment; the answer has the same
   layout with the merged row and accumulator (``online.cluster.replica``).
+* ``CMD_DELTA_FRESH``: as ``CMD_DELTA``, for rows the worker created from the initial value
+  since its last sync: the server adds them only to rows still at that value (a word new to
+  the cluster) and otherwise just answers with its row, which the worker adopts.
 * ``CMD_WORD_COUNTS``: pushpull, one float per key (an input key): occurrences of every word
   read since the last sync; the answer is the cluster's total of each (``online.learner.word_counts``).
 
@@ -44,6 +47,7 @@ CMD_COUNTS = 1
 CMD_FREE = 2
 CMD_DELTA = 3
 CMD_WORD_COUNTS = 4
+CMD_DELTA_FRESH = 5
 
 HEAD_SET_WORDS = 100
 HEAD_CHANGES = 101

@@ -50,6 +50,12 @@ from online.cluster import ps_commands as pc
 from online.learner.embedding_shard import EmbeddingShard
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.metrics import Registry
+from ps_bridge.settings import Setting, SettingGroup
+
+# Read by workers (how often they sync) and servers (the window in which deltas count as concurrent).
+SYNC_MS = Setting("sync_ms", "LIVEVEC_SYNC_MS", int, 250, minimum=1, maximum=60_000,
+                  help="replica: longest time between syncs with the servers, in ms (the staleness bound)")
+SYNC = SettingGroup("delta sync (workers and servers)", (SYNC_MS,))
 
 _SYNC_CHUNK = 1 << 16   # keys per pushpull message: bounds a message at ~26 MB at dim 100
 
@@ -64,6 +70,7 @@ class ReplicaShard(EmbeddingShard):
         super().__init__(dim, **options)
         self.base = np.zeros_like(self.vectors)
         self.base_acc = np.zeros((self.capacity, 1), dtype=np.float32)
+        self.confirmed = np.zeros(self.capacity, dtype=bool)   # the servers' value has been applied
         self.synced_version = 0
         self._refresh_at = 0
         self.pending_free: set[int] = set()
@@ -76,7 +83,9 @@ class ReplicaShard(EmbeddingShard):
             base[:self.base.shape[0]] = self.base
             acc = np.zeros((cap, 1), dtype=np.float32)
             acc[:self.base_acc.shape[0]] = self.base_acc
-            self.base, self.base_acc = base, acc
+            confirmed = np.zeros(cap, dtype=bool)
+            confirmed[:self.confirmed.shape[0]] = self.confirmed
+            self.base, self.base_acc, self.confirmed = base, acc, confirmed
 
     def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
@@ -89,6 +98,7 @@ class ReplicaShard(EmbeddingShard):
                 new = rows[missing]
                 self.base[new] = self.vectors[new]
                 self.base_acc[new] = self._accum_column(new)
+                self.confirmed[new] = False
             if self.pending_free:
                 self.pending_free.difference_update(keys.tolist())
             return rows
@@ -104,11 +114,12 @@ class ReplicaShard(EmbeddingShard):
             self.pending_free.update(np.asarray(keys, dtype=np.uint64).tolist())
             return self.version
 
-    def collect(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted keys, float32 [n, dim + 1] deltas) of the rows changed since the last collect, and of
+    def collect(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sorted keys, float32 [n, dim + 1] deltas, fresh) of the rows changed since the last collect, and of
         the next ``REFRESH_SHARE`` of the other rows in turn, so that rows held but no longer trained
         here also learn what other workers did (their delta is zero or the unstamped part of a kernel
-        still running; either way ``row - base`` is exactly what has not been sent)."""
+        still running; either way ``row - base`` is exactly what has not been sent). ``fresh`` marks
+        the rows created here that no answer of the servers has reached yet (``CMD_DELTA_FRESH``)."""
         with self._lock:
             now = self.version
             stamps = self.row_version[:self._next_row]
@@ -131,19 +142,32 @@ class ReplicaShard(EmbeddingShard):
             np.subtract(snap_acc[:, 0], self.base_acc[rows, 0], out=out[:, self.dim])
             self.base[rows] = snap
             self.base_acc[rows] = snap_acc
-            return keys, out
+            return keys, out, ~self.confirmed[rows]
 
-    def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:
-        """Bring in the servers' merged values (``merged`` [n, dim + 1]), keeping local changes on top."""
+    def apply(self, keys: np.ndarray, merged: np.ndarray, adopt: np.ndarray | None = None) -> None:
+        """Bring in the servers' merged values (``merged`` [n, dim + 1]), keeping local changes on top.
+
+        ``adopt`` (bool per key): rows sent fresh take the servers' value as it is, without what
+        was trained here since the collect: that started from the initial value, not the row's."""
         with self._lock:
             rows = self._index.lookup(keys)
             live = rows >= 0
             rows, merged = rows[live], merged[live]
+            if adopt is not None and adopt.any():
+                adopt = adopt[live]
+                taken = rows[adopt]
+                self.vectors[taken] = self.base[taken] = merged[adopt, :self.dim]
+                if self.accum.shape[0]:
+                    self.accum[taken] = merged[adopt, self.dim:]
+                self.base_acc[taken, 0] = merged[adopt, self.dim]
+                self.confirmed[taken] = True
+                rows, merged = rows[~adopt], merged[~adopt]
             self.vectors[rows] += merged[:, :self.dim] - self.base[rows]
             self.base[rows] = merged[:, :self.dim]
             if self.accum.shape[0]:
                 self.accum[rows] += (merged[:, self.dim] - self.base_acc[rows, 0])[:, None]
             self.base_acc[rows, 0] = merged[:, self.dim]
+            self.confirmed[rows] = True
 
     def overwrite(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Set rows and their base to the servers' values (``values`` [n, dim + 1]); nothing is pending after."""
@@ -156,6 +180,7 @@ class ReplicaShard(EmbeddingShard):
             if self.accum.shape[0]:
                 self.accum[rows] = values[:, self.dim:]
             self.base_acc[rows, 0] = values[:, self.dim]
+            self.confirmed[rows] = True
             self.synced_version = self.version
 
     def release_freed(self) -> int:
@@ -190,7 +215,7 @@ class ReplicaStore:
         self._counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (slots, keys, deltas)
         self._words: dict[int, str] = {}
         self._sync_lock = threading.Lock()
-        self._unsent: tuple[np.ndarray, np.ndarray] | None = None   # a collected payload not yet acknowledged
+        self._unsent: list | None = None   # the parts of a collected payload not yet acknowledged
         self.m_syncs = registry.counter("livevec_worker_syncs_total", "delta syncs with the servers")
         self.m_rows = registry.counter("livevec_worker_rows_synced_total", "rows whose delta was sent")
         self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
@@ -247,10 +272,9 @@ class ReplicaStore:
                 self._requeue(counts, words)
                 raise
             if self._unsent is None:
-                self._unsent = self.shard.collect()
-            keys, deltas = self._unsent
-            chunks = [(a, kv.pushpull(keys[a:a + _SYNC_CHUNK], deltas[a:a + _SYNC_CHUNK].reshape(-1),
-                                      cmd=pc.CMD_DELTA)) for a in range(0, len(keys), _SYNC_CHUNK)]
+                self._unsent = self._parts(*self.shard.collect())
+            parts = self._unsent
+            sent = [(kv.pushpull(k, d.reshape(-1), cmd=cmd), cmd, k) for cmd, k, d in parts]
             try:
                 for ts in pending_words:
                     kv.wait(ts, self.timeout)
@@ -262,17 +286,30 @@ class ReplicaStore:
             except BaseException:
                 self._requeue(counts, words)
                 raise
-            for a, ts in chunks:
+            rows_sent = 0
+            for i, (ts, cmd, k) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
-                k = keys[a:a + _SYNC_CHUNK]
-                self.shard.apply(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
-                self._unsent = (keys[a + _SYNC_CHUNK:], deltas[a + _SYNC_CHUNK:])
+                merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
+                adopt = np.ones(len(k), dtype=bool) if cmd == pc.CMD_DELTA_FRESH else None
+                self.shard.apply(k, merged, adopt)
+                self._unsent = parts[i + 1:]
+                rows_sent += len(k)
             self._unsent = None
             self.shard.release_freed()
             self.m_syncs.inc()
-            self.m_rows.inc(len(keys))
+            self.m_rows.inc(rows_sent)
             self.m_seconds.observe(time.perf_counter() - t0)
-            return len(keys)
+            return rows_sent
+
+    @staticmethod
+    def _parts(keys, deltas, fresh) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """The collected payload as pushpulls of at most ``_SYNC_CHUNK`` keys: rows the servers already
+        answered for as ``CMD_DELTA``, rows created here since as ``CMD_DELTA_FRESH``."""
+        parts = []
+        for cmd, pick in ((pc.CMD_DELTA, ~fresh), (pc.CMD_DELTA_FRESH, fresh)):
+            k, d = keys[pick], deltas[pick]
+            parts += [(cmd, k[a:a + _SYNC_CHUNK], d[a:a + _SYNC_CHUNK]) for a in range(0, len(k), _SYNC_CHUNK)]
+        return parts
 
     def _requeue(self, counts, words) -> None:
         """Sent again next time (words are idempotent; counts applied twice are undone by the rollback

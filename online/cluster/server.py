@@ -21,6 +21,7 @@ import orjson
 
 from online.cluster import ps_commands as pc
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
+from online.cluster.replica import SYNC
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import is_input_row
 from online.learner.settings import SERVER_MODEL
@@ -35,8 +36,13 @@ from ps_bridge.structured_logging import log_event
 log = logging.getLogger("livevec.server")
 
 
+# Deltas of different workers to a row within this many sync intervals may be combined as concurrent
+# (``online.learner.concurrent_merge``); a round ends sooner when a worker sends again, so this only
+# needs to cover a sync period that load stretches (8 workers on 2 cores sync about every 0.5 s).
+MERGE_WINDOW_SYNCS = 4
+
 # What a server reads: its node (ps-lite's and livevec's) and the part of the model a shard needs.
-SERVER_GROUPS = (*node_groups(), SERVER_MODEL)
+SERVER_GROUPS = (*node_groups(), SERVER_MODEL, SYNC)
 
 
 # The extension point (checkpointing plugs in here; this package never imports it).
@@ -78,13 +84,14 @@ class ServerSettings:
     seed: int = 1
     min_count: int = 5
     vocab_capacity: int = 1_000_000
+    sync_ms: int = 250
     metrics_port: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> "ServerSettings":
         env = os.environ if env is None else env
         return cls(node=node_settings(args, env, "server"), metrics_port=METRICS_PORT.read(args, env),
-                   **SERVER_MODEL.read(args, env))
+                   **SERVER_MODEL.read(args, env), **SYNC.read(args, env))
 
 
 @dataclass
@@ -151,12 +158,13 @@ class ShardService:
                     self.m_keys_pulled.inc(n)
                     server.response(req, KVPairs(keys, vals.reshape(-1)))
                     return
-            elif req.cmd == pc.CMD_DELTA and req.push and req.pull:
+            elif req.cmd in (pc.CMD_DELTA, pc.CMD_DELTA_FRESH) and req.push and req.pull:
                 width = dim + 1
                 if len(data.vals) != n * width:
                     raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} + 1")
                 vals = data.vals.reshape(n, width)
-                vectors, accum = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim])
+                vectors, accum = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
+                                                       fresh=req.cmd == pc.CMD_DELTA_FRESH, sender=req.sender)
                 self.c.pushes += 1
                 self.c.keys_pushed += n
                 self.m_requests["deltas"].inc()
@@ -193,7 +201,7 @@ class ShardService:
             self.m_rejected.inc()
             log_event(log, "request_rejected", logging.WARNING, sender=req.sender, cmd=req.cmd, error=str(exc))
             if req.pull:
-                width = {pc.CMD_DELTA: dim + 1, pc.CMD_WORD_COUNTS: 1}.get(req.cmd, dim)
+                width = {pc.CMD_DELTA: dim + 1, pc.CMD_DELTA_FRESH: dim + 1, pc.CMD_WORD_COUNTS: 1}.get(req.cmd, dim)
                 server.response(req, KVPairs(keys, np.zeros(n * width, np.float32)))
                 return
         finally:
@@ -279,6 +287,7 @@ def build(settings: ServerSettings, registry: Registry | None = None,
     po = Postoffice(settings.node, registry)
     shard = EmbeddingShard(settings.dim, optimizer=settings.optimizer, eta=settings.eta, seed=settings.seed,
                            min_count=settings.min_count, word_capacity=settings.vocab_capacity)
+    shard.merge_window = MERGE_WINDOW_SYNCS * settings.sync_ms / 1000.0
     service = ShardService(shard, registry, extension(po) if extension is not None else None)
     server = KVServer(po, 0, service.handle_kv)
     server.set_simple_request_handle(service.handle_simple)

@@ -39,7 +39,7 @@ import orjson
 from online.cluster import ps_commands as pc
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.ps_param_store import PSParamStore
-from online.cluster.replica import ReplicaStore
+from online.cluster.replica import SYNC, ReplicaStore
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
 from online.learner.trainer import BatchStats, LearnerConfig, Trainer
 from online.stream.batches import Batch
@@ -60,14 +60,12 @@ WORKER = SettingGroup("worker", (
             help="seconds to wait for the servers before retrying a batch"),
     Setting("exchange", "LIVEVEC_EXCHANGE", default="replica", choices=("replica", "pullpush"),
             help="replica: train a local replica and sync deltas; pullpush: pull and push every mini-batch"),
-    Setting("sync_ms", "LIVEVEC_SYNC_MS", int, 250, minimum=1, maximum=60_000,
-            help="replica: longest time between syncs with the servers, in ms (the staleness bound)"),
     Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 200_000, minimum=1,
             help="replica: sync sooner once this many tokens were trained since the last sync"),
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
-WORKER_GROUPS = (*node_groups(), *STREAM, WORKER_MODEL, LEARNER, WORKER)
+WORKER_GROUPS = (*node_groups(), *STREAM, WORKER_MODEL, LEARNER, WORKER, SYNC)
 
 
 # The extension point (checkpointing plugs in here; this package never imports it).
@@ -121,7 +119,8 @@ class WorkerSettings:
         stream = StreamSettings.from_args(args, env)
         learner = {**WORKER_MODEL.read(args, env), **LEARNER.read(args, env)}
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
-                   metrics_port=METRICS_PORT.read(args, env), **WORKER.read(args, env))
+                   metrics_port=METRICS_PORT.read(args, env), **WORKER.read(args, env),
+                   **SYNC.read(args, env))
 
 
 def mini_batches(texts: list[str], max_words: int):

@@ -40,12 +40,14 @@ in-process trainer runs its kernels on ``vectors``/``accum`` directly (hogwild) 
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
+from online.learner.concurrent_merge import ConcurrentMerge
 from online.learner.key_index import KeyIndex
 from online.learner.keys import OUTPUT_BIT, word_rows
 from online.learner.word_counts import WordCounts
@@ -184,6 +186,7 @@ class EmbeddingShard:
         self.accum = np.zeros(self._accum_shape(cap), dtype=np.float32)
         self.row_keys = np.zeros(cap, dtype=np.uint64)
         self.row_version = np.zeros(cap, dtype=np.int64)
+        self.row_born = np.zeros(cap, dtype=np.int64)      # the version a row was created at
         self.counts = np.zeros(cap, dtype=np.int64)
         self._index = KeyIndex(cap)
         self._free_rows = np.zeros(0, dtype=np.int64)
@@ -197,6 +200,17 @@ class EmbeddingShard:
         self._lock = threading.RLock()
         self._growth = _GrowthLock()
         self.word_counts = WordCounts(word_capacity, min_count)
+        self._merge: ConcurrentMerge | None = None   # how concurrent deltas combine (``merge_window``)
+
+    @property
+    def merge_window(self) -> float:
+        """Seconds within which deltas of different workers to a row are combined as concurrent
+        (``online.learner.concurrent_merge``); 0: every delta is simply added."""
+        return self._merge.window if self._merge is not None else 0.0
+
+    @merge_window.setter
+    def merge_window(self, seconds: float) -> None:
+        self._merge = ConcurrentMerge(self.dim, seconds) if seconds > 0 else None
 
     def _accum_shape(self, rows: int) -> tuple[int, int]:
         return {"adagrad": (rows, self.dim), "rowadagrad": (rows, 1), "sgd": (0, self.dim)}[self.optimizer]
@@ -228,6 +242,7 @@ class EmbeddingShard:
                 self.counts[new_rows] = 0
                 self.version += 1
                 self.row_version[new_rows] = self.version
+                self.row_born[new_rows] = self.version
                 rows[missing] = self._index.lookup(keys[missing])
             return rows
 
@@ -257,6 +272,7 @@ class EmbeddingShard:
                 self.accum = grown(self.accum)
             self.row_keys = grown(self.row_keys)
             self.row_version = grown(self.row_version)
+            self.row_born = grown(self.row_born)
             self.counts = grown(self.counts)
 
     @contextmanager
@@ -295,24 +311,43 @@ class EmbeddingShard:
                 self.accum[rows] = np.asarray(accum, dtype=np.float32).reshape(len(keys), self.accum.shape[1])
             return self._stamp(rows)
 
-    def add_deltas(self, keys: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def add_deltas(self, keys: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray,
+                   fresh: bool = False, sender: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Add workers' row changes (float32 [n, dim]) and AdaGrad accumulator increments ([n]);
         returns the merged (vectors [n, dim], accumulators [n]).
 
         The accumulator is the row-wise one (the mean squared gradient summed): with a
         per-coordinate AdaGrad shard the increment goes to every coordinate, which keeps the
-        mean over coordinates equal to the row-wise value; SGD has none (answered as 0)."""
+        mean over coordinates equal to the row-wise value; SGD has none (answered as 0).
+
+        ``fresh``: the worker created these rows from the initial value and trained them
+        without knowing the servers' value. Such a delta is only valid where the row here is
+        still at that initial value (never changed since it was created: a word new to the
+        cluster); elsewhere it is a trajectory from the wrong point, with an optimizer state
+        that has not seen the row's history, and it is dropped (the answer still carries the
+        row, which the worker adopts). A row stays "at the initial value" while every delta it
+        got was fresh (workers that discovered a new word at the same time all count); the
+        first ordinary delta, a push or an assignment establishes it."""
         deltas = np.ascontiguousarray(deltas, dtype=np.float32).reshape(len(keys), self.dim)
         accum_deltas = np.asarray(accum_deltas, dtype=np.float32).reshape(len(keys), 1)
         with self._lock:
             rows = self.rows_for(keys, create=True)
+            rows_all = rows
+            if fresh:
+                keep = self.row_version[rows] == self.row_born[rows]
+                rows, deltas, accum_deltas = rows[keep], deltas[keep], accum_deltas[keep]
+            if self._merge is not None:
+                deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, time.monotonic())
+                accum_deltas = acc_inc[:, None]
             self.vectors[rows] += deltas
             if self.accum.shape[0]:
                 self.accum[rows] += accum_deltas
-                acc = self.accum[rows].mean(axis=1)
-            else:
-                acc = np.zeros(len(rows), dtype=np.float32)
-            self._stamp(rows)
+            if len(rows):
+                self._stamp(rows)
+                if fresh:   # still nothing but deltas from the initial value: later fresh ones add up too
+                    self.row_born[rows] = self.version
+            rows = rows_all
+            acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
             return self.vectors[rows], acc
 
     def count_words(self, keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
@@ -343,6 +378,8 @@ class EmbeddingShard:
             freed_rows, freed_keys = rows[gone], keys[gone]
             self._free_rows = np.concatenate([self._free_rows, freed_rows])
             self.row_version[freed_rows] = 0
+            if self._merge is not None:
+                self._merge.forget(freed_rows)
             for k in freed_keys.tolist():
                 self.words.pop(k, None)
             self.version += 1

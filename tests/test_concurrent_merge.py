@@ -1,0 +1,88 @@
+"""How a server combines deltas of several workers to one row (online.learner.concurrent_merge)."""
+import numpy as np
+import pytest
+
+from online.learner.concurrent_merge import ConcurrentMerge
+from online.learner.embedding_shard import EmbeddingShard
+
+W = [9, 11, 13, 15, 17, 19, 21, 23]   # ps-lite worker ids
+
+
+def _send(merge, delta, sender, now, acc=1.0):
+    out, out_acc = merge.combine(np.array([0]), np.asarray([delta], np.float32), np.array([acc], np.float32),
+                                 sender, now)
+    return out[0], out_acc[0]
+
+
+def _round(merge, deltas, now=0.0):
+    total, total_acc = np.zeros(len(deltas[0]), np.float32), 0.0
+    for delta, sender in zip(deltas, W):
+        out, acc = _send(merge, delta, sender, now)
+        total += out
+        total_acc += acc
+    return total, total_acc
+
+
+def test_one_delta_counts_once():
+    total, acc = _round(ConcurrentMerge(3, 1.0), [[1.0, 2.0, 3.0]])
+    np.testing.assert_allclose(total, [1.0, 2.0, 3.0], rtol=1e-6)
+    assert acc == pytest.approx(1.0)
+
+
+def test_equal_deltas_of_many_workers_are_averaged_and_orthogonal_ones_summed():
+    """Eight replicas that each walked a hot row to the same place: the row moves there once, not
+    eight times (floor 1 = the pure rule). Eight independent steps in orthogonal directions all count."""
+    same = [[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 8
+    total, acc = _round(ConcurrentMerge(8, 1.0, floor=1.0), same)
+    np.testing.assert_allclose(total, same[0], rtol=1e-5)
+    assert acc == pytest.approx(1.0, rel=1e-5)        # the accumulator of one trajectory, not eight
+    orthogonal = np.eye(8, dtype=np.float32).tolist()
+    total, _ = _round(ConcurrentMerge(8, 1.0, floor=1.0), orthogonal)
+    weight = (1 + 7 * (1 - 1 / 8)) / 8                  # n_eff / n with rho = 1/8
+    np.testing.assert_allclose(total, np.full(8, weight), rtol=1e-5)
+    assert weight > 0.89
+
+
+def test_the_default_floor_keeps_two_workers_summed_and_caps_many_at_two():
+    two, _ = _round(ConcurrentMerge(2, 1.0), [[1.0, 1.0]] * 2)
+    np.testing.assert_allclose(two, [2.0, 2.0], rtol=1e-6)
+    eight, _ = _round(ConcurrentMerge(2, 1.0), [[1.0, 1.0]] * 8)
+    np.testing.assert_allclose(eight, [2.0, 2.0], rtol=1e-5)
+
+
+def test_a_worker_that_sends_again_or_a_late_delta_starts_a_new_round():
+    merge = ConcurrentMerge(2, 1.0, floor=1.0)
+    _send(merge, [1.0, 0.0], W[0], 0.0)
+    out, _ = _send(merge, [1.0, 0.0], W[0], 0.1)       # built on the first: added in full
+    np.testing.assert_allclose(out, [1.0, 0.0], rtol=1e-6)
+    _send(merge, [1.0, 0.0], W[1], 0.2)                # concurrent with W[0]'s second: averaged
+    out, _ = _send(merge, [1.0, 0.0], W[2], 5.0)       # the window (1 s) is over: a round of its own
+    np.testing.assert_allclose(out, [1.0, 0.0], rtol=1e-6)
+
+
+def test_zero_deltas_take_no_part():
+    merge = ConcurrentMerge(2, 1.0, floor=1.0)
+    _send(merge, [1.0, 0.0], W[0], 0.0)
+    out, acc = _send(merge, [0.0, 0.0], W[1], 0.0, acc=0.0)   # a refresh
+    assert not out.any() and acc == 0.0
+    out, _ = _send(merge, [0.0, 1.0], W[2], 0.0)               # orthogonal: still nearly summed
+    assert out[1] > 0.7
+
+
+def test_the_shard_merges_only_when_a_window_is_set_and_forgets_freed_rows():
+    shard = EmbeddingShard(2, optimizer="rowadagrad")
+    keys = np.array([5], np.uint64)
+    start = shard.pull(keys).copy()
+    for sender in W[:4]:
+        shard.add_deltas(keys, np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=sender)
+    np.testing.assert_allclose(shard.pull(keys), start + 4.0, rtol=1e-6)     # no window: plain sum
+    shard.merge_window = 1.0
+    shard._merge.floor = 1.0
+    before = shard.pull(keys).copy()
+    for sender in W[:4]:
+        shard.add_deltas(keys, np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=sender)
+    np.testing.assert_allclose(shard.pull(keys), before + 1.0, rtol=1e-5)    # four equal deltas: once
+    shard.free(keys)
+    again = shard.pull(keys).copy()
+    shard.add_deltas(keys, np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=W[4])
+    np.testing.assert_allclose(shard.pull(keys), again + 1.0, rtol=1e-6)     # a new row: a new round
