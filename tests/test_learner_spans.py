@@ -232,5 +232,7 @@ def test_the_trainer_prepares_spans_exactly_as_it_prepares_lists_of_strings(inpl
             x, y = getattr(pa, name), getattr(pb, name)
             assert (x is None and y is None) or np.array_equal(x, y), name
         assert pa.stats == pb.stats and pa.stats.kept > 0
+        if inplace:                         # the in-place kernel's noise table holds output rows
+            assert np.array_equal(pa.noise, a.slot_out_row[a.noise.active()])
         a.run(pa), b.run(pb)
     assert a.export()[0] == b.export()[0]

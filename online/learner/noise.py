@@ -12,7 +12,9 @@ ending at entry ``round(M * (w_0 + ... + w_s) / z)`` of the ``M`` entries, so ea
 exact share of the table to within one entry, deterministically. Between layouts the table lags
 the counts by less than ``refresh`` of the mass (a word that just became trainable waits for
 the next layout, a batch or a few later). Each layout is a new array, so a kernel still
-sampling from the previous one is never disturbed.
+sampling from the previous one is never disturbed, and ``layouts`` counts them: the table's content
+changes exactly when ``layouts`` does (the in-place trainer keeps the table mapped to output rows
+and maps it again only then, or when a word in it gets or loses its row).
 
 Why not yskip's reservoir update (Kaji & Kobayashi 2017: overwrite ``round(F / z * M)`` random
 entries when a word's weight grows by F), which this module used before: its shares are right
@@ -24,9 +26,9 @@ systematically (2 MiB, in the cache) misplace 2.0 %, almost all of it on the rar
 1,000 most frequent are within 0.24 % of their share, against 0.7 % in the reservoir), and the
 in-place kernel runs about 1.5x as many pairs per second with two threads as against the 64 MiB
 table (bench/README.md, "Learner quality and speed vs gensim"). The length is a prime so that the
-kernels' index ``(state >> 16) % M`` depends on all the high bits of their generator's state (a
-power of two would take bits 16..35 of word2vec.c's LCG alone, whose low bits have short
-periods, on a table in slot order); no difference in quality was measurable, and it costs
+kernels' index ``(state >> 16) % M`` (``sgns_kernel._draw``) depends on all the high bits of their
+generator's state (a power of two would take bits 16..35 of word2vec.c's LCG alone, whose low bits
+have short periods, on a table in slot order); no difference in quality was measurable, and it costs
 nothing.
 
 livevec applies it per mini-batch: a word counted ``c`` times in the batch adds
@@ -101,7 +103,7 @@ class NoiseTable:
         self.table = np.zeros(0, dtype=np.int32)
         self.filled = 0
         self.z = 0.0                 # total weight of the trainable words
-        self.layouts = 0             # how many times the table was laid out
+        self.layouts = 0             # how many times the table was laid out: its generation
         self.rng = np.random.default_rng(seed)
         self._weights = np.zeros(1024, dtype=np.float64)
         self._n_slots = 0            # weights beyond this are all 0

@@ -32,13 +32,16 @@ the caller decays it); it exists to compare against gensim and is not used on st
 
 Two kernels:
 
-``train_inplace``
+``train_inplace_rows``
     The in-process path. Walks sentences of row indices and updates the shared
     matrices in place after every pair, hogwild-style (no locks; concurrent threads
     may overwrite each other's coordinate updates, which word2vec.c and gensim accept).
     In-place updates matter for quality: within a mini-batch a frequent word takes
     part in hundreds of pairs, and summing those gradients against one stale copy of
-    its row overshoots.
+    its row overshoots. Its noise table holds output ROWS (the slot table mapped
+    through the trainer's slot -> row map once per change, not per draw), so a
+    negative costs one load from a table that stays in the cache. ``train_inplace``
+    is the same kernel for callers that hold a table of slots and a slot -> row map.
 
 ``walk_gradients``
     The parameter-server path. The caller pulled the batch's rows once into compact
@@ -68,11 +71,26 @@ MAX_EXP = 6.0   # word2vec.c clips f to [-6, 6]: s(f) is then within 0.25% of 0 
 # word2vec.c's linear congruential generator: cheap, deterministic, per-call state.
 _LCG_MUL = np.uint64(25214903917)
 _LCG_ADD = np.uint64(11)
+_U16 = np.uint64(16)
 
 
 @njit(inline="always")
 def _lcg(state):
     return state * _LCG_MUL + _LCG_ADD
+
+
+@njit(inline="always")
+def _draw(state, n):
+    """Entry of a table of ``n`` entries for the generator's ``state``: word2vec.c's
+    ``(state >> 16) % n``, bits 16..63 of the state reduced modulo n (n is a prime by default,
+    see ``online.learner.noise``, so the entry depends on all of them).
+
+    The one place both kernels draw a negative. The multiply-shift ``((state >> 32) * n) >> 32``
+    (the top 32 bits scaled to n, no division) was measured against it with the row table: no
+    faster (two threads, same batches, interleaved: 1.43M pairs/s against 1.50M) and it draws
+    another stream, so the modulo stays and the kernels draw exactly what they drew before.
+    """
+    return np.int64((state >> _U16) % np.uint64(n))
 
 
 @njit(inline="always")
@@ -94,15 +112,17 @@ def _pair_loss(f, label):
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots, slot_out_row,
-                  window, negative, eta, optimizer, seed, touched):
+def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
+                       window, negative, eta, optimizer, seed, touched):
     """Train every (context, centre) pair of the batch in place; return the pair count.
 
     syn0/syn1: float32 [rows, dim] input/output matrices (acc0/acc1: AdaGrad
     accumulators of the same shape, unused for SGD). in_rows/out_rows: int64 row of
     each kept token's input/output vector. starts: int64 sentence boundaries into
-    them (len = sentences + 1). noise_slots: int32 vocabulary slots (the noise
-    table), mapped to output rows by slot_out_row (-1 = no row: skipped). Every
+    them (len = sentences + 1). noise_rows: int32 or int64 output row of each entry
+    of the noise table (-1 = a word without a row: the draw is skipped, as is a draw
+    equal to the positive target); a negative is entry ``_draw(state, len)``, one load
+    where the table of slots needed two (a slot, then its row: a cache miss). Every
     row written gets ``touched[row] = 1``: a uint8 mask private to the calling thread,
     which the caller turns into the shard's version stamps after the batch. (Writing
     the shard's shared version array here instead costs 40% of the throughput with two
@@ -112,7 +132,7 @@ def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots
     dim = syn0.shape[1]
     neu1e = np.zeros(dim, dtype=np.float32)
     state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
-    n_noise = noise_slots.shape[0]
+    n_noise = noise_rows.shape[0]
     pairs = 0
     eta32 = np.float32(eta)
     inv_dim = np.float32(1.0 / dim)
@@ -142,7 +162,7 @@ def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots
                         if n_noise == 0:
                             break
                         state = _lcg(state)
-                        target = slot_out_row[noise_slots[np.int64((state >> np.uint64(16)) % np.uint64(n_noise))]]
+                        target = np.int64(noise_rows[_draw(state, n_noise)])
                         if target < 0 or target == word_out:
                             continue
                         label = 0.0
@@ -195,6 +215,26 @@ def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots
     return pairs
 
 
+def noise_rows_of(noise_slots, slot_out_row):
+    """The noise table as output rows: ``slot_out_row[noise_slots]`` (-1 where a slot has no row),
+    int32 when the rows fit (half the cache footprint of int64), else int64. A new array."""
+    rows = np.asarray(slot_out_row)[np.asarray(noise_slots)]
+    if len(rows) and rows.max() < np.iinfo(np.int32).max:
+        return rows.astype(np.int32)
+    return rows.astype(np.int64, copy=False)
+
+
+def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots, slot_out_row,
+                  window, negative, eta, optimizer, seed, touched):
+    """``train_inplace_rows`` for a noise table of vocabulary slots (int32) and their output rows
+    ``slot_out_row`` (-1 = no row): maps the table once, then trains. Same draws and result as
+    ``train_inplace_rows`` on ``noise_rows_of(noise_slots, slot_out_row)``; a caller that trains many
+    batches against one table should map it once and call that kernel (``Trainer`` does)."""
+    return train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts,
+                              noise_rows_of(noise_slots, slot_out_row), window, negative, eta, optimizer,
+                              seed, touched)
+
+
 @njit(nogil=True, cache=True)
 def plan_pairs(tokens, starts, noise_slots, window, negative, seed):
     """Draw the windows and negatives of a batch: (inputs, targets, negatives).
@@ -202,7 +242,8 @@ def plan_pairs(tokens, starts, noise_slots, window, negative, seed):
     tokens: int64 ids (any id space, e.g. vocabulary slots) of the kept tokens;
     returns pair_in[P] (context token id), pair_out[P] (centre token id) and
     negs[P, negative] (noise ids, -1 where the draw equalled the centre word).
-    Same window rule and generator as ``train_inplace``.
+    Same window rule, generator and draw (``_draw``) as ``train_inplace_rows``: on the
+    same batch and seed, its negatives are the kernel's, as slots instead of rows.
     """
     state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
     n_noise = noise_slots.shape[0]
@@ -230,7 +271,7 @@ def plan_pairs(tokens, starts, noise_slots, window, negative, seed):
                     if n_noise == 0:
                         break
                     state = _lcg(state)
-                    t = np.int64(noise_slots[np.int64((state >> np.uint64(16)) % np.uint64(n_noise))])
+                    t = np.int64(noise_slots[_draw(state, n_noise)])
                     if t != tokens[i]:
                         negs[p, k] = t
                 p += 1
@@ -279,7 +320,7 @@ def walk_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, rate, grad_in, gr
     Same arguments as ``batch_gradients`` plus ``rate``. in_vecs/out_vecs are not
     written: the walk moves private copies u, v. For pair p (input row i, targets t with
     labels y) and g_t = y - s(u_i . v_t) (word2vec.c's sign, clipped as in
-    ``train_inplace``):
+    ``train_inplace_rows``):
 
         grad_out[t] += -g_t u_i,   v_t += rate g_t u_i          (for each target, old u_i)
         grad_in[i]  += -sum_t g_t v_t,   u_i += rate sum_t g_t v_t   (once, after the targets)

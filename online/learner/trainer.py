@@ -11,10 +11,12 @@ One ``Trainer`` is the learning side of a worker. Per mini-batch of records it:
 5. trains, in one of two ways over the same vocabulary, noise and sampling:
 
    * **in place** when the store is a single in-process ``EmbeddingShard``
-     (``livevec train``): ``sgns_kernel.train_inplace`` updates the shard's rows after
+     (``livevec train``): ``sgns_kernel.train_inplace_rows`` updates the shard's rows after
      every pair, hogwild-style, as word2vec.c and gensim do. Several threads may call
      ``train_*`` concurrently; the GIL-bound preparation is serialised by a lock and the
-     compiled kernels run in parallel without the GIL;
+     compiled kernels run in parallel without the GIL. The kernel draws its negatives from
+     the noise table mapped to output rows (``_current_noise_rows``), rebuilt only when the table is
+     laid out again or a word in it gets or loses its row;
    * **pull / push** otherwise (parameter servers): ``plan_pairs`` draws the windows and
      negatives, the batch's distinct input and output keys are pulled in ONE call,
      ``walk_gradients`` sums the gradients met while walking the pairs on a private copy
@@ -37,8 +39,8 @@ import numpy as np
 from online.learner.keys import output_rows, word_rows
 from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.learner.param_store import LocalParamStore, ParamStore
-from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
-                                walk_gradients)
+from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, noise_rows_of, plan_pairs,
+                                train_inplace_rows, walk_gradients)
 from online.learner.spans import spans_of_sentences
 from online.learner.subsampling import keep_tokens
 from online.learner.tokenizer import Tokenizer
@@ -110,7 +112,7 @@ class _Prepared:
     in_rows: np.ndarray | None = None
     out_rows: np.ndarray | None = None
     starts: np.ndarray | None = None
-    noise: np.ndarray | None = None
+    noise: np.ndarray | None = None          # the noise table as output rows (``Trainer._noise_rows``)
     # pull / push
     keys: np.ndarray | None = None
     n_in: int = 0
@@ -148,6 +150,16 @@ class Trainer:
             self._opt = {"adagrad": OPT_ADAGRAD, "rowadagrad": OPT_ROW_ADAGRAD, "sgd": OPT_SGD}[self.shard.optimizer]
             self.slot_in_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
             self.slot_out_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
+            # The noise table as output rows, ``slot_out_row[noise.active()]``, for the kernel (one load per
+            # negative instead of two). Built for the layout ``_noise_rows_layout`` of the noise table;
+            # ``_noise_slot_in_table`` marks that layout's slots, so that a row change of a slot outside it
+            # (a word becoming trainable between layouts, the common case) costs no rebuild. Each build is a
+            # new array that is never written again: a batch prepared earlier keeps its own.
+            self._noise_rows = np.zeros(0, dtype=np.int32)
+            self._noise_rows_layout = -1
+            self._noise_rows_stale = True
+            self._noise_slot_in_table = np.zeros(config.vocab_capacity, dtype=bool)
+            self.noise_rows_builds = 0
         self.tokens_seen = 0
         self.totals = BatchStats()
 
@@ -210,14 +222,14 @@ class Trainer:
             eta = self._eta()
             self.tokens_seen += stats.tokens
             prepared = _Prepared(stats, seed, eta)
-            noise = self.noise.active()
             if self.shard is not None:
                 prepared.in_rows = in_rows
                 prepared.out_rows = out_rows
                 prepared.starts = starts
-                prepared.noise = noise
+                prepared.noise = self._current_noise_rows()
             elif len(kept):
-                pair_in, pair_out, negs = plan_pairs(kept, starts, noise, cfg.window, cfg.negative, seed)
+                pair_in, pair_out, negs = plan_pairs(kept, starts, self.noise.active(), cfg.window, cfg.negative,
+                                                     seed)
                 in_u, in_local = np.unique(pair_in, return_inverse=True)
                 outs = np.concatenate([pair_out, negs.ravel()])
                 valid = outs >= 0
@@ -232,6 +244,26 @@ class Trainer:
                 prepared.negs = out_local[n_pairs:].reshape(n_pairs, cfg.negative)
         return prepared
 
+    def _current_noise_rows(self) -> np.ndarray:
+        """The noise table as output rows (-1: no row), rebuilt if stale; call with the lock held."""
+        if self._noise_rows_stale or self._noise_rows_layout != self.noise.layouts:
+            slots = self.noise.active()
+            if self._noise_rows_layout != self.noise.layouts:
+                member = np.zeros(len(self._noise_slot_in_table), dtype=bool)
+                member[slots] = True
+                self._noise_slot_in_table = member
+                self._noise_rows_layout = self.noise.layouts
+            self._noise_rows = noise_rows_of(slots, self.slot_out_row)    # a new array: swap the reference
+            self._noise_rows_stale = False
+            self.noise_rows_builds += 1
+        return self._noise_rows
+
+    def _set_out_rows(self, slots: np.ndarray, rows) -> None:
+        """``slot_out_row[slots] = rows``, invalidating the noise rows if one of the slots is in the table."""
+        self.slot_out_row[slots] = rows
+        if len(slots) and self._noise_slot_in_table[slots].any():
+            self._noise_rows_stale = True
+
     def _eta(self) -> float:
         cfg = self.config
         eta = self.eta if self.shard is not None else (cfg.eta or 0.0)
@@ -244,7 +276,7 @@ class Trainer:
         vocab, store = self.vocab, self.store
         if len(upd.evicted_slots) and self.shard is not None:
             self.slot_in_row[upd.evicted_slots] = -1
-            self.slot_out_row[upd.evicted_slots] = -1
+            self._set_out_rows(upd.evicted_slots, -1)
         if len(upd.evicted_keys):
             store.free(word_rows(upd.evicted_keys))
         if upd.counts_rescaled:
@@ -259,7 +291,7 @@ class Trainer:
             if self.shard is not None:
                 rows = self.shard.rows_for(word_rows(keys), create=True)
                 self.slot_in_row[new] = rows[:len(new)]
-                self.slot_out_row[new] = rows[len(new):]
+                self._set_out_rows(new, rows[len(new):])
         if getattr(store, "counts_every_word", False):
             # The store (a worker's replica) sends every word's increments to the servers, which own the
             # cluster's counts and answer with totals (``apply_cluster_counts``).
@@ -279,9 +311,9 @@ class Trainer:
                 shard = self.shard
                 with shard.training():
                     touched = self._touched_mask(shard.capacity)
-                    stats.pairs = train_inplace(shard.vectors, shard.vectors, shard.accum, shard.accum,
-                                                p.in_rows, p.out_rows, p.starts, p.noise, self.slot_out_row,
-                                                cfg.window, cfg.negative, p.eta, self._opt, p.seed, touched)
+                    stats.pairs = train_inplace_rows(shard.vectors, shard.vectors, shard.accum, shard.accum,
+                                                     p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
+                                                     cfg.negative, p.eta, self._opt, p.seed, touched)
                 rows = np.flatnonzero(touched)
                 touched[rows] = 0
                 shard.mark_changed(rows)
@@ -319,7 +351,7 @@ class Trainer:
                 if self.shard is not None:
                     rows = self.shard.rows_for(word_rows(new_keys), create=True)
                     self.slot_in_row[new] = rows[:len(new)]
-                    self.slot_out_row[new] = rows[len(new):]
+                    self._set_out_rows(new, rows[len(new):])
             return int(len(new))
 
 
