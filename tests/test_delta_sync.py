@@ -303,3 +303,18 @@ def test_a_word_whose_occurrences_are_spread_over_eight_workers_becomes_trainabl
         cluster.assert_alive()
     finally:
         cluster.stop()
+
+
+def test_workers_draw_their_own_negatives_from_one_seed():
+    """Every worker has the same LIVEVEC_SEED; ``reseed`` with the node id gives each its own draws
+    (the same stream gives the same draws, so a run stays reproducible)."""
+    from online.learner.trainer import LearnerConfig, Trainer
+    text = ["alpha beta gamma delta " * 20] * 5
+
+    def negatives(stream):
+        trainer = Trainer(LearnerConfig(dim=8, min_count=1))
+        trainer.reseed(stream)
+        return trainer.prepare(trainer.tokenizer.spans(text)).seed
+
+    assert negatives(9) == negatives(9)
+    assert negatives(9) != negatives(11)

@@ -361,6 +361,7 @@ class StreamingWorker:
                     log.exception("sync failed")
 
     async def run(self) -> None:
+        self.trainer.reseed(self.kv.po.node_id)   # the node has registered: its id is its sampling stream
         report = asyncio.create_task(self._report_loop())
         syncing = asyncio.create_task(self._sync_loop()) if self.replica is not None else None
         try:

@@ -164,6 +164,15 @@ class Trainer:
         self.totals = BatchStats()
 
     # ------------------------------------------------------------------ API
+    def reseed(self, stream: int) -> None:
+        """Draw windows, negatives and subsampling from sampling stream ``stream`` of the seed.
+
+        Why: every worker of a cluster has the same ``LIVEVEC_SEED`` (the rows' initial values
+        must agree), so without this they would all draw the same negatives in the same order,
+        and their deltas to the noise words would be correlated rather than independent."""
+        with self._lock:
+            self._rng = np.random.default_rng([self.config.seed, int(stream)])
+
     def train_records(self, records, update_vocab: bool = True) -> BatchStats:
         """Train on a batch of text records (str or UTF-8 bytes), e.g. one Kafka poll."""
         return self.run(self.prepare(self.tokenizer.spans(records), update_vocab))
