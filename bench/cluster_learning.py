@@ -47,7 +47,9 @@ How it measures:
    the training pause of every checkpoint the coordinator took while training, i.e. before the ledger last
    became complete (its ``checkpoint_done`` /
    ``checkpoint_aborted`` log lines in the scheduler's log: ``pause_ms`` = from asking the workers to pause,
-   through their drain and the servers' snapshot, until they were told to resume), median and max; the
+   through their drain and the servers' snapshot, until they were told to resume; ``training_pause_ms`` = 0
+   where the workers did not stop training, as with the replica exchange, which only holds its syncs for
+   ``pause_ms``), median and max of both; the
    load average at start and end; and one JSON line.
 
 "Trained token" is a corpus token of a trained record (the ledger's ``tokens``, before subsampling), the
@@ -295,16 +297,21 @@ def checkpoint_pauses(cluster: LearningCluster, first: dict, end: dict) -> dict:
         c["wall"] = parse_ts(c["ts"])
         c["in_window"] = first["wall"] <= c["wall"] <= end["wall"]
     training = [c for c in every if c["wall"] <= end["trained_until"] and c.get("reason") != FINAL_REASON]
-    pauses = [float(c["pause_ms"]) for c in training if c["state"] == "done"]
+    # training_pause_ms: 0 where every worker went on training (the replica exchange holds only its syncs)
+    pauses = [float(c.get("training_pause_ms", c["pause_ms"])) for c in training if c["state"] == "done"]
+    holds = [float(c["pause_ms"]) for c in training if c["state"] == "done"]
     final = [c for c in every if c.get("reason") == FINAL_REASON]
     return {"while_training": len(training), "in_window": sum(c["in_window"] for c in training),
             "aborted_pause_ms": [float(c["pause_ms"]) for c in training if c["state"] == "aborted"],
             "pause_ms": pauses, "pause_ms_median": statistics.median(pauses) if pauses else None,
             "pause_ms_max": max(pauses) if pauses else None,
+            "coordinator_pause_ms": holds, "coordinator_pause_ms_max": max(holds) if holds else None,
+            "coordinator_pause_ms_median": statistics.median(holds) if holds else None,
             "write_ms_median": statistics.median([float(c["write_ms"]) for c in training if "write_ms" in c])
             if any("write_ms" in c for c in training) else None,
             "final_pause_ms": float(final[-1]["pause_ms"]) if final else None,
-            "log": [{k: c.get(k) for k in ("id", "state", "reason", "pause_ms", "write_ms", "records", "workers",
+            "log": [{k: c.get(k) for k in ("id", "state", "reason", "pause_ms", "training_pause_ms", "write_ms",
+                                            "records", "workers",
                                             "in_window")} for c in every]}
 
 
@@ -432,6 +439,8 @@ def main() -> int:
         print(f"training pause per checkpoint while training: median {c['pause_ms_median']:.0f} ms, max "
               f"{c['pause_ms_max']:.0f} ms over {len(c['pause_ms'])} checkpoints ({c['in_window']} in the window, "
               f"all: {', '.join(f'{p:.0f}' for p in c['pause_ms'])} ms); "
+              f"the coordinator's pause (workers paused or, with the replica exchange, syncs held): median "
+              f"{c['coordinator_pause_ms_median']:.0f} ms, max {c['coordinator_pause_ms_max']:.0f} ms; "
               f"write after the pause, median {c['write_ms_median']:.0f} ms"
               + (" (few: pass --checkpoint-interval for more)" if len(c["pause_ms"]) < 3 else ""))
     else:

@@ -202,6 +202,9 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         log = (tmp_path / "run" / "logs" / "livevec-scheduler-0.log").read_text()
         assert f"event=checkpoint_skipped id={damaged.id} " in log and "checksum mismatch" in log
         assert "event=rollback_done to=" in log
+        # the replica exchange's checkpoints held syncs only: no worker stopped training for them
+        done_lines = [line for line in log.splitlines() if "event=checkpoint_done " in line]
+        assert done_lines and all("training_pause_ms=0.0 " in line for line in done_lines), done_lines[:3]
         producer.join(timeout=120)
         assert producer.error is None and producer.sent == len(producer.records)
         assert_trained_exactly_once(probe.stats, topic, len(producer.records), tokens_expected,

@@ -375,8 +375,9 @@ class CheckpointCoordinator(SchedulerExtension):
         self.last_checkpoint = {"id": ckpt_id, "pause_seconds": pause, "write_seconds": time.monotonic() - t1,
                                 "total_seconds": total, "bytes": ckpt.bytes,
                                 "rows": sum(f["rows"] for f in files.values()), "reason": reason}
+        stopped = any(a.get("training_paused", True) for a in trainers.values())
         log_event(log, "checkpoint_done", id=ckpt_id, reason=reason, pause_ms=round(pause * 1e3, 1),
-                  workers_paused_ms=paused_ms,
+                  training_pause_ms=round(pause * 1e3, 1) if stopped else 0.0, workers_paused_ms=paused_ms,
                   drain_ms=max((float(a.get("drain_ms", 0)) for a in trainers.values()), default=0.0),
                   write_ms=round((time.monotonic() - t1) * 1e3, 1), bytes=ckpt.bytes, workers=len(trainers),
                   records=ledger.get("records"), pruned=",".join(map(str, removed)) or "-")

@@ -16,9 +16,13 @@ checkpoint is redone; nothing is lost or applied twice.
 
 1. ``HEAD_CHECKPOINT_PAUSE {"mode": "drain"}`` to every worker: finish the batches in flight
    (their pushes are acknowledged, their offsets committed), stop reading, answer with the
-   processed frontier of each owned partition;
+   processed frontier of each owned partition. A worker of the replica exchange does not
+   stop training: it lets the sync in progress finish and holds the next one until the
+   resume (``_hold_syncs``), since what the servers hold is exactly what acknowledged syncs
+   brought, and those are exactly the batches behind the processed frontier;
 2. ``HEAD_CHECKPOINT_SAVE {"phase": "snapshot"}`` to every server: copy the shard in memory;
-3. ``HEAD_CHECKPOINT_RESUME`` to the workers: training goes on (the pause ends here);
+3. ``HEAD_CHECKPOINT_RESUME`` to the workers: training goes on (the pause ends here; with the
+   replica exchange, syncs go on);
 4. ``HEAD_CHECKPOINT_SAVE {"phase": "write"}``: each server writes its copy atomically and
    answers with the file's size and SHA-256; the coordinator writes the manifest last.
 
@@ -386,9 +390,12 @@ class WorkerCheckpointing(WorkerExtension):
             self._mode = "rollback"
             self._rollback_started = now
             w.abandon.set()
+            w.release_syncs()   # held by a checkpoint whose coordinator died: the rollback drains instead
         elif self._mode is None:
             self._mode = "checkpoint"
         self._paused_at = now
+        if not abandon and w.replica is not None:
+            return await self._hold_syncs(now, float(ask.get("timeout", 30.0)))
         w.idle.clear()
         w.paused.set()
         deadline = now + float(ask.get("timeout", 30.0))
@@ -408,6 +415,23 @@ class WorkerCheckpointing(WorkerExtension):
             await self.stream.commit()
             answer["positions"] = offsets_to_json(self.stream.positions())
             answer["commit_ms"] = round((time.monotonic() - drained) * 1e3, 1)
+        return answer
+
+    async def _hold_syncs(self, now: float, timeout: float) -> dict:
+        """A checkpoint of the replica exchange: training does not stop. The servers hold exactly what
+        acknowledged syncs brought, and the processed frontier covers exactly the batches those syncs
+        carried, so holding syncs while the servers snapshot is enough: batches trained meanwhile
+        stay in the replica, uncommitted, and go out with the first sync after the resume."""
+        w = self.worker
+        if not await w.hold_syncs(timeout):
+            return {"ok": False, "trainer": True, "error": "the sync in progress did not finish in time"}
+        held = time.monotonic()
+        answer = {"ok": True, "trainer": True, "node": self.kv.po.node_id, "drain_ms": round((held - now) * 1e3, 1),
+                  "training_paused": False, "dirty": self._rebalances() != self._rebalances_at_seek,
+                  "assignment": sorted([t, p] for t, p in self.stream.assignment())}
+        await self.stream.commit()
+        answer["positions"] = offsets_to_json(self.stream.positions())
+        answer["commit_ms"] = round((time.monotonic() - held) * 1e3, 1)
         return answer
 
     async def _fence(self) -> bool:
@@ -447,6 +471,7 @@ class WorkerCheckpointing(WorkerExtension):
 
     async def _resume(self, ask: dict) -> dict:
         w = self.worker
+        w.release_syncs()
         self._mode = None
         w.abandon.clear()
         w.paused.clear()

@@ -189,6 +189,7 @@ class StreamingWorker:
         self._awaiting: list[tuple[Batch, BatchStats]] = []   # trained into the replica, not yet synced
         self._awaiting_tokens = 0
         self._sync_lock = asyncio.Lock()
+        self._syncs_held = False   # by a checkpoint (``hold_syncs``)
         self._sync_soon = asyncio.Event()
         self._words_per_record = 0.0   # moving average, sizes the Kafka batches (``_records_per_batch``)
         self.stopping = asyncio.Event()
@@ -302,6 +303,25 @@ class StreamingWorker:
         m.batch_seconds.observe(stats.seconds)
         self._rate_window.append((time.monotonic(), stats.tokens))
 
+    async def hold_syncs(self, timeout: float) -> bool:
+        """Start no sync until ``release_syncs``: a checkpoint snapshots the servers meanwhile. Waits for
+        a sync in progress and for the completion of the batches it carried (False, and nothing held,
+        if that takes over ``timeout`` s or a rollback begins). Training goes on, into the replica,
+        and its batches stay uncommitted until the next sync."""
+        self._syncs_held = True
+        deadline = time.monotonic() + timeout
+        while self._sync_lock.locked():
+            if time.monotonic() > deadline or self.abandon.is_set():
+                self.release_syncs()
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
+    def release_syncs(self) -> None:
+        if self._syncs_held:
+            self._syncs_held = False
+            self._sync_soon.set()
+
     async def drain(self) -> None:
         """Finish every batch in flight and sync what they trained (used at shutdown and by checkpoints)."""
         while self._inflight:
@@ -314,6 +334,8 @@ class StreamingWorker:
         trained before it. A sync the servers do not acknowledge is retried (a rollback is asked
         for: part of it may have been applied); one a rollback abandons drops its batches uncommitted."""
         async with self._sync_lock:
+            if self._syncs_held:   # a checkpoint is snapshotting the servers: the next sync takes these too
+                return
             done, self._awaiting, self._awaiting_tokens = self._awaiting, [], 0
             self.metrics.unsynced.set(0)
             if not await asyncio.to_thread(self._sync_with_retry):
