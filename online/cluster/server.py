@@ -37,8 +37,9 @@ log = logging.getLogger("livevec.server")
 
 
 # Deltas of different workers to a row within this many sync intervals may be combined as concurrent
-# (``online.learner.concurrent_merge``); a round ends sooner when a worker sends again, so this only
-# needs to cover a sync period that load stretches (8 workers on 2 cores sync about every 0.5 s).
+# (``online.learner.concurrent_merge``; on clusters of more than 2 workers, at 436 B per row at dim 100);
+# a round ends sooner when a worker sends again, so this only needs to cover a sync period that load
+# stretches (8 workers on 2 cores sync about every 0.5 s).
 MERGE_WINDOW_SYNCS = 4
 
 # What a server reads: its node (ps-lite's and livevec's) and the part of the model a shard needs.
@@ -287,7 +288,9 @@ def build(settings: ServerSettings, registry: Registry | None = None,
     po = Postoffice(settings.node, registry)
     shard = EmbeddingShard(settings.dim, optimizer=settings.optimizer, eta=settings.eta, seed=settings.seed,
                            min_count=settings.min_count, word_capacity=settings.vocab_capacity)
-    shard.merge_window = MERGE_WINDOW_SYNCS * settings.sync_ms / 1000.0
+    if settings.node.num_worker > 2 or settings.node.elastic_workers:
+        # two workers' deltas are summed anyway (the merge's floor), so only larger clusters pay its memory
+        shard.merge_window = MERGE_WINDOW_SYNCS * settings.sync_ms / 1000.0
     service = ShardService(shard, registry, extension(po) if extension is not None else None)
     server = KVServer(po, 0, service.handle_kv)
     server.set_simple_request_handle(service.handle_simple)
