@@ -242,8 +242,8 @@ class Capacity:
     worker_working_set_mib: int = 256
     # The worker's replica (online.cluster.replica) holds the rows of its trainable words, at most
     # its vocabulary's capacity (LIVEVEC_VOCAB_CAPACITY, set on the workers to this): per word two
-    # rows of dim float32 and their base copies, accumulators, key, version and count (832 B a row
-    # at dim 100), at up to 2x row capacity (the arrays double when full), plus ~200 B of vocabulary
+    # rows of dim float32 and their base copies, accumulators, key, versions, count and a
+    # confirmed flag (841 B a row at dim 100), at up to 2x row capacity (the arrays double when full), plus ~200 B of vocabulary
     # entry. Frequent words stay (Misra-Gries); the servers keep every word's rows and counts.
     worker_vocab_words: int = 200_000
     worker_vocab_entry_bytes: int = 200
@@ -263,7 +263,7 @@ def size_resources(role: str, capacity: Capacity, servers: int) -> Resources:
     """Memory per role from the model size, so rescaling servers re-derives the limit."""
     base = capacity.baseline_mib[role]
     if role == "server":
-        row_bytes = 4 * capacity.dim * (1 + capacity.optimizer_floats_per_value) + 24  # + key, version, count
+        row_bytes = 4 * capacity.dim * (1 + capacity.optimizer_floats_per_value) + 32  # + key, versions, count
         per_word = int(2 * capacity.server_row_growth * row_bytes + capacity.server_bytes_per_word)  # syn0 + syn1neg
         shard_mib = capacity.model_words / max(servers, 1) * per_word / 2**20
         mem = _round_up((base + shard_mib) * capacity.server_headroom)
@@ -271,7 +271,7 @@ def size_resources(role: str, capacity: Capacity, servers: int) -> Resources:
                  f"{per_word} B/word at 2x row capacity) x {capacity.server_headroom} headroom")
         return Resources(1.0, mem, 1024, basis)
     if role == "worker":
-        row_bytes = 2 * 4 * capacity.dim + 32          # vectors + base, accumulators, key, version, count
+        row_bytes = 2 * 4 * capacity.dim + 41          # vectors + base, accumulators, key, versions, count, flag
         per_word = int(2 * capacity.server_row_growth * row_bytes + capacity.worker_vocab_entry_bytes)
         replica_mib = capacity.worker_vocab_words * per_word / 2**20
         mem = _round_up((base + capacity.worker_working_set_mib + replica_mib) * capacity.headroom)
