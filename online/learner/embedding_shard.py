@@ -312,7 +312,7 @@ class EmbeddingShard:
             return self._stamp(rows)
 
     def add_deltas(self, keys: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray,
-                   fresh: bool = False, sender: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                   fresh: bool = False, sender: int = 0, now: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Add workers' row changes (float32 [n, dim]) and AdaGrad accumulator increments ([n]);
         returns the merged (vectors [n, dim], accumulators [n]).
 
@@ -337,7 +337,8 @@ class EmbeddingShard:
                 keep = self.row_version[rows] == self.row_born[rows]
                 rows, deltas, accum_deltas = rows[keep], deltas[keep], accum_deltas[keep]
             if self._merge is not None:
-                deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, time.monotonic())
+                now = time.monotonic() if now is None else now   # (a simulation passes its own clock)
+                deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now)
                 accum_deltas = acc_inc[:, None]
             self.vectors[rows] += deltas
             if self.accum.shape[0]:

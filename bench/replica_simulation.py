@@ -1,0 +1,160 @@
+"""k worker replicas against one shard, in one process, deterministically: how the delta exchange learns.
+
+    .venv/bin/python bench/replica_simulation.py [--workers 8] [--max-tokens 3000000] [--sync-tokens 25000]
+        [--merge sum|align] [--floor 2] [--seeds]
+
+Why: the real pipeline (``cluster_learning.py``) mixes the exchange's arithmetic with Kafka, scheduling
+and load on two cores, and one run takes minutes. This runs the same pieces (``Trainer`` with its in-place
+kernel, ``ReplicaShard`` collect/apply, ``EmbeddingShard.add_deltas`` with the fresh-row rule and the
+concurrent merge, the cluster's word counts) in rounds: every worker trains ``--sync-tokens`` tokens of
+its own share of the corpus (5,000-token batches, dealt round-robin), then every worker syncs, in order.
+So staleness and concurrency are exact and repeatable, and a change to how deltas combine is judged in
+about a minute. It is a model of the exchange, not a measurement of the product: no threads, no
+network, no timing. Prints gensim's evaluators on the shard's input rows (analogy, WS353, SimLex) and
+the norms of the most frequent words' rows (a diverging exchange shows as norms of 30 - 70 against ~2).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from online.cluster.replica import ReplicaShard          # noqa: E402
+from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
+from online.learner.keys import word_key, word_rows      # noqa: E402
+from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
+from quality_vs_gensim import evaluate                   # noqa: E402
+from stream_throughput import DEFAULT_CORPUS, read_prefix  # noqa: E402
+
+BATCH_TOKENS = 5_000
+
+
+class SimulatedReplica:
+    """The ``ParamStore`` of one simulated worker: ``online.cluster.replica.ReplicaStore`` without ps-lite."""
+
+    counts_every_word = True
+
+    def __init__(self, server: EmbeddingShard, dim: int, node_id: int, seed: int):
+        self.server, self.dim, self.node_id = server, dim, node_id
+        self.shard = ReplicaShard(dim, optimizer="rowadagrad", seed=seed)
+        self.on_totals = None
+        self._counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def local_shard(self):
+        return self.shard
+
+    def pull(self, keys):
+        return self.shard.pull(keys)
+
+    def push(self, keys, grads):
+        self.shard.push(keys, grads)
+
+    def free(self, keys):
+        self.shard.free(keys)
+
+    def add_counts(self, keys, deltas):
+        self.count_words(np.full(len(keys), -1, np.int64), keys, deltas)
+
+    def count_words(self, slots, keys, deltas):
+        self._counts.append((np.asarray(slots, np.int64).copy(), np.asarray(keys, np.uint64).copy(),
+                             np.asarray(deltas, np.int64).copy()))
+
+    def set_words(self, keys, words):
+        pass
+
+    def sync(self, now: float) -> None:
+        if self._counts:
+            slots, keys, deltas = (np.concatenate([c[i] for c in self._counts]) for i in range(3))
+            self._counts = []
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            summed = np.bincount(inverse, weights=deltas, minlength=len(uniq)).astype(np.int64)
+            last = np.full(len(uniq), -1, np.int64)
+            last[inverse] = slots
+            totals = self.server.count_words(uniq, summed)
+            if self.on_totals is not None:
+                self.on_totals(last, uniq, totals)
+        keys, deltas, fresh = self.shard.collect()
+        for pick, is_fresh in ((~fresh, False), (fresh, True)):
+            vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :-1], deltas[pick, -1], fresh=is_fresh,
+                                                  sender=self.node_id, now=now)
+            self.shard.apply(keys[pick], np.hstack([vectors, acc[:, None]]), adopt=fresh[pick] if is_fresh else None)
+        self.shard.release_freed()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    ap.add_argument("--max-tokens", type=int, default=3_000_000)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--sync-tokens", type=int, default=25_000, help="tokens each worker trains between its syncs")
+    ap.add_argument("--merge", choices=("sum", "align"), default="align",
+                    help="how the shard combines concurrent deltas (align: online.learner.concurrent_merge)")
+    ap.add_argument("--floor", type=float, default=2.0, help="the merge's floor (align only)")
+    ap.add_argument("--seeds", action="store_true", help="each worker its own sampling stream (as the workers do)")
+    args = ap.parse_args()
+
+    tokens = " ".join(read_prefix(Path(args.corpus), args.max_tokens)).split()
+    records = [" ".join(tokens[i:i + 100]) for i in range(0, len(tokens), 100)]
+    per_batch = max(1, BATCH_TOKENS // 100)
+    batches = [records[i:i + per_batch] for i in range(0, len(records), per_batch)]
+    server = EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=5, word_capacity=200_000)
+    if args.merge == "align":
+        server.merge_window = 0.5          # rounds are 1 "second" apart: a round ends with it at the latest
+        server._merge.floor = args.floor
+    config = LearnerConfig(dim=100, vocab_capacity=200_000)
+    workers = []
+    for i in range(args.workers):
+        store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1)
+        trainer = Trainer(config, store)
+        if args.seeds:
+            trainer.reseed(9 + 2 * i)
+        store.on_totals = trainer.apply_cluster_counts
+        workers.append((trainer, store))
+    t0 = time.perf_counter()
+    per_sync = max(1, args.sync_tokens // BATCH_TOKENS)
+    b = rounds = 0
+    while b < len(batches):
+        rounds += 1
+        for trainer, _ in workers:
+            for _ in range(per_sync):
+                if b < len(batches):
+                    trainer.train_records(batches[b])
+                    b += 1
+        for _, store in workers:
+            store.sync(float(rounds))
+        print(f"\rround {rounds}: {min(b, len(batches)) * BATCH_TOKENS:,} tokens", end="", file=sys.stderr)
+    print(file=sys.stderr)
+
+    words = sorted({w for trainer, _ in workers for w in trainer.export()[0]})
+    keys = np.array([word_key(w) for w in words], np.uint64)
+    order = np.argsort(-server.word_counts.totals(keys), kind="stable")
+    words, keys = [words[i] for i in order], keys[order]
+    rows = server.rows_for(keys, create=False)
+    held = rows >= 0
+    vectors = server.vectors[rows[held]]
+    from gensim.models import KeyedVectors
+    kv = KeyedVectors(100)
+    kv.add_vectors([w for w, h in zip(words, held) if h], vectors)
+    quality = evaluate(kv)
+    out_rows = server.rows_for(word_rows(keys[:10])[10:], create=False)
+    print(f"replica_simulation: {args.workers} workers, {len(tokens):,} tokens, {args.sync_tokens:,} tokens per "
+          f"worker per sync, merge {args.merge}" + (f" (floor {args.floor})" if args.merge == "align" else "")
+          + f", {'own' if args.seeds else 'shared'} sampling streams, {rounds} rounds, "
+          f"{time.perf_counter() - t0:.0f} s")
+    print(f"analogy {quality['analogy']:.2%}  WS353 {quality['ws353']:.3f}  SimLex {quality['simlex']:.3f}  "
+          f"vocabulary {quality['vocabulary']:,}")
+    print("norms of the 10 most frequent words, input rows:",
+          np.linalg.norm(server.vectors[rows[:10]], axis=1).round(1).tolist(),
+          "output rows:", np.linalg.norm(server.vectors[out_rows], axis=1).round(1).tolist())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
