@@ -107,3 +107,13 @@ def test_frequent_words_survive_a_stream_of_unique_junk():
     assert vocab.count("the") >= 400 - 200 * 20 * 3 // 50 and vocab.count("of") > 0
     assert {vocab.words[s] for s in vocab.trainable_slots()} >= {"the", "of"}
     assert len(vocab) <= 50 and vocab.evictions > 0
+
+
+def test_a_first_batch_with_more_new_words_than_the_table_holds_counts_what_fits():
+    """An empty table has nothing to evict: the words that do not fit go uncounted, nothing raises."""
+    vocab = OnlineVocab(capacity=40, min_count=1)
+    words = [f"w{i}" for i in range(100)]
+    upd = vocab.update(words)
+    assert len(vocab) == 40 and len(upd.evicted_keys) == 0
+    vocab.update(words[:10] * 3)          # later batches go on as usual (Misra-Gries evictions)
+    assert len(vocab) <= 40

@@ -255,6 +255,8 @@ class OnlineVocab:
     def _make_room(self, needed: int) -> tuple[np.ndarray, np.ndarray]:
         """Batched Misra-Gries: subtract the smallest d that frees ``needed`` slots."""
         occupied = np.flatnonzero(self._live)
+        if not len(occupied):   # one batch brings more new words than the table holds: the rest go uncounted
+            return _EMPTY_I64, _EMPTY_U64
         to_free = needed - len(self._free)
         if to_free >= len(occupied):
             d = int(self.counts[occupied].max())
