@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from online.cluster.replica import ReplicaShard          # noqa: E402
+from online.cluster.replica import ReplicaShard, summed_counts  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
 from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
@@ -71,20 +71,16 @@ class SimulatedReplica:
 
     def sync(self, now: float) -> None:
         if self._counts:
-            slots, keys, deltas = (np.concatenate([c[i] for c in self._counts]) for i in range(3))
+            uniq, summed, last = summed_counts(self._counts)
             self._counts = []
-            uniq, inverse = np.unique(keys, return_inverse=True)
-            summed = np.bincount(inverse, weights=deltas, minlength=len(uniq)).astype(np.int64)
-            last = np.full(len(uniq), -1, np.int64)
-            last[inverse] = slots
-            totals = self.server.count_words(uniq, summed)
+            totals = self.server.count_words(uniq, np.rint(summed).astype(np.int64))
             if self.on_totals is not None:
                 self.on_totals(last, uniq, totals)
         keys, deltas, fresh = self.shard.collect()
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
             vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :-1], deltas[pick, -1], fresh=is_fresh,
                                                   sender=self.node_id, now=now)
-            self.shard.apply(keys[pick], np.hstack([vectors, acc[:, None]]), adopt=fresh[pick] if is_fresh else None)
+            (self.shard.adopt if is_fresh else self.shard.apply)(keys[pick], np.hstack([vectors, acc[:, None]]))
         self.shard.release_freed()
 
 

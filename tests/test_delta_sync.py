@@ -94,7 +94,7 @@ def _sync_by_hand(replica: ReplicaShard, server: EmbeddingShard) -> None:
     keys, deltas, fresh = replica.collect()
     for pick in (~fresh, fresh):
         vectors, acc = server.add_deltas(keys[pick], deltas[pick, :-1], deltas[pick, -1], fresh=pick is fresh)
-        replica.apply(keys[pick], np.hstack([vectors, acc[:, None]]), adopt=fresh[pick])
+        (replica.adopt if pick is fresh else replica.apply)(keys[pick], np.hstack([vectors, acc[:, None]]))
 
 
 def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_during_a_sync():

@@ -18,7 +18,7 @@ checkpoint is redone; nothing is lost or applied twice.
    (their pushes are acknowledged, their offsets committed), stop reading, answer with the
    processed frontier of each owned partition. A worker of the replica exchange does not
    stop training: it lets the sync in progress finish and holds the next one until the
-   resume (``_hold_syncs``), since what the servers hold is exactly what acknowledged syncs
+   resume (``StreamingWorker.hold_syncs``), since what the servers hold is exactly what acknowledged syncs
    brought, and those are exactly the batches behind the processed frontier;
 2. ``HEAD_CHECKPOINT_SAVE {"phase": "snapshot"}`` to every server: copy the shard in memory;
 3. ``HEAD_CHECKPOINT_RESUME`` to the workers: training goes on (the pause ends here; with the
@@ -394,20 +394,28 @@ class WorkerCheckpointing(WorkerExtension):
         elif self._mode is None:
             self._mode = "checkpoint"
         self._paused_at = now
-        if not abandon and w.replica is not None:
-            return await self._hold_syncs(now, float(ask.get("timeout", 30.0)))
-        w.idle.clear()
-        w.paused.set()
-        deadline = now + float(ask.get("timeout", 30.0))
-        while not w.idle.is_set():
-            if w.abandon.is_set():
-                self.kv.customer.fail_all(RequestTimeout("abandoned: the cluster is rolling back"))
-            if w.stopping.is_set() or time.monotonic() > deadline:
-                return {"ok": False, "trainer": True, "error": "batches in flight did not finish in time"}
-            await asyncio.sleep(0.005)
+        timeout = float(ask.get("timeout", 30.0))
+        hold = not abandon and w.replica is not None
+        if hold:
+            # The replica exchange's checkpoint does not stop training. The servers hold exactly what
+            # acknowledged syncs brought, and the processed frontier covers exactly the batches those
+            # syncs carried, so holding syncs while the servers snapshot is enough: batches trained
+            # meanwhile stay in the replica, uncommitted, and go out with the first sync after the resume.
+            if not await w.hold_syncs(timeout):
+                return {"ok": False, "trainer": True, "error": "the sync in progress did not finish in time"}
+        else:
+            w.idle.clear()
+            w.paused.set()
+            deadline = now + timeout
+            while not w.idle.is_set():
+                if w.abandon.is_set():
+                    self.kv.customer.fail_all(RequestTimeout("abandoned: the cluster is rolling back"))
+                if w.stopping.is_set() or time.monotonic() > deadline:
+                    return {"ok": False, "trainer": True, "error": "batches in flight did not finish in time"}
+                await asyncio.sleep(0.005)
         drained = time.monotonic()
         answer = {"ok": True, "trainer": True, "node": self.kv.po.node_id, "drain_ms": round((drained - now) * 1e3, 1),
-                  "dirty": self._rebalances() != self._rebalances_at_seek,
+                  "training_paused": not hold, "dirty": self._rebalances() != self._rebalances_at_seek,
                   "assignment": sorted([t, p] for t, p in self.stream.assignment())}
         if abandon:
             answer["fence_ok"] = await self._fence()
@@ -415,23 +423,6 @@ class WorkerCheckpointing(WorkerExtension):
             await self.stream.commit()
             answer["positions"] = offsets_to_json(self.stream.positions())
             answer["commit_ms"] = round((time.monotonic() - drained) * 1e3, 1)
-        return answer
-
-    async def _hold_syncs(self, now: float, timeout: float) -> dict:
-        """A checkpoint of the replica exchange: training does not stop. The servers hold exactly what
-        acknowledged syncs brought, and the processed frontier covers exactly the batches those syncs
-        carried, so holding syncs while the servers snapshot is enough: batches trained meanwhile
-        stay in the replica, uncommitted, and go out with the first sync after the resume."""
-        w = self.worker
-        if not await w.hold_syncs(timeout):
-            return {"ok": False, "trainer": True, "error": "the sync in progress did not finish in time"}
-        held = time.monotonic()
-        answer = {"ok": True, "trainer": True, "node": self.kv.po.node_id, "drain_ms": round((held - now) * 1e3, 1),
-                  "training_paused": False, "dirty": self._rebalances() != self._rebalances_at_seek,
-                  "assignment": sorted([t, p] for t, p in self.stream.assignment())}
-        await self.stream.commit()
-        answer["positions"] = offsets_to_json(self.stream.positions())
-        answer["commit_ms"] = round((time.monotonic() - held) * 1e3, 1)
         return answer
 
     async def _fence(self) -> bool:

@@ -60,6 +60,19 @@ SYNC = SettingGroup("delta sync (workers and servers)", (SYNC_MS,))
 _SYNC_CHUNK = 1 << 16   # keys per pushpull message: bounds a message at ~26 MB at dim 100
 
 
+def summed_counts(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The buffered ``(slots, keys, increments)`` of several batches as (distinct sorted keys, each one's summed
+    increment, the latest slot reported for it)."""
+    slots = np.concatenate([c[0] for c in counts])
+    keys = np.concatenate([c[1] for c in counts])
+    deltas = np.concatenate([c[2] for c in counts])
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    summed = np.bincount(inverse, weights=deltas, minlength=len(uniq))
+    last = np.full(len(uniq), -1, dtype=np.int64)
+    last[inverse] = slots          # the latest slot reported for each key
+    return uniq, summed, last
+
+
 class ReplicaShard(EmbeddingShard):
     """An ``EmbeddingShard`` that also keeps the servers' last confirmed value of every row."""
 
@@ -144,24 +157,12 @@ class ReplicaShard(EmbeddingShard):
             self.base_acc[rows] = snap_acc
             return keys, out, ~self.confirmed[rows]
 
-    def apply(self, keys: np.ndarray, merged: np.ndarray, adopt: np.ndarray | None = None) -> None:
-        """Bring in the servers' merged values (``merged`` [n, dim + 1]), keeping local changes on top.
-
-        ``adopt`` (bool per key): rows sent fresh take the servers' value as it is, without what
-        was trained here since the collect: that started from the initial value, not the row's."""
+    def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:
+        """Bring in the servers' merged values (``merged`` [n, dim + 1]), keeping local changes on top."""
         with self._lock:
             rows = self._index.lookup(keys)
             live = rows >= 0
             rows, merged = rows[live], merged[live]
-            if adopt is not None and adopt.any():
-                adopt = adopt[live]
-                taken = rows[adopt]
-                self.vectors[taken] = self.base[taken] = merged[adopt, :self.dim]
-                if self.accum.shape[0]:
-                    self.accum[taken] = merged[adopt, self.dim:]
-                self.base_acc[taken, 0] = merged[adopt, self.dim]
-                self.confirmed[taken] = True
-                rows, merged = rows[~adopt], merged[~adopt]
             self.vectors[rows] += merged[:, :self.dim] - self.base[rows]
             self.base[rows] = merged[:, :self.dim]
             if self.accum.shape[0]:
@@ -169,8 +170,10 @@ class ReplicaShard(EmbeddingShard):
             self.base_acc[rows, 0] = merged[:, self.dim]
             self.confirmed[rows] = True
 
-    def overwrite(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Set rows and their base to the servers' values (``values`` [n, dim + 1]); nothing is pending after."""
+    def adopt(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Set rows and their base to the servers' values (``values`` [n, dim + 1]), dropping what was
+        trained here since the collect: for rows sent fresh, that started from the initial value, not
+        from the row."""
         with self._lock:
             rows = self._index.lookup(keys)
             live = rows >= 0
@@ -181,6 +184,11 @@ class ReplicaShard(EmbeddingShard):
                 self.accum[rows] = values[:, self.dim:]
             self.base_acc[rows, 0] = values[:, self.dim]
             self.confirmed[rows] = True
+
+    def overwrite(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """``adopt`` every row of ``keys`` (a reload after a rollback): nothing is pending after."""
+        with self._lock:
+            self.adopt(keys, values)
             self.synced_version = self.version
 
     def release_freed(self) -> int:
@@ -290,8 +298,7 @@ class ReplicaStore:
             for i, (ts, cmd, k) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
                 merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
-                adopt = np.ones(len(k), dtype=bool) if cmd == pc.CMD_DELTA_FRESH else None
-                self.shard.apply(k, merged, adopt)
+                (self.shard.adopt if cmd == pc.CMD_DELTA_FRESH else self.shard.apply)(k, merged)
                 self._unsent = parts[i + 1:]
                 rows_sent += len(k)
             self._unsent = None
@@ -322,14 +329,8 @@ class ReplicaStore:
         """The summed increments of each word, as one pushpull; returns (ts, slot of each key, keys) or None."""
         if not counts:
             return None
-        slots = np.concatenate([c[0] for c in counts])
-        keys = np.concatenate([c[1] for c in counts])
-        deltas = np.concatenate([c[2] for c in counts])
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        summed = np.bincount(inverse, weights=deltas, minlength=len(uniq)).astype(np.float32)
-        last = np.full(len(uniq), -1, dtype=np.int64)
-        last[inverse] = slots          # the latest slot reported for each key
-        return self.worker.pushpull(uniq, summed, cmd=pc.CMD_WORD_COUNTS), last, uniq
+        uniq, summed, last = summed_counts(counts)
+        return self.worker.pushpull(uniq, summed.astype(np.float32), cmd=pc.CMD_WORD_COUNTS), last, uniq
 
     def _send_words(self, words: dict[int, str]) -> list[int]:
         if not words:
