@@ -259,9 +259,23 @@ def offline_recall(n: int, dim: int, queries: int, env: dict) -> dict:
 
 
 # --------------------------------------------------------------------- driver
-def start(cmd: list[str], env: dict | None = None, nice: int = 0) -> tuple[subprocess.Popen, str]:
+# ``--frontend-cpus``: the CPUs of the front end and the empty handler, and those of everything else (the
+# training and the load generator). Empty sets: no pinning.
+CPUS: dict[str, set[int]] = {"frontend": set(), "others": set()}
+
+
+def _child_setup(nice: int, cpus: set[int]):
+    def setup() -> None:
+        if nice:
+            os.nice(nice)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
+
+
+def start(cmd: list[str], env: dict | None = None, nice: int = 0, cpus: str = "others") -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                            preexec_fn=_child_setup(nice, CPUS[cpus]))
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"{cmd} did not start")
@@ -280,7 +294,8 @@ def stop(proc: subprocess.Popen) -> str:
 
 def measure(spec: dict) -> dict:
     out = subprocess.run([sys.executable, __file__, "_loadgen"], input=json.dumps(spec), capture_output=True,
-                         text=True, cwd=REPO, timeout=spec["duration"] + spec["warmup"] + 120)
+                         text=True, cwd=REPO, timeout=spec["duration"] + spec["warmup"] + 120,
+                         preexec_fn=_child_setup(0, CPUS["others"]))
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout)
@@ -362,7 +377,7 @@ def run_size(args, n: int, empty_url: str) -> dict:
     frontend, url = start([sys.executable, "-m", "online.cli", "frontend", "--port", "0",
                            "--source", "online.frontend.synthetic:create_source",
                            "--query-batch", str(args.query_batch),
-                           "--query-thread" if args.query_thread else "--no-query-thread"], env)
+                           "--query-thread" if args.query_thread else "--no-query-thread"], env, cpus="frontend")
     trainer = None
     try:
         wait_ready(url, timeout=1800)
@@ -481,13 +496,27 @@ def main() -> int:
     parser.add_argument("--recall-queries", type=int, default=1000, help="offline recall@10 queries (1000)")
     parser.add_argument("--offline-recall-max", type=int, default=1_000_000,
                         help="largest size whose recall is also checked offline (it builds the model again here)")
+    parser.add_argument("--frontend-cpus", default="",
+                        help="pin the front end and the empty handler to these CPUs (e.g. 0) and the training and "
+                             "the load generator to the others: the front end on its own core")
     parser.add_argument("--json", help="write the figures to this file too")
     args = parser.parse_args()
+    if args.frontend_cpus:
+        try:
+            CPUS["frontend"] = {int(c) for c in args.frontend_cpus.split(",") if c.strip()}
+        except ValueError:
+            parser.error(f"--frontend-cpus {args.frontend_cpus!r}: give CPU numbers, e.g. 0 or 0,1")
+        CPUS["others"] = os.sched_getaffinity(0) - CPUS["frontend"]
+        if not CPUS["frontend"] <= os.sched_getaffinity(0) or not CPUS["others"]:
+            parser.error(f"--frontend-cpus {args.frontend_cpus!r}: must leave at least one of the CPUs "
+                         f"{sorted(os.sched_getaffinity(0))} to the training and the load generator")
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
     sizes = [int(w) for w in args.words.split(",") if w.strip()]
     print(f"{os.cpu_count()} cores, load average {load()} (other jobs on this machine skew every number below); "
-          f"training: {args.training}; {args.updates:.0f} rows/s changing; query batch {args.query_batch}")
-    empty, empty_url = start([sys.executable, __file__, "_empty"])
+          f"training: {args.training}; {args.updates:.0f} rows/s changing; query batch {args.query_batch}; "
+          + (f"front end on CPUs {sorted(CPUS['frontend'])}, training and load generator on {sorted(CPUS['others'])}"
+             if CPUS["frontend"] else "no pinning"))
+    empty, empty_url = start([sys.executable, __file__, "_empty"], cpus="frontend")
     results = []
     try:
         for n in sizes:

@@ -250,3 +250,58 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         if probe is not None:
             probe.close()
         runner.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_batch_of_only_malformed_records_is_processed_like_any_other(kafka_bootstrap, kafka_topic, tmp_path):
+    """A malformed record that arrives alone makes a batch with nothing to train. Its offsets must still
+    reach the ledger, the commit and the checkpoint's positions: a batch left out held its partition's
+    frontier back for good, so every later checkpoint stored an offset below what the ledger had passed,
+    and the next rollback trained those records twice (the 4-host soak's 1,157 duplicates)."""
+    from aiokafka import AIOKafkaProducer
+
+    topic = kafka_topic(partitions=1, prefix="malformed")
+    env = {"PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_CHECKPOINT_INTERVAL": "1",
+           "LIVEVEC_DIM": "16", "LIVEVEC_MIN_COUNT": "2", "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}",
+           "LIVEVEC_SYNC_MS": "200", "LIVEVEC_LOG_LEVEL": "INFO"}
+    runner = local_cluster(tmp_path / "run", kafka_bootstrap, topic, servers=1, workers=1, env=env)
+    store = CheckpointStore(tmp_path / "run" / "shared" / "livevec" / "checkpoints")
+    lines = generate_lines(120, seed=3)
+    good = ["\n".join(lines[i:i + LINES_PER_RECORD]).encode() for i in range(0, len(lines), LINES_PER_RECORD)]
+
+    async def produce(values):
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            for value in values:
+                await producer.send_and_wait(topic, value, partition=0)
+        finally:
+            await producer.stop()
+
+    probe = None
+    try:
+        runner.start()
+        assert runner.wait_healthy(timeout=120), "cluster did not become healthy"
+        probe = ClusterProbe(runner.port("scheduler", "ps"), servers=1)
+        asyncio.run(produce(good[:20]))
+        frontier = lambda: ((_ledger(probe.stats()) or {}).get("frontier") or {}).get(f"{topic}/0")  # noqa: E731
+        wait_until(lambda: frontier() == 20, 90, interval=0.25, message="the first 20 records trained")
+        asyncio.run(produce([b"\xff\xfe not utf-8"]))      # offset 20, alone in its batch
+        wait_until(lambda: runner_metric(runner, "worker", "livevec_stream_malformed_total") == 1, 30,
+                   interval=0.1, message="the worker to read the malformed record")
+        asyncio.run(produce(good[20:30]))
+        wait_until(lambda: frontier() == 31, 60, interval=0.25, message="the last 10 records trained")
+        ledger = wait_until(lambda: (lambda led: led if led and coordinator_idle(runner) else False)(
+            _ledger(probe.stats())), 30, interval=0.25, message="the coordinator idle")
+        assert ledger["gaps"] == 0 and ledger["overlaps"] == 0, ledger
+        assert ledger["offsets"] == 31 and ledger["records"] == 30, ledger
+        # the checkpoint's position covers the malformed record: a rollback resumes after it
+        done = _cli("--dir", str(store.root), "now", "--timeout", "60")
+        assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr
+        assert store.latest_complete(check_data=False).offsets == {topic: {"0": 31}}
+    finally:
+        if probe is not None:
+            probe.close()
+        runner.stop()
+

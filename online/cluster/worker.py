@@ -396,8 +396,16 @@ class StreamingWorker:
                 self.idle.clear()
                 # a short poll: a checkpoint's pause is noticed within it when the stream is quiet
                 batch = await self.stream.next_batch(self._records_per_batch(), timeout=0.1)
-                if batch is not None and len(batch):
-                    task = asyncio.create_task(asyncio.to_thread(self._train_blocking, batch.texts))
+                if batch is not None and batch.ranges:
+                    if len(batch):
+                        task = asyncio.create_task(asyncio.to_thread(self._train_blocking, batch.texts))
+                    else:
+                        # Every record in it was malformed: nothing to train, but its offsets are processed.
+                        # It completes in order with the others (ledger, commit, checkpoint positions);
+                        # left out, it would hold its partition's frontier back for good, so every
+                        # checkpoint would store an offset the ledger had already passed.
+                        task = asyncio.get_running_loop().create_future()
+                        task.set_result(BatchStats())
                     self._inflight.append((batch, task))
                     self.metrics.inflight.set(len(self._inflight))
                 while self._inflight and (self._inflight[0][1].done()

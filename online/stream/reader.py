@@ -21,7 +21,10 @@ The interface (both classes; the streaming worker builds on it)::
 
 ``await stream.next_batch(max_records=None, timeout=1.0) -> Batch | None``
     At most ``max_records`` (default ``settings.batch_records``) records; None when nothing arrived within
-    ``timeout`` seconds (or, for a FileStream, at end of file: then ``stream.exhausted`` is True).
+    ``timeout`` seconds (or, for a FileStream, at end of file: then ``stream.exhausted`` is True). A batch
+    whose records were all malformed comes out too, with no records and its ``ranges``: the consumer
+    completes it in order with the others, so that whatever it reports per batch (the workers' ledger,
+    checkpoint positions) covers those offsets as well.
 
 ``await stream.mark_processed(batch)``
     Batches may be completed out of order (a worker that prefetches): per partition the committed offset only
@@ -310,10 +313,7 @@ class KafkaStream(_TextStreamBase):
                 return None
             raw = [(tp.topic, tp.partition, r.offset, r.value) for tp, records in fetched.items() for r in records]
             if raw:
-                batch = self._build_batch(raw)
-                if batch.records:
-                    return batch
-                await self.mark_processed(batch)  # all malformed: done already, nothing for the worker
+                return self._build_batch(raw)   # records may be empty (all malformed): see the module docstring
             if time.monotonic() >= deadline:
                 return None
         return None
@@ -485,17 +485,13 @@ class FileStream(_TextStreamBase):
         return out
 
     async def next_batch(self, max_records: int | None = None, timeout: float = 1.0) -> Batch | None:
-        while True:
-            values = await asyncio.to_thread(self._read, max_records or self.batch_records)
-            if not values:
-                self.exhausted = True
-                return None
-            first = self._next_offset
-            self._next_offset += len(values)
-            batch = self._build_batch([(self.topic, 0, first + i, v) for i, v in enumerate(values)])
-            if batch.records:
-                return batch
-            await self.mark_processed(batch)
+        values = await asyncio.to_thread(self._read, max_records or self.batch_records)
+        if not values:
+            self.exhausted = True
+            return None
+        first = self._next_offset
+        self._next_offset += len(values)
+        return self._build_batch([(self.topic, 0, first + i, v) for i, v in enumerate(values)])
 
     async def seek_to(self, offsets: Mapping[TopicPartitionKey, int]) -> None:
         for (topic, partition), offset in offsets.items():
