@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import json
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -124,9 +125,14 @@ class MemoryWatch(threading.Thread):
                 if kb:
                     self.samples.setdefault((s.app, s.index, s.launches), []).append((now, kb))
 
-    def report(self, settle: float = 60.0, min_life: float = 120.0) -> dict:
+    def report(self, settle: float = 60.0, min_life: float = 120.0, window: int = 4) -> dict:
         """Per role: RSS (MiB) of the first sample and of the last one, and the largest growth of one
-        process from ``settle`` s into its life to its end, over lives of at least ``min_life`` s."""
+        process from ``settle`` s into its life to its end, over lives of at least ``min_life`` s.
+
+        Growth compares the median of the first ``window`` samples after ``settle`` with the median of
+        the last ``window`` (at most half of the settled samples each): a worker's RSS swings by 5 - 10 %
+        from one sample to the next (batches and sync buffers come and go), so two single samples would
+        report that swing, while a leak moves both medians."""
         out: dict[str, dict] = {}
         for (app, _index, _launch), series in sorted(self.samples.items()):
             role = out.setdefault(app, {"rss_start_mib": None, "rss_end_mib": None, "max_growth": None,
@@ -137,7 +143,8 @@ class MemoryWatch(threading.Thread):
             born = series[0][0] - self.interval
             settled = [kb for t, kb in series if t - born >= settle]
             if len(settled) >= 2 and series[-1][0] - born >= min_life:
-                growth = settled[-1] / settled[0] - 1.0
+                w = max(1, min(window, len(settled) // 2))
+                growth = statistics.median(settled[-w:]) / statistics.median(settled[:w]) - 1.0
                 role["max_growth"] = round(max(growth, role["max_growth"] or -1.0), 4)
                 role["lives_measured"] += 1
         return out
