@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from online.cluster.replica import ReplicaShard, summed_counts  # noqa: E402
+from online.cluster.replica import ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
 from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
@@ -41,10 +41,13 @@ class SimulatedReplica:
 
     counts_every_word = True
 
-    def __init__(self, server: EmbeddingShard, dim: int, node_id: int, seed: int):
+    def __init__(self, server: EmbeddingShard, dim: int, node_id: int, seed: int, shard: ReplicaShard | None = None):
         self.server, self.dim, self.node_id = server, dim, node_id
-        self.shard = ReplicaShard(dim, optimizer="rowadagrad", seed=seed)
+        self.shared = shard is not None     # one replica for all workers, as threads would share it: no deltas
+        self.shard = shard if shard is not None else ReplicaShard(dim, optimizer="rowadagrad", seed=seed)
         self.on_totals = None
+        self.on_trainable = None
+        self.journal = TrainableJournal(1)
         self._counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def local_shard(self):
@@ -76,6 +79,14 @@ class SimulatedReplica:
             totals = self.server.count_words(uniq, np.rint(summed).astype(np.int64))
             if self.on_totals is not None:
                 self.on_totals(last, uniq, totals)
+        if self.on_trainable is not None:
+            generation, since = self.journal._at[0]
+            new = self.journal.answer(0, self.server.trainable_since(generation, since))
+            if self.journal.changed:
+                self.journal.changed = False
+                self.on_trainable(self.journal.known(), new)
+        if self.shared:
+            return
         keys, deltas, fresh = self.shard.collect()
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
             vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :-1], deltas[pick, -1], fresh=is_fresh,
@@ -93,28 +104,52 @@ def main() -> int:
     ap.add_argument("--merge", choices=("sum", "align"), default="align",
                     help="how the shard combines concurrent deltas (align: online.learner.concurrent_merge)")
     ap.add_argument("--floor", type=float, default=2.0, help="the merge's floor (align only)")
+    ap.add_argument("--shared-replica", action="store_true",
+                    help="diagnostic: every worker trains one shared replica (threads, no deltas); each keeps its "
+                         "own vocabulary, noise table and sampling, and the servers still count the words")
+    ap.add_argument("--min-count", type=int, default=5)
+    ap.add_argument("--no-journal", action="store_true",
+                    help="workers learn trainability only from the totals of the words they report (before session 8)")
+    ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help=f"tokens per batch ({BATCH_TOKENS})")
     ap.add_argument("--seeds", action="store_true", help="each worker its own sampling stream (as the workers do)")
+    ap.add_argument("--acc", choices=("merged", "sum"), default="merged",
+                    help="align only: the AdaGrad accumulator increments get the merge's weight (merged), or are "
+                         "summed in full (sum)")
+    ap.add_argument("--refresh-share", type=float, default=ReplicaShard.REFRESH_SHARE,
+                    help="rows not changed by a worker that its sync refreshes, as a share of the changed ones "
+                         f"(the replica's REFRESH_SHARE, {ReplicaShard.REFRESH_SHARE}; 1000: every held row)")
     args = ap.parse_args()
+    ReplicaShard.REFRESH_SHARE = args.refresh_share
 
     tokens = " ".join(read_prefix(Path(args.corpus), args.max_tokens)).split()
     records = [" ".join(tokens[i:i + 100]) for i in range(0, len(tokens), 100)]
-    per_batch = max(1, BATCH_TOKENS // 100)
+    per_batch = max(1, args.batch_tokens // 100)
     batches = [records[i:i + per_batch] for i in range(0, len(records), per_batch)]
-    server = EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=5, word_capacity=200_000)
+    server = EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=args.min_count, word_capacity=200_000)
     if args.merge == "align":
         server.merge_window = 0.5          # rounds are 1 "second" apart: a round ends with it at the latest
         server._merge.floor = args.floor
-    config = LearnerConfig(dim=100, vocab_capacity=200_000)
+        if args.acc == "sum":
+            combine = server._merge.combine
+
+            def combine_summing_accumulators(rows, deltas, accum_deltas, sender, now):
+                out, _ = combine(rows, deltas, accum_deltas, sender, now)
+                return out, np.asarray(accum_deltas, np.float32).reshape(-1)
+            server._merge.combine = combine_summing_accumulators
+    config = LearnerConfig(dim=100, vocab_capacity=200_000, min_count=args.min_count)
     workers = []
+    shared = ReplicaShard(100, optimizer="rowadagrad", seed=1) if args.shared_replica else None
     for i in range(args.workers):
-        store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1)
+        store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared)
         trainer = Trainer(config, store)
         if args.seeds:
             trainer.reseed(9 + 2 * i)
         store.on_totals = trainer.apply_cluster_counts
+        if not args.no_journal:
+            store.on_trainable = trainer.learn_cluster_trainable
         workers.append((trainer, store))
     t0 = time.perf_counter()
-    per_sync = max(1, args.sync_tokens // BATCH_TOKENS)
+    per_sync = max(1, args.sync_tokens // args.batch_tokens)
     b = rounds = 0
     while b < len(batches):
         rounds += 1
@@ -125,30 +160,34 @@ def main() -> int:
                     b += 1
         for _, store in workers:
             store.sync(float(rounds))
-        print(f"\rround {rounds}: {min(b, len(batches)) * BATCH_TOKENS:,} tokens", end="", file=sys.stderr)
+        print(f"\rround {rounds}: {min(b, len(batches)) * args.batch_tokens:,} tokens", end="", file=sys.stderr)
     print(file=sys.stderr)
 
     words = sorted({w for trainer, _ in workers for w in trainer.export()[0]})
     keys = np.array([word_key(w) for w in words], np.uint64)
     order = np.argsort(-server.word_counts.totals(keys), kind="stable")
     words, keys = [words[i] for i in order], keys[order]
-    rows = server.rows_for(keys, create=False)
+    model = shared if shared is not None else server
+    rows = model.rows_for(keys, create=False)
     held = rows >= 0
-    vectors = server.vectors[rows[held]]
+    vectors = model.vectors[rows[held]]
     from gensim.models import KeyedVectors
     kv = KeyedVectors(100)
     kv.add_vectors([w for w, h in zip(words, held) if h], vectors)
     quality = evaluate(kv)
-    out_rows = server.rows_for(word_rows(keys[:10])[10:], create=False)
+    out_rows = model.rows_for(word_rows(keys[:10])[10:], create=False)
     print(f"replica_simulation: {args.workers} workers, {len(tokens):,} tokens, {args.sync_tokens:,} tokens per "
-          f"worker per sync, merge {args.merge}" + (f" (floor {args.floor})" if args.merge == "align" else "")
-          + f", {'own' if args.seeds else 'shared'} sampling streams, {rounds} rounds, "
+          f"worker per sync, merge {args.merge}" + (f" (floor {args.floor}, accumulators {args.acc})" if args.merge == "align" else "")
+          + f", {'own' if args.seeds else 'shared'} sampling streams, refresh share {args.refresh_share}, {rounds} rounds, "
           f"{time.perf_counter() - t0:.0f} s")
+    kept = sum(trainer.totals.kept for trainer, _ in workers)
+    pairs = sum(trainer.totals.pairs for trainer, _ in workers)
+    print(f"trained: {kept:,} tokens kept ({kept / len(tokens):.1%} of those read), {pairs:,} pairs")
     print(f"analogy {quality['analogy']:.2%}  WS353 {quality['ws353']:.3f}  SimLex {quality['simlex']:.3f}  "
           f"vocabulary {quality['vocabulary']:,}")
     print("norms of the 10 most frequent words, input rows:",
-          np.linalg.norm(server.vectors[rows[:10]], axis=1).round(1).tolist(),
-          "output rows:", np.linalg.norm(server.vectors[out_rows], axis=1).round(1).tolist())
+          np.linalg.norm(model.vectors[rows[:10]], axis=1).round(1).tolist(),
+          "output rows:", np.linalg.norm(model.vectors[out_rows], axis=1).round(1).tolist())
     return 0
 
 

@@ -16,6 +16,7 @@ from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import output_rows, word_key, word_rows
 from online.learner.param_store import LocalParamStore
 from online.learner.trainer import LearnerConfig, Trainer
+from online.learner.vocab import OnlineVocab
 from online.learner.word_counts import WordCounts
 from online.stream.producer import produce
 from online.stream.sample_corpus import generate_lines
@@ -256,6 +257,56 @@ def test_a_word_evicted_from_one_workers_table_keeps_its_rows_while_the_cluster_
     assert "zebra" in model.words, "the servers still hold the word another worker forgot"
     after = small.worker.pull_sync(zebra, timeout=20)
     np.testing.assert_allclose(after, before, atol=1e-6)
+
+
+def test_the_trainable_journal_lists_each_crossing_once_and_restarts_after_churn():
+    counts = WordCounts(capacity=4, min_count=2)
+    counts.add(np.array([1, 2, 3], np.uint64), np.array([1, 2, 5]))
+    generation, at, keys = counts.trainable_since(0, 0)          # another generation: the whole log
+    assert sorted(keys.tolist()) == [2, 3]
+    counts.add(np.array([1, 2], np.uint64), np.array([1, 1]))     # 1 crosses, 2 was trainable already
+    assert counts.trainable_since(generation, at)[2].tolist() == [1]
+    assert counts.trainable_since(generation, at + 1)[2].tolist() == []
+    # churn: keys cross, leave and cross again until the log outgrows 2 x capacity
+    for k in range(10, 40):
+        counts.add(np.array([k], np.uint64), np.array([3]))
+    g2, at2, keys2 = counts.trainable_since(generation, at + 1)
+    assert g2 != generation, "the log should have restarted"
+    assert sorted(keys2.tolist()) == sorted(counts.trainable_keys().tolist()) and at2 <= 2 * counts.capacity
+
+
+def test_a_word_the_cluster_trains_is_trainable_at_its_first_occurrence_here():
+    vocab = OnlineVocab(capacity=100, min_count=5)
+    vocab.update(["apple", "pear"])
+    assert not vocab.trainable[vocab.slot("apple")]
+    known = np.sort(np.array([word_key("apple"), word_key("kiwi")], np.uint64))
+    made = vocab.learn_trainable(known, known)
+    assert made.tolist() == [vocab.slot("apple")]                     # held here: trainable now
+    upd = vocab.update(["kiwi", "plum"])                             # first occurrence here
+    assert vocab.trainable[vocab.slot("kiwi")] and vocab.slot("kiwi") in upd.newly_trainable.tolist()
+    assert not vocab.trainable[vocab.slot("plum")] and not vocab.trainable[vocab.slot("pear")]
+
+
+def test_a_worker_trains_a_word_from_its_first_occurrence_once_another_worker_made_it_trainable(ps_cluster):
+    """Through a real server: worker A reads "zebra" min_count times and syncs; worker B, which never
+    reported it, learns from the journal at its next sync and trains its very first "zebra"."""
+    _, join = ps_cluster
+    stores, trainers = [], []
+    for _ in range(2):
+        store = ReplicaStore(join(), 16, seed=1, timeout=20)
+        trainer = Trainer(_config(sample=0.0), store)
+        store.on_totals = trainer.apply_cluster_counts
+        store.on_trainable = trainer.learn_cluster_trainable
+        stores.append(store)
+        trainers.append(trainer)
+    (a, b), (ta, tb) = stores, trainers
+    ta.train_records(["zebra lion"] * 3)       # 3 = min_count: trainable on A (and counted on the server)
+    a.sync()
+    b.sync()                                    # B has never read either word: it only hears the news
+    assert "zebra" not in tb.vocab
+    stats = tb.train_records(["zebra lion"])
+    assert stats.kept == 2, "B's first occurrences were not trained"
+    assert tb.vocab.trainable[tb.vocab.slot("zebra")]
 
 
 # -------------------------------------------------------------- real workers on a real topic

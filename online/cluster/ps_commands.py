@@ -53,6 +53,7 @@ HEAD_SET_WORDS = 100
 HEAD_CHANGES = 101
 HEAD_STATS = 102
 HEAD_WORKER_REPORT = 103     # worker -> server 0: its lag and rate (orjson), for the front end's stats
+HEAD_TRAINABLE_SINCE = 104   # worker -> server: the keys that became trainable since a position of its journal
 HEAD_CHECKPOINT_PAUSE = 110     # to workers: finish in-flight batches, pause, report offsets
 HEAD_CHECKPOINT_SAVE = 111      # to servers: write your shard for checkpoint id
 HEAD_CHECKPOINT_RESUME = 112    # to workers: go on
@@ -92,6 +93,18 @@ def decode_words(body: bytes) -> tuple[np.ndarray, list[str]]:
         return keys, [w.decode("utf-8") for w in words]
     except UnicodeDecodeError as exc:
         raise PayloadError(f"word is not UTF-8: {exc}") from None
+
+
+def encode_trainable(generation: int, position: int, keys: np.ndarray) -> bytes:
+    """The answer to ``HEAD_TRAINABLE_SINCE``: the journal's generation, the next position, the keys."""
+    return struct.pack("<QQ", generation, position) + np.ascontiguousarray(keys, dtype=np.uint64).tobytes()
+
+
+def decode_trainable(body: bytes) -> tuple[int, int, np.ndarray]:
+    if len(body) < 16 or (len(body) - 16) % 8:
+        raise PayloadError(f"trainable body of {len(body)} bytes is not a 16-byte header and 8-byte keys")
+    generation, position = struct.unpack_from("<QQ", body)
+    return generation, position, np.frombuffer(body, dtype=np.uint64, offset=16)
 
 
 def encode_changes(*, epoch: int, version: int, full: bool, keys: np.ndarray, words: list[str],

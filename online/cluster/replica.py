@@ -45,6 +45,7 @@ import threading
 import time
 
 import numpy as np
+import orjson
 
 from online.cluster import ps_commands as pc
 from online.learner.embedding_shard import EmbeddingShard
@@ -201,12 +202,45 @@ class ReplicaShard(EmbeddingShard):
             return super().free(keys)
 
 
+class TrainableJournal:
+    """A worker's copy of each server's trainable journal (``online.learner.word_counts``): the keys of the
+    words the cluster trains, per server, and where to ask from next. Bounded by the servers' word tables."""
+
+    def __init__(self, servers: int):
+        self._keys = [np.zeros(0, dtype=np.uint64) for _ in range(servers)]
+        self._at = [(0, 0)] * servers     # (generation, position) per server
+        self.changed = False              # the known keys changed since the flag was last cleared
+
+    def ask(self, rank: int) -> bytes:
+        generation, since = self._at[rank]
+        return orjson.dumps({"generation": generation, "since": since})
+
+    def answer(self, rank: int, reply: tuple[int, int, np.ndarray]) -> np.ndarray:
+        """Take one server's reply; returns the keys new to this worker."""
+        generation, position, keys = reply
+        keys = np.unique(keys)
+        new = np.setdiff1d(keys, self._keys[rank], assume_unique=True)
+        if generation != self._at[rank][0]:   # a new log (restart, rollback, churn): it lists everything
+            self.changed |= len(keys) != len(self._keys[rank]) or len(new) > 0
+            self._keys[rank] = keys
+        else:
+            self._keys[rank] = np.union1d(self._keys[rank], new)
+        self.changed |= len(new) > 0
+        self._at[rank] = (generation, position)
+        return new
+
+    def known(self) -> np.ndarray:
+        """Every key listed, sorted (the servers' key ranges are disjoint but not ordered by rank here)."""
+        return np.sort(np.concatenate(self._keys))
+
+
 class ReplicaStore:
     """The trainer's ``ParamStore`` on a worker: a ``ReplicaShard`` trained in place, and ``sync``.
 
     ``online.learner.param_store`` gives the contract. ``local_shard`` returns the replica, so
     the trainer takes its in-place path; counts and words are buffered for the next sync.
-    ``on_totals(slots, keys, totals)`` is told the cluster's count of the words this worker read.
+    ``on_totals(slots, keys, totals)`` is told the cluster's count of the words this worker read, and
+    ``on_trainable(known, new)`` the words the cluster trains (each server's journal, read at every sync).
     """
 
     counts_every_word = True   # the trainer reports every word's count increments, not only trainable ones
@@ -219,6 +253,8 @@ class ReplicaStore:
         self.timeout = timeout
         self.shard = ReplicaShard(dim, optimizer=optimizer, eta=eta, seed=seed)
         self.on_totals = None
+        self.on_trainable = None   # (every key the cluster trains, sorted; the ones new here)
+        self.journal = TrainableJournal(len(worker.po.server_ids()))
         self._buffer_lock = threading.Lock()
         self._counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (slots, keys, deltas)
         self._words: dict[int, str] = {}
@@ -276,6 +312,8 @@ class ReplicaStore:
             try:
                 pending_words = self._send_words(words)
                 pending_counts = self._send_counts(counts)
+                pending_trainable = [kv.request(pc.HEAD_TRAINABLE_SINCE, self.journal.ask(rank), sid)
+                                     for rank, sid in enumerate(self._server_ids)]
             except BaseException:
                 self._requeue(counts, words)
                 raise
@@ -291,6 +329,11 @@ class ReplicaStore:
                     totals = np.rint(np.asarray(kv.wait(ts, self.timeout).vals, np.float64)).astype(np.int64)
                     if self.on_totals is not None:
                         self.on_totals(slots, uniq, totals)
+                news = [self.journal.answer(rank, pc.decode_trainable(kv.wait(ts, self.timeout)[0].body))
+                        for rank, ts in enumerate(pending_trainable)]
+                if self.on_trainable is not None and self.journal.changed:
+                    self.journal.changed = False
+                    self.on_trainable(self.journal.known(), np.concatenate(news))
             except BaseException:
                 self._requeue(counts, words)
                 raise

@@ -118,7 +118,7 @@ class ShardService:
         r = registry
         self.m_requests = {name: r.counter("livevec_server_requests_total", "KV and control requests served",
                                            kind=name)
-                           for name in ("pull", "push", "deltas", "counts", "word_counts", "free", "words",
+                           for name in ("pull", "push", "deltas", "counts", "word_counts", "free", "words", "trainable",
                                         "changes", "stats")}
         self.m_fenced = r.counter("livevec_server_fenced_total",
                                   "changes dropped unanswered: the sender is not a member of the training")
@@ -225,6 +225,14 @@ class ShardService:
                 since = int(ask.get("since", 0)) if ask.get("epoch") == self.epoch else 0
                 self.m_requests["changes"].inc()
                 app.response(req, self.changes_body(since))
+            elif req.head == pc.HEAD_TRAINABLE_SINCE:
+                ask = orjson.loads(req.body) if req.body else {}
+                if not isinstance(ask, dict):
+                    raise ValueError("trainable request must be a JSON object")
+                generation, position, keys = self.shard.trainable_since(int(ask.get("generation", 0)),
+                                                                        int(ask.get("since", 0)))
+                self.m_requests["trainable"].inc()
+                app.response(req, pc.encode_trainable(generation, position, keys))
             elif req.head == pc.HEAD_WORKER_REPORT:
                 report = orjson.loads(req.body)
                 if not isinstance(report, dict):
@@ -237,7 +245,7 @@ class ShardService:
             else:
                 if not self.extension.handle_simple(req, app):
                     raise ValueError(f"unknown head {req.head}")
-        except (ValueError, pc.PayloadError, orjson.JSONDecodeError) as exc:
+        except (ValueError, TypeError, pc.PayloadError, orjson.JSONDecodeError) as exc:
             self.c.rejected += 1
             self.m_rejected.inc()
             log_event(log, "control_rejected", logging.WARNING, sender=req.sender, head=req.head, error=str(exc))

@@ -183,6 +183,7 @@ class StreamingWorker:
                                         timeout=settings.request_timeout, registry=registry)
             self.trainer = Trainer(cfg, self.replica)
             self.replica.on_totals = self.trainer.apply_cluster_counts
+            self.replica.on_trainable = self.trainer.learn_cluster_trainable
         else:
             self.replica = None
             self.trainer = Trainer(cfg, PSParamStore(kv, cfg.dim, settings.request_timeout, registry))

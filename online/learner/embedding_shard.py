@@ -368,6 +368,12 @@ class EmbeddingShard:
                 self.counts[rows] = totals[trainable]
             return totals
 
+    def trainable_since(self, generation: int, since: int) -> tuple[int, int, np.ndarray]:
+        """``WordCounts.trainable_since`` under the shard's lock: the words workers should train from their
+        first occurrence."""
+        with self._lock:
+            return self.word_counts.trainable_since(generation, since)
+
     def free(self, keys: np.ndarray) -> int:
         """Delete the rows of ``keys`` (evicted words; absent keys are ignored)."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)

@@ -353,15 +353,28 @@ class Trainer:
             slots = np.asarray(slots, dtype=np.int64)
             ok = slots >= 0
             ok[ok] = vocab.keys[slots[ok]] == keys[ok]    # the slot still holds that word
-            new = vocab.mark_trainable(slots[ok], totals[ok] >= vocab.min_count)
-            if len(new):   # the noise table stays a local estimate: they join it at a local min_count
-                new_keys = vocab.keys[new]
-                self.store.set_words(new_keys, [vocab.words[s] for s in new.tolist()])
-                if self.shard is not None:
-                    rows = self.shard.rows_for(word_rows(new_keys), create=True)
-                    self.slot_in_row[new] = rows[:len(new)]
-                    self._set_out_rows(new, rows[len(new):])
-            return int(len(new))
+            return self._made_trainable(vocab.mark_trainable(slots[ok], totals[ok] >= vocab.min_count))
+
+    def learn_cluster_trainable(self, known: np.ndarray, new_keys: np.ndarray) -> int:
+        """The servers' journals: ``known`` (sorted) are every key the cluster trains, ``new_keys`` those
+        this worker had not heard of. Words in the vocabulary among them become trainable now, and a word
+        admitted later is trainable from its first occurrence if it is known. Returns how many became
+        trainable now."""
+        with self._lock:
+            return self._made_trainable(self.vocab.learn_trainable(known, new_keys))
+
+    def _made_trainable(self, new: np.ndarray) -> int:
+        """Rows and strings for slots the cluster made trainable (the noise table stays a local estimate:
+        they join it at a local min_count). Call with the lock held."""
+        if len(new):
+            vocab = self.vocab
+            new_keys = vocab.keys[new]
+            self.store.set_words(new_keys, [vocab.words[s] for s in new.tolist()])
+            if self.shard is not None:
+                rows = self.shard.rows_for(word_rows(new_keys), create=True)
+                self.slot_in_row[new] = rows[:len(new)]
+                self._set_out_rows(new, rows[len(new):])
+        return int(len(new))
 
 
 def default_threads() -> int:

@@ -41,6 +41,9 @@ word whose ``min_count`` occurrences are spread over many workers never reaches 
 one worker's table. ``mark_trainable`` records the servers' verdict; a word is then
 trainable while either its local count reaches ``min_count`` or the cluster said so. Local
 counts stay what subsampling and the noise table estimate frequencies from.
+``known_trainable`` holds the keys the servers' journals listed as trainable
+(``online.learner.word_counts``), so that a word new to this table is trainable from its first
+occurrence here when the cluster already trains it, instead of from this worker's next sync.
 """
 from __future__ import annotations
 
@@ -54,6 +57,14 @@ from online.learner.spans import TokenSpans, spans_of_tokens
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
+
+
+def _members(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """Which ``keys`` are in ``sorted_keys`` (a binary search each)."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[at] == keys
 
 
 @dataclass
@@ -85,6 +96,7 @@ class OnlineVocab:
         self.keys = np.zeros(self.capacity, dtype=np.uint64)
         self.trainable = np.zeros(self.capacity, dtype=bool)
         self.cluster_trainable = np.zeros(self.capacity, dtype=bool)   # the servers' verdict (see above)
+        self.known_trainable = _EMPTY_U64   # sorted keys the cluster trains (``learn_trainable``)
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
         self._size = 0
         self._live = np.zeros(self.capacity, dtype=bool)
@@ -200,7 +212,7 @@ class OnlineVocab:
         self.keys[slots] = np.fromiter(map(word_key, words), dtype=np.uint64, count=k)
         self.counts[slots] = 0
         self.trainable[slots] = False
-        self.cluster_trainable[slots] = False
+        self.cluster_trainable[slots] = _members(self.keys[slots], self.known_trainable)
         self._live[slots] = True
         self._size += k
         return slots
@@ -236,6 +248,15 @@ class OnlineVocab:
         self._used = wt.rebuild(self._tslot, self._thash, self._shift, self._arena, arena, self._offset,
                                 self._length, self._hash, live)
         self._arena = arena
+
+    def learn_trainable(self, known: np.ndarray, new_keys: np.ndarray) -> np.ndarray:
+        """The cluster trains ``known`` (sorted keys, all of them), of which ``new_keys`` are news; returns
+        the slots of words in this table that the news made trainable."""
+        self.known_trainable = np.asarray(known, dtype=np.uint64)
+        new_keys = np.unique(np.asarray(new_keys, dtype=np.uint64))
+        live = np.flatnonzero(self._live)
+        hit = live[_members(self.keys[live], new_keys)] if len(new_keys) and len(live) else _EMPTY_I64
+        return self.mark_trainable(hit, np.ones(len(hit), dtype=bool))
 
     def mark_trainable(self, slots: np.ndarray, trainable: np.ndarray) -> np.ndarray:
         """Record the cluster's verdict on ``slots`` (bool each); returns the slots that became trainable."""
