@@ -29,8 +29,10 @@ other workers trained. Staleness is therefore bounded by one sync interval.
 
 The vocabulary travels with the sync too (no round trip on the training path): the count
 increments of every word read (``CMD_WORD_COUNTS``: the servers answer with the cluster's
-totals, which make a word trainable wherever its occurrences were) and the strings of words
-that became trainable (``HEAD_SET_WORDS``). A word the worker's own table evicts loses its
+totals, which make a word trainable wherever its occurrences were), the strings of words
+that became trainable (``HEAD_SET_WORDS``), and each server's journal of the words that became
+trainable since this worker last asked (``HEAD_TRAINABLE_SINCE``, ``TrainableJournal``), so a
+word the cluster trains is trained here from its first occurrence. A word the worker's own table evicts loses its
 replica rows after their last delta is sent, never its rows on the servers.
 
 Bound: the replica holds the rows of the worker's trainable words, at most
