@@ -7,8 +7,10 @@ import pytest
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.key_index import KeyIndex
 from online.learner.param_store import LocalParamStore, ParamStore, server_range_starts
-from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, plan_pairs, train_inplace,
-                                walk_gradients)
+from numba import njit
+
+from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, _sigmoid32, batch_gradients, plan_pairs,
+                                        train_inplace, walk_gradients)
 from online.learner.keys import output_rows, word_keys, word_rows
 
 
@@ -74,9 +76,124 @@ def test_in_place_sgd_moves_along_minus_the_batch_gradient_for_a_small_step():
     assert pairs == len(pair_in)
     delta = (updated - vectors).astype(np.float64)
     expected = -eta * np.vstack([g_in, g_out])
-    np.testing.assert_allclose(delta, expected, atol=2e-3 * np.abs(expected).max())
+    # The kernel takes s(f) from a table (error <= 2e-6, test_the_sigmoid_table_...): each term's dL/df may be
+    # off by that much, so a row may be off by eta * 2e-6 * the sum of |partner row| over its terms.
+    bound = np.zeros(len(vectors))
+    row_max = np.abs(vectors.astype(np.float64)).max(axis=1)
+    for p in range(len(pair_in)):
+        for t in [pair_out[p]] + [n for n in negs[p] if n >= 0]:
+            bound[pair_in[p]] += row_max[n_words + t]
+            bound[n_words + t] += row_max[pair_in[p]]
+    atol = 2e-3 * np.abs(expected).max() + eta * SIGMOID_TABLE_ERROR * bound[:, None]
+    assert (np.abs(delta - expected) <= atol).all()
+    assert (eta * SIGMOID_TABLE_ERROR * bound).max() < 0.05 * np.abs(expected).max(), "the bound says something"
     changed = np.flatnonzero(np.any(updated != vectors, axis=1))
     assert np.flatnonzero(touched).tolist() == changed.tolist()
+
+
+SIGMOID_TABLE_ERROR = 2e-6       # linear interpolation over bins of h = 12/1000: h^2/8 max|s''| = 1.7e-6
+
+
+def _table_sigmoid(f):
+    """s(f) as the in-place kernel takes it, written independently: 0 / 1 beyond +-6, else s interpolated
+    linearly between the edges of f's bin among 1000 equal bins over [-6, 6]."""
+    if f >= 6:
+        return 1.0
+    if f <= -6:
+        return 0.0
+    k = np.floor((f + 6) / 0.012)
+    x0 = -6 + k * 0.012
+    s0, s1 = 1 / (1 + np.exp(-x0)), 1 / (1 + np.exp(-(x0 + 0.012)))
+    return s0 + (s1 - s0) * (f - x0) / 0.012
+
+
+def test_the_sigmoid_table_is_within_its_bound_and_clips_like_word2vec():
+    f = np.concatenate([np.linspace(-7, 7, 200_001), [-6, 6, np.nextafter(np.float32(6), 0), -np.nextafter(np.float32(6), 0)]])
+    table = _sigmoid32_of(f.astype(np.float32))
+    exact = 1 / (1 + np.exp(-f))
+    inside = np.abs(f) < 6
+    err = np.abs(table[inside] - exact[inside])
+    assert 0.5 * SIGMOID_TABLE_ERROR < err.max() <= SIGMOID_TABLE_ERROR   # interpolated (a step table: 0.003)
+    assert (table[f >= 6] == 1).all() and (table[f <= -6] == 0).all()
+    assert (np.diff(table[np.argsort(f)]) >= -1e-7).all()                  # monotone, up to float32 rounding
+    grid = np.linspace(-5.99, 5.99, 997)
+    np.testing.assert_allclose(_sigmoid32_of(grid.astype(np.float32)),       # the same interpolation
+                               [_table_sigmoid(x) for x in grid.astype(np.float64)], rtol=0, atol=3e-7)
+    order = np.argsort(f[inside])
+    assert np.abs(np.diff(table[inside][order])).max() < 1e-4, "continuous inside +-6: no jump at the bins' edges"
+
+
+@njit
+def _sigmoid32_of(f):
+    out = np.empty(len(f), np.float32)
+    for i in range(len(f)):
+        out[i] = _sigmoid32(f[i])
+    return out
+
+
+def _reference_inplace(vectors, acc, tokens, n_words, starts, noise, window, negative, eta, optimizer, seed):
+    """The in-place kernel written out in numpy (float64), pair by pair in word2vec.c's order: for each
+    target, g = y - s(u.v_t), neu1e += g v_t with the OLD v_t, then v_t's step; u's step once, after the
+    targets. Draws from plan_pairs (the kernel's generator); rows: token t -> t (input), n_words + t (output)."""
+    pair_in, pair_out, negs = plan_pairs(tokens, starts, noise, window, negative, seed)
+    x, a = vectors.astype(np.float64), acc.astype(np.float64)
+    dim = x.shape[1]
+    for p in range(len(pair_in)):
+        i = pair_in[p]
+        u = x[i].copy()
+        neu1e = np.zeros(dim)
+        for t, y in [(n_words + pair_out[p], 1.0)] + [(n_words + n, 0.0) for n in negs[p] if n >= 0]:
+            g = y - _table_sigmoid(u @ x[t])
+            neu1e += g * x[t]
+            if optimizer == OPT_ROW_ADAGRAD:
+                a[t, 0] += g * g * (u @ u) / dim
+                x[t] += eta * g / np.sqrt(a[t, 0]) * u
+            elif optimizer == OPT_ADAGRAD:
+                a[t] += (g * u) ** 2
+                x[t] += eta * g * u / np.sqrt(a[t])
+            else:
+                x[t] += eta * g * u
+        if optimizer == OPT_ROW_ADAGRAD:
+            a[i, 0] += neu1e @ neu1e / dim
+            x[i] += eta / np.sqrt(a[i, 0]) * neu1e
+        elif optimizer == OPT_ADAGRAD:
+            a[i] += neu1e ** 2
+            x[i] += eta * neu1e / np.sqrt(a[i])
+        else:
+            x[i] += eta * neu1e
+    return len(pair_in), x, a
+
+
+@pytest.mark.parametrize("optimizer", [OPT_SGD, OPT_ROW_ADAGRAD, OPT_ADAGRAD])
+@pytest.mark.parametrize("case", ["default", "empty sentences", "no noise", "no negatives"])
+def test_the_in_place_kernel_is_word2vecs_sequential_update(optimizer, case):
+    """The kernel draws one centre word ahead, prefetches, and fuses the neu1e and v_t passes: none of it may
+    change what it computes. Against the numpy reference, pair by pair, over several sentences (one of one
+    word, and in "empty sentences" empty ones, at the start, in the middle and at the end)."""
+    n_words, tokens, starts, noise, vectors, slot_out_row = _toy_batch(5)
+    window, negative, seed, eta = 3, 4, 17, 0.05
+    if case == "empty sentences":
+        starts = np.array([0, 0, 15, 15, 16, 40, 40], dtype=np.int64)
+    elif case == "no noise":
+        noise = noise[:0]
+    elif case == "no negatives":
+        negative = 0
+    vectors = vectors * 4          # |f| up to about 3: the table's middle and the clipping both met
+    acc = np.full((len(vectors), 8 if optimizer == OPT_ADAGRAD else 1), 1e-3, np.float32)
+    want_pairs, want_x, want_a = _reference_inplace(vectors, acc, tokens, n_words, starts, noise, window, negative,
+                                                    eta, optimizer, seed)
+    got_x, got_a = vectors.copy(), acc.copy()
+    touched = np.zeros(len(vectors), np.uint8)
+    pairs = train_inplace(got_x, got_x, got_a, got_a, tokens, tokens + n_words, starts, noise, slot_out_row, window,
+                          negative, eta, optimizer, seed, touched)
+    assert pairs == want_pairs > 50
+    moved = np.abs(want_x - vectors).max()
+    assert moved > 0.1
+    # float32 against float64; a wrong order or a missing term is off by eta * g * |v|, 100x more
+    np.testing.assert_allclose(got_x, want_x, rtol=0, atol=5e-4 * moved)
+    if optimizer != OPT_SGD:
+        np.testing.assert_allclose(got_a, want_a, rtol=2e-3)
+    assert np.flatnonzero(touched).tolist() == np.flatnonzero(np.any(want_x != vectors, axis=1)).tolist()
 
 
 def test_walk_with_rate_zero_is_the_snapshot_gradient():

@@ -42,6 +42,12 @@ Two kernels:
     through the trainer's slot -> row map once per change, not per draw), so a
     negative costs one load from a table that stays in the cache. ``train_inplace``
     is the same kernel for callers that hold a table of slots and a slot -> row map.
+    It is bound by memory rather than arithmetic: each negative is a random output row
+    of a matrix larger than the caches (plus its AdaGrad accumulator). So it draws a
+    centre word's windows and negatives one centre ahead of the updates (the same
+    generator in the same order: the same draws) and prefetches the next pair's
+    target rows while it trains the current pair (1.5 - 1.6x the pairs/s, see
+    ``bench/kernel_speed.py``); s(f) comes from word2vec.c's table (interpolated), in float32.
 
 ``walk_gradients``
     The parameter-server path. The caller pulled the batch's rows once into compact
@@ -61,7 +67,10 @@ Two kernels:
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import cgutils, types
+from numba.core.extending import intrinsic
 
 OPT_ADAGRAD = 0       # per-coordinate AdaGrad: accumulators [rows, dim]
 OPT_SGD = 1
@@ -111,6 +120,156 @@ def _pair_loss(f, label):
     return np.log1p(np.exp(x))
 
 
+@intrinsic
+def _prefetch(typingctx, ary, row, col):
+    """Hint the CPU to fetch the cache line of ``ary[row, col]`` (``llvm.prefetch``: read, keep in
+    all cache levels, data). No load and no fault: an address outside the array is harmless."""
+    if not (isinstance(ary, types.Array) and isinstance(row, types.Integer) and isinstance(col, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        aryty, rowty, colty = signature.args
+        array = context.make_array(aryty)(context, builder, args[0])
+        inds = [context.cast(builder, args[1], rowty, types.intp), context.cast(builder, args[2], colty, types.intp)]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, array, inds)
+        i8p = ir.PointerType(ir.IntType(8))
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], fnty)
+        i32 = ir.IntType(32)
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(ary, row, col), codegen
+
+
+@njit(inline="always")
+def _prefetch_row(mat, row):
+    """Prefetch every cache line of ``mat[row]`` (a 400-byte row of d=100 spans 7 or 8 lines)."""
+    n = mat.shape[1]
+    for c in range(0, n, 16):          # 16 float32 = one 64-byte line
+        _prefetch(mat, row, c)
+    _prefetch(mat, row, n - 1)
+
+
+# How many pairs ahead the targets' rows are prefetched. A pair (1 + 5 targets, d=100) takes about as long
+# as a row takes to come from memory; 2 pairs ahead measured the same as 1, 3 lower (the lines arrive and
+# are evicted again, or the fill buffers are full), prefetching only a row's first two lines 20 % lower.
+PREFETCH_PAIRS = 1
+
+
+@njit(inline="always")
+def _prefetch_negatives(syn1, acc1, negs, buf, q, negative, row_acc):
+    """Prefetch the output rows (and row-wise accumulators) of the negatives ``negs[buf, q]``."""
+    for k in range(negative):
+        t = negs[buf, q, k]
+        if t >= 0:
+            _prefetch_row(syn1, t)
+            if row_acc:
+                _prefetch(acc1, t, 0)
+
+
+# s(f) from a table, as word2vec.c and gensim do (EXP_TABLE_SIZE 1000 bins over [-MAX_EXP, MAX_EXP]), but
+# interpolated linearly between s at the bins' edges: the error is at most h^2/8 max|s''| = 0.012^2/8 * 0.0962
+# = 1.7e-6 (h = 12/1000, |s''| <= 1/(6 sqrt 3)), where word2vec.c's step table is off by up to 0.003, and s stays
+# continuous in f: two runs whose f differ by a rounding error get s differing by as little (a step table jumps
+# by a whole bin there, and the runs drift apart). A multiply, a conversion, two loads from 4 KB that stay in L1
+# and one multiply-add, where exp and a division sat on the path from f to the updates.
+EXP_TABLE_SIZE = 1000
+_SIG_SCALE = np.float32(EXP_TABLE_SIZE / (2 * MAX_EXP))
+_SIG_TABLE = (1.0 / (1.0 + np.exp(-(np.arange(EXP_TABLE_SIZE + 1) / EXP_TABLE_SIZE * 2 - 1) * MAX_EXP))
+              ).astype(np.float32)                                   # s at the 1001 edges of the bins
+_MAX_EXP32 = np.float32(MAX_EXP)
+_ONE32 = np.float32(1.0)
+_ZERO32 = np.float32(0.0)
+
+
+@njit(inline="always")
+def _sigmoid32(f):
+    """s(f) in float32: 0 or 1 outside [-MAX_EXP, MAX_EXP] (word2vec.c's clipping), else the table."""
+    if f >= _MAX_EXP32:
+        return _ONE32
+    if f <= -_MAX_EXP32:
+        return _ZERO32
+    z = (f + _MAX_EXP32) * _SIG_SCALE
+    k = min(max(np.int64(z), 0), EXP_TABLE_SIZE - 1)     # the clamp: rounding at the edge, and NaN
+    lo = _SIG_TABLE[k]
+    return lo + (_SIG_TABLE[k + 1] - lo) * (z - np.float32(k))
+
+
+@njit(inline="always")
+def _plan_centre(i, lo, hi, window, negative, out_rows, noise_rows, state, negs, buf):
+    """Draw centre ``i``'s reduced window and the negatives of its pairs into ``negs[buf]`` (pair q,
+    draw k; -1 = skipped: a word without a row, or the positive target itself), in word2vec.c's order:
+    the window first, then ``negative`` draws per context word j = j0..j1-1, j != i. Returns
+    (j0, j1, state). Drawing ahead of the updates does not change what is drawn (the generator never
+    sees the model), so the kernel draws exactly what it drew when it drew each negative in place."""
+    state = _lcg(state)
+    b = np.int64(state % np.uint64(window))
+    reach = window - b
+    j0 = max(lo, i - reach)
+    j1 = min(hi, i + reach + 1)
+    n_noise = noise_rows.shape[0]
+    word_out = out_rows[i]
+    q = 0
+    for j in range(j0, j1):
+        if j == i:
+            continue
+        for k in range(negative):
+            t = np.int64(-1)
+            if n_noise > 0:
+                state = _lcg(state)
+                t = np.int64(noise_rows[_draw(state, n_noise)])
+                if t == word_out:
+                    t = -1
+            negs[buf, q, k] = t
+        q += 1
+    return j0, j1, state
+
+
+@njit(inline="always")
+def _next_sentence(starts, s):
+    """The first non-empty sentence from ``s`` on (``len(starts) - 1`` if none)."""
+    n_sent = starts.shape[0] - 1
+    while s < n_sent and starts[s] == starts[s + 1]:
+        s += 1
+    return s
+
+
+@njit(inline="always")
+def _update_target(syn0, syn1, acc1, l1, target, f, label, uu, eta32, inv_dim, optimizer, neu1e, first):
+    """One (input l1, target) term, f = u . v_t: g = y - s(f); neu1e += g v_t (old v_t; ``first``: the
+    pair's first term, neu1e = g v_t, which spares zeroing it); v_t moves along g u.
+
+    For every optimizer the step on v_t is known before v_t is read again: SGD's eta g; row-wise
+    AdaGrad's eta g / sqrt(h) with h += g^2 |u|^2 / dim (|u|^2 = ``uu``, computed once per pair);
+    per-coordinate AdaGrad's needs only g u_d. So one pass over the row does both the neu1e term and
+    the update, reading v_t[d] once, with the old value going into neu1e exactly as in word2vec.c."""
+    dim = syn0.shape[1]
+    g = label - _sigmoid32(f)
+    if optimizer == OPT_ROW_ADAGRAD:
+        h = acc1[target, 0] + g * g * uu * inv_dim
+        acc1[target, 0] = h
+        step = eta32 * g / np.sqrt(h)
+        for d in range(dim):
+            v = syn1[target, d]
+            neu1e[d] = g * v if first else neu1e[d] + g * v
+            syn1[target, d] = v + step * syn0[l1, d]
+    elif optimizer == OPT_ADAGRAD:
+        for d in range(dim):
+            v = syn1[target, d]
+            neu1e[d] = g * v if first else neu1e[d] + g * v
+            gd = g * syn0[l1, d]
+            h = acc1[target, d] + gd * gd
+            acc1[target, d] = h
+            syn1[target, d] = v + eta32 * gd / np.sqrt(h)
+    else:
+        step = eta32 * g
+        for d in range(dim):
+            v = syn1[target, d]
+            neu1e[d] = g * v if first else neu1e[d] + g * v
+            syn1[target, d] = v + step * syn0[l1, d]
+
+
 @njit(nogil=True, fastmath=True, cache=True)
 def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
                        window, negative, eta, optimizer, seed, touched):
@@ -128,90 +287,96 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
     the shard's shared version array here instead costs 40% of the throughput with two
     threads: the hot rows' stamps share cache lines that both cores keep writing.)
     syn0 and syn1 may be the same matrix (one shard holds both kinds of rows).
+
+    The kernel waits on memory more than it computes: a negative's output row is a
+    random row of a matrix larger than the caches. So the draws run one centre word
+    ahead of the updates (``_plan_centre``: same generator, same order, the same
+    negatives), and while a pair is trained the rows (and accumulators) of the next
+    pair's targets are prefetched; they arrive while the current pair computes.
+    All of the arithmetic is float32 (s(f) from ``_sigmoid32``'s interpolated table).
     """
     dim = syn0.shape[1]
     neu1e = np.zeros(dim, dtype=np.float32)
+    negs = np.empty((2, 2 * window, max(negative, 1)), dtype=np.int64)   # [buffer, pair, draw]
     state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
-    n_noise = noise_rows.shape[0]
+    n_sent = starts.shape[0] - 1
+    row_acc = optimizer == OPT_ROW_ADAGRAD
     pairs = 0
     eta32 = np.float32(eta)
     inv_dim = np.float32(1.0 / dim)
-    uu = np.float32(-1.0)
-    for s in range(starts.shape[0] - 1):
-        lo = starts[s]
+    s = _next_sentence(starts, 0)
+    if s >= n_sent:
+        return 0
+    i = starts[s]
+    cur = 0
+    j0, j1, state = _plan_centre(i, starts[s], starts[s + 1], window, negative, out_rows, noise_rows, state, negs,
+                                 cur)
+    while True:
         hi = starts[s + 1]
-        for i in range(lo, hi):
-            word_out = out_rows[i]
-            state = _lcg(state)
-            b = np.int64(state % np.uint64(window))
-            reach = window - b
-            j0 = max(lo, i - reach)
-            j1 = min(hi, i + reach + 1)
-            for j in range(j0, j1):
-                if j == i:
+        word_out = out_rows[i]
+        # the next centre word (maybe in the next non-empty sentence): draw its pairs now
+        ni = i + 1
+        ns = s if ni < hi else _next_sentence(starts, s + 1)
+        more = ns < n_sent
+        nj0 = nj1 = 0
+        if more:
+            nj0, nj1, state = _plan_centre(ni, starts[ns], starts[ns + 1], window, negative, out_rows, noise_rows,
+                                           state, negs, 1 - cur)
+            _prefetch_row(syn1, out_rows[ni])
+        n_pairs = j1 - j0 - 1
+        q = 0
+        for j in range(j0, j1):
+            if j == i:
+                continue
+            # prefetch the targets of the pair PREFETCH_PAIRS on: this centre's, or the next centre's
+            ahead = q + PREFETCH_PAIRS
+            if ahead < n_pairs:
+                _prefetch_negatives(syn1, acc1, negs, cur, ahead, negative, row_acc)
+            elif more and ahead - n_pairs < nj1 - nj0 - 1:
+                _prefetch_negatives(syn1, acc1, negs, 1 - cur, ahead - n_pairs, negative, row_acc)
+            l1 = in_rows[j]
+            f = _ZERO32                       # the positive's u . v, and |u|^2 for row-wise AdaGrad, in one pass
+            uu = _ZERO32
+            for d in range(dim):
+                u = syn0[l1, d]
+                f += u * syn1[word_out, d]
+                uu += u * u
+            _update_target(syn0, syn1, acc1, l1, word_out, f, _ONE32, uu, eta32, inv_dim, optimizer, neu1e, True)
+            touched[word_out] = 1
+            for k in range(negative):
+                target = negs[cur, q, k]
+                if target < 0:
                     continue
-                l1 = in_rows[j]
-                uu = np.float32(-1.0)   # |u|^2 of the input row, computed once per pair when needed
+                f = _ZERO32
                 for d in range(dim):
-                    neu1e[d] = 0.0
-                for k in range(negative + 1):
-                    if k == 0:
-                        target = word_out
-                        label = 1.0
-                    else:
-                        if n_noise == 0:
-                            break
-                        state = _lcg(state)
-                        target = np.int64(noise_rows[_draw(state, n_noise)])
-                        if target < 0 or target == word_out:
-                            continue
-                        label = 0.0
-                    f = np.float32(0.0)
-                    for d in range(dim):
-                        f += syn0[l1, d] * syn1[target, d]
-                    g = np.float32(label - _sigmoid(f))
-                    for d in range(dim):
-                        neu1e[d] += g * syn1[target, d]
-                    touched[target] = 1
-                    if optimizer == OPT_ROW_ADAGRAD:
-                        if uu < 0:
-                            uu = np.float32(0.0)
-                            for d in range(dim):
-                                uu += syn0[l1, d] * syn0[l1, d]
-                        h = acc1[target, 0] + g * g * uu * inv_dim
-                        acc1[target, 0] = h
-                        step = eta32 * g / np.sqrt(h)
-                        for d in range(dim):
-                            syn1[target, d] += step * syn0[l1, d]
-                    elif optimizer == OPT_ADAGRAD:
-                        for d in range(dim):
-                            gd = g * syn0[l1, d]
-                            h = acc1[target, d] + gd * gd
-                            acc1[target, d] = h
-                            syn1[target, d] += eta32 * gd / np.sqrt(h)
-                    else:
-                        for d in range(dim):
-                            syn1[target, d] += eta32 * g * syn0[l1, d]
-                touched[l1] = 1
-                if optimizer == OPT_ROW_ADAGRAD:
-                    nn = np.float32(0.0)
-                    for d in range(dim):
-                        nn += neu1e[d] * neu1e[d]
-                    h = acc0[l1, 0] + nn * inv_dim
-                    acc0[l1, 0] = h
-                    step = eta32 / np.sqrt(h)
-                    for d in range(dim):
-                        syn0[l1, d] += step * neu1e[d]
-                elif optimizer == OPT_ADAGRAD:
-                    for d in range(dim):
-                        gd = neu1e[d]
-                        h = acc0[l1, d] + gd * gd
-                        acc0[l1, d] = h
-                        syn0[l1, d] += eta32 * gd / np.sqrt(h)
-                else:
-                    for d in range(dim):
-                        syn0[l1, d] += eta32 * neu1e[d]
-                pairs += 1
+                    f += syn0[l1, d] * syn1[target, d]
+                _update_target(syn0, syn1, acc1, l1, target, f, _ZERO32, uu, eta32, inv_dim, optimizer, neu1e,
+                               False)
+                touched[target] = 1
+            touched[l1] = 1
+            if row_acc:
+                nn = _ZERO32
+                for d in range(dim):
+                    nn += neu1e[d] * neu1e[d]
+                h = acc0[l1, 0] + nn * inv_dim
+                acc0[l1, 0] = h
+                step = eta32 / np.sqrt(h)
+                for d in range(dim):
+                    syn0[l1, d] += step * neu1e[d]
+            elif optimizer == OPT_ADAGRAD:
+                for d in range(dim):
+                    gd = neu1e[d]
+                    h = acc0[l1, d] + gd * gd
+                    acc0[l1, d] = h
+                    syn0[l1, d] += eta32 * gd / np.sqrt(h)
+            else:
+                for d in range(dim):
+                    syn0[l1, d] += eta32 * neu1e[d]
+            pairs += 1
+            q += 1
+        if not more:
+            break
+        i, s, j0, j1, cur = ni, ns, nj0, nj1, 1 - cur
     return pairs
 
 
