@@ -2,8 +2,9 @@
 
 * recall@10 against exact search on clustered rows, and every IVF answer's scores are the
   exact scores of the words it returns;
-* exact answers before the lists are built, with ``search=exact``, and for a query whose
-  probed lists hold fewer than k rows;
+* exact answers before the lists are built, with ``search=exact``, for a query whose
+  probed lists hold fewer than k rows, and for a weak neighbourhood (k-th score below
+  ``ivf_exact_below``: near-random rows, whose neighbours the lists miss), counted in stats;
 * a sync files new and moved rows at once (found by the very next query) and never
   returns removed ones;
 * the double-buffered rows: no array anyone still holds is written by a later sync;
@@ -24,8 +25,9 @@ from aiohttp.test_utils import TestServer
 from online.frontend import int8_prefilter, row_store
 from online.frontend.app import ENGINE, create_app
 from online.frontend.int8_prefilter import TILE_ROWS, code_matrix, quantise
-from online.frontend.ivf_build import IvfMaintainer
+from online.frontend.ivf_build import IvfMaintainer, calibrate_floor
 from online.frontend.model_index import ModelHolder, ModelIndex, SearchConfig
+from online.frontend.query_engine import QueryEngine
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelDelta
 from online.learner.keys import word_key, word_keys
@@ -142,6 +144,135 @@ def test_exact_before_the_lists_exist_and_when_asked():
     answers, methods = built.search(q[:3], ex[:3], [10, 4000, 10])
     assert methods == ["ivf", "exact", "ivf"]
     assert answers[1] == built.top_k(q[1:2], ex[1:2], [4000])[0]
+
+
+def weak_and_strong(seed: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Clustered rows (k-th cosine about 0.73) and near-random ones (about 0.45 in 64 dimensions:
+    like undertrained rare words, their top 10 is a near-tie spread over many lists)."""
+    rng = np.random.default_rng(seed + 1000)          # not clustered()'s generator: its first draws are the centres
+    vectors = np.concatenate([clustered(16000, 64, 100, seed=seed), rng.standard_normal((4000, 64))]).astype(np.float32)
+    return vectors, np.arange(16000, 20000)
+
+
+def test_weak_neighbourhoods_are_redone_exactly():
+    vectors, noise_rows = weak_and_strong()
+    holder = with_lists(vectors, SearchConfig(ivf_min_rows=1000, ivf_nprobe=8))
+    index = holder.current
+    rng = np.random.default_rng(17)
+    weak = rng.choice(noise_rows, 60, replace=False)
+    strong = rng.choice(16000, 60, replace=False)
+    rows = np.concatenate([weak, strong])
+    q, ex = index.unit[rows].copy(), [[int(r)] for r in rows]
+    exact = index.top_k(q, ex, [10] * len(rows))
+    # without the floor the lists miss neighbours of the near-random rows (what the floor is for)
+    index.config = dataclasses.replace(index.config, ivf_exact_below=0.0)
+    plain, methods = index.search(q, ex, [10] * len(rows))
+    assert set(methods) == {"ivf"}
+    missed = np.mean([len({n.word for n in a} & {n.word for n in e}) / 10 for a, e in zip(plain[:60], exact[:60])])
+    assert missed < 0.95, missed
+    index.config = dataclasses.replace(index.config, ivf_exact_below=0.55)
+    why: list[str] = []
+    answers, methods = index.search(q, ex, [10] * len(rows), why=why)
+    # weak exactly where the lists' own k-th score is below the floor: most near-random rows, no clustered one
+    assert why == ["weak" if a[-1].score < 0.55 else "ivf" for a in plain]
+    assert why.count("weak") >= 50 and why[60:] == ["ivf"] * 60
+    assert methods == ["exact" if w == "weak" else "ivf" for w in why]
+    for a, e, w, p in zip(answers, exact, why, plain):
+        assert a == (e if w == "weak" else p)                   # redone: the exact answer itself
+    redone = [i for i, w in enumerate(why) if w == "weak"]
+    weak_recall = np.mean([len({n.word for n in answers[i]} & {n.word for n in exact[i]}) / 10 for i in redone])
+    assert weak_recall == 1.0
+    # the reasons add up: a short one (k beyond the probed rows) is "short", not "weak"
+    why = []
+    first = next(i for i, a in enumerate(plain) if a[-1].score < 0.55)
+    index.search(q[[first, first]], [ex[first]] * 2, [10, 19000], why=why)
+    assert why == ["weak", "short"]
+
+
+async def test_the_engine_counts_what_it_redid_exactly():
+    vectors, noise_rows = weak_and_strong()
+    holder = with_lists(vectors, SearchConfig(ivf_min_rows=1000, ivf_nprobe=8))
+    engine = QueryEngine(holder, threaded=False)
+    kth = [holder.current.most_similar([f"w{r}"], k=10)[-1].score for r in noise_rows[:20]]
+    weak = await engine.query([f"w{noise_rows[int(np.argmin(kth))]}"], [], 10)
+    strong = await engine.query(["w3"], [], 10)
+    assert weak.search == "exact" and strong.search == "ivf"
+    report = engine.report()
+    assert report["redone_exactly"] == {"short": 0, "weak": 1}
+    assert report["answered"] == {"exact": 1, "ivf": 1}
+
+
+def test_a_dense_cone_is_ranked_exactly_past_the_first_candidate_buffer(scan):
+    """Rows of one narrow cone (like the mid-frequency words of a one-epoch skip-gram model): far
+    more rows lie within the int8 error of the k-th score than the re-rank's first buffer holds
+    (4k + 1024), so the buffers grow; answers stay those of the float32 product."""
+    rng = np.random.default_rng(20)
+    axis = rng.standard_normal(48).astype(np.float32)
+    vectors = (axis + 0.08 * rng.standard_normal((12000, 48))).astype(np.float32)
+    holder = with_lists(vectors, SearchConfig(ivf_min_rows=1000, ivf_nprobe=16, ivf_exact_below=0.0))
+    index = holder.current
+    rows = rng.choice(index.n, 12, replace=False)
+    q, ex = index.unit[rows].copy(), [[int(r)] for r in rows]
+    scores = q @ index.unit.T
+    kth = np.sort(scores, axis=1)[:, -11]
+    slack = 2 * (index.code_error.max() + 0.01)
+    assert np.min(np.sum(scores >= kth[:, None] - slack, axis=1)) > 4 * 10 + 1024
+    for k in (10, 100):
+        fast = index.top_k(q, ex, [k] * len(rows), prefilter=True)
+        brute = index.top_k(q, ex, [k] * len(rows), prefilter=False)
+        for f, b in zip(fast, brute):
+            assert [n.word for n in f] == [n.word for n in b] or \
+                np.allclose([n.score for n in f], [n.score for n in b], atol=1e-6)
+    answers, methods = index.search(q, ex, [10] * len(rows))
+    assert set(methods) == {"ivf"}
+    for qi, ans in zip(q, answers):                    # exact scores, best first
+        got = [n.score for n in ans]
+        assert got == sorted(got, reverse=True) and len(got) == 10
+        for nb in ans:
+            assert abs(nb.score - float(index.unit[index.row(nb.word)] @ qi)) < 1e-5
+
+
+def test_the_calibrated_floor_is_the_lowest_cut_that_reaches_the_target():
+    rng = np.random.default_rng(18)
+    kth = np.round(rng.uniform(0.2, 0.9, 400), 2)                     # ties in the k-th score
+    recall = np.where(kth < 0.5, rng.uniform(0.3, 1.0, 400), 1.0)      # the lists miss only below 0.5
+    for target in (0.9, 0.95, 0.99, 0.995, 1.0):
+        f = calibrate_floor(kth, recall, target)
+        served = np.where(kth < f, 1.0, recall)
+        assert served.mean() >= target - 1e-12, (target, f)
+        below = kth[kth < f]
+        if len(below):                                                  # one score less would not do
+            lower = below.max()
+            assert np.where(kth < lower, 1.0, recall).mean() < target, (target, f)
+        assert f <= 0.5 + 1e-9 or target > served.mean() - 1e-9
+    assert calibrate_floor(kth, np.ones(400), 0.995) == 0.0             # nothing missed: nothing redone
+    assert calibrate_floor(np.full(10, 0.3), np.zeros(10), 0.5) > 0.3   # all tied and needed: all redone
+
+
+def test_the_monitor_calibrates_the_floor_from_what_it_measures():
+    vectors, noise_rows = weak_and_strong()
+    config = SearchConfig(ivf_min_rows=1000, ivf_nprobe=8, ivf_exact_below=0.0)
+    holder = with_lists(vectors, config)
+    index = holder.current
+    rows = np.random.default_rng(19).choice(index.n, 400, replace=False)
+    before, _ = recall(index, rows)
+    assert before < 0.97, before                                        # the lists alone miss (near-random rows)
+    maintainer = IvfMaintainer(holder, config)
+    for _ in range(64):                                                 # 8 words a check: the 512-pair window
+        maintainer.check_recall()
+    floor = holder.current.config.ivf_exact_below
+    assert maintainer.report(holder.current)["exact_below_calibrated"] == floor and maintainer.floor_updates >= 1
+    assert 0.3 < floor < 0.73, floor                                    # between the near-random and clustered k-th
+    after, methods = recall(holder.current, rows)
+    assert after >= 0.99, (after, floor)
+    assert "ivf" in methods and "exact" in methods
+    # the next snapshot inherits it, and a configured floor stays put without auto
+    holder.swap(holder.current.apply(ModelDelta.unchanged(3, vectors.shape[1])))
+    assert holder.current.config.ivf_exact_below == floor
+    fixed = dataclasses.replace(config, ivf_exact_below_auto=False)
+    holder.current.config = fixed
+    maintainer.check_recall()
+    assert holder.current.config is fixed
 
 
 def test_new_rows_are_found_right_after_a_delta_and_moved_rows_follow():
@@ -315,6 +446,7 @@ async def test_answers_say_how_they_were_searched():
     assert batch["results"][0]["search"] == "ivf" and "search" not in batch["results"][1]
     assert analogy["search"] == "ivf"
     assert stats["search"]["answered"]["exact"] >= 1 and "recall_at_10" in stats["search"]
+    assert stats["search"]["redone_exactly"] == {"short": 0, "weak": 0} and stats["search"]["exact_below"] == 0.55
 
 
 async def test_overload_is_answered_503_quickly_instead_of_queued():

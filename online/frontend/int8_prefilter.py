@@ -187,85 +187,55 @@ def _heap_push(heap, size, k, v):
     return size
 
 
-@njit(nogil=True, cache=True)
-def _candidates(approx, tile_max, tile_error, qnorm, margins, error, slot_row, exclude_ptr, exclude_slots, k,
-                counts, out_rows):
-    """Slots whose upper bound reaches the k-th best lower bound, per query (``approx`` is [b, n]).
+@njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _dot(unit, row, queries, i):
+    """float32 q . x in a vectorised loop (the only exact score the re-rank computes)."""
+    acc = np.float32(0.0)
+    for t in range(unit.shape[1]):
+        acc += unit[row, t] * queries[i, t]
+    return acc
 
-    One pass per query over its approximate scores: a value heap tracks the k-th largest
-    lower bound so far, slots whose upper bound reaches it are collected, and at the end those
-    the final k-th lower bound rules out are dropped (slots tied with the k-th stay). Any row
-    of the exact top k has upper bound >= its exact score >= the k-th exact score >= the
-    k-th largest lower bound, so it is kept. ``out_rows`` is [b, cap]; a query with more than
-    ``cap`` candidates gets ``counts[i] = -1`` and the caller scores all rows exactly. Excluded
-    slots are never candidates. A slot's slack is ``qnorm[i] * error[slot] + margins[i]``.
 
-    Slots come in tiles of TILE_ROWS with their best approximate score (``tile_max``, [b,
-    tiles]) and largest error (``tile_error``): once the threshold is known, a tile whose
-    best upper bound misses it is skipped whole, so most of the 100k rows are never looked
-    at one by one. An empty slot (``slot_row`` < 0) is skipped.
-    """
-    b, n = approx.shape
-    tiles = tile_max.shape[1]
-    cap = out_rows.shape[1]
-    heap = np.empty(k, dtype=np.float32)
-    for i in range(b):
-        for j in range(exclude_ptr[i], exclude_ptr[i + 1]):
-            if exclude_slots[j] >= 0:
-                approx[i, exclude_slots[j]] = -np.inf
-        qn = qnorm[i]
-        margin = margins[i]
-        size = 0
-        c = 0
-        threshold = -np.inf
-        for tile in range(tiles):
-            if tile_max[i, tile] + (qn * tile_error[tile] + margin) < threshold:
-                continue
-            for j in range(tile * TILE_ROWS, min(n, (tile + 1) * TILE_ROWS)):
-                s = approx[i, j]
-                if s == -np.inf:
-                    continue
-                slack = qn * error[j] + margin
-                if s + slack < threshold:          # cannot reach the current k-th lower bound
-                    continue
-                if slot_row[j] < 0:
-                    continue
-                if c >= 0:
-                    if c >= cap:
-                        c = -1
-                    else:
-                        out_rows[i, c] = j
-                        c += 1
-                size = _heap_push(heap, size, k, s - slack)
-                if size >= k:                      # the heap is full: its root is the k-th lower bound
-                    threshold = heap[0]
-        if c > 0:                                  # drop those the final k-th lower bound rules out
-            threshold = heap[0] if size >= k else -np.inf
-            kept = 0
-            for t in range(c):
-                j = out_rows[i, t]
-                if approx[i, j] + (qn * error[j] + margin) >= threshold:
-                    out_rows[i, kept] = j
-                    kept += 1
-            c = kept
-        counts[i] = c
+@njit(nogil=True, cache=True, inline="always")
+def _insert(out_rows, out_scores, i, k, filled, row, acc):
+    """Put (row, acc) into query i's exact top k (best first; ties: lower row first); new fill."""
+    if filled < k:
+        at = filled
+        filled += 1
+    elif acc > out_scores[i, k - 1] or (acc == out_scores[i, k - 1] and row < out_rows[i, k - 1]):
+        at = k - 1
+    else:
+        return filled
+    while at > 0 and (out_scores[i, at - 1] < acc or (out_scores[i, at - 1] == acc and out_rows[i, at - 1] > row)):
+        out_scores[i, at] = out_scores[i, at - 1]
+        out_rows[i, at] = out_rows[i, at - 1]
+        at -= 1
+    out_scores[i, at] = acc
+    out_rows[i, at] = row
+    return filled
 
 
 @njit(nogil=True, cache=True)
 def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, constant, error, slot_row, exclude_ptr,
                 exclude_rows, unit, queries, k, cap, out_rows, out_scores, status):
-    """``_candidates`` over the tiles each query scanned (``scan_tiles``: query i's tiles are
-    ``tile_ids[tile_ptr[i]:tile_ptr[i + 1]]``, their scores ``approx[64 j : 64 j + 64]``; excluded
-    rows are checked by value, the few query words) and the exact re-rank in one call: the candidates
-    (slots whose upper bound reaches the k-th lower bound) are re-scored in float32 in order of
-    their upper bound, best first, until the next bound is below the k-th exact score (nothing
-    after it can enter). ``out_rows``/``out_scores`` get the exact top k of the scanned rows
-    (ties: lower row first; -1 / -inf where unfilled); ``status[i]`` is the number of candidates,
-    or -1 when there were more than ``cap`` (the caller then scores every scanned row)."""
+    """Candidates over the tiles each query scanned (``scan_tiles``: query i's tiles are
+    ``tile_ids[tile_ptr[i]:tile_ptr[i + 1]]``, their scores ``approx[64 j : 64 j + 64]``; the full
+    scan is the case where every query lists every tile) and the exact re-rank in one call.
+    ``out_rows``/``out_scores`` get the exact top k of the scanned rows (ties: lower row first;
+    -1 / -inf where unfilled); ``status[i]`` is the number of candidates.
+
+    There is no cap on the candidates (the buffers grow): rows of a dense cone, e.g. the
+    mid-frequency words of a one-epoch skip-gram model, have thousands of rows within the int8
+    error of the k-th score (18k of 220k, cosines 0.95 - 0.98), and the old way out (every scanned
+    row in numpy, then a sort) cost 5 - 20 ms a query. The re-rank needs no sort either: the
+    candidates whose lower bound is among the k best are scored first (the k-th of their exact
+    scores is a lower bound of the final k-th), then every other candidate whose upper bound
+    still reaches the current k-th exact score. Any row of the scanned rows' exact top k has
+    upper bound >= its score >= the k-th exact score >= the k-th lower bound, so it is scored."""
     b = len(tile_ptr) - 1
-    d = unit.shape[1]
     heap = np.empty(k, dtype=np.float32)
-    pos = np.empty(cap, dtype=np.int64)
+    cap = max(cap, 16)
+    lb = np.empty(cap, dtype=np.float32)
     ub = np.empty(cap, dtype=np.float32)
     rows = np.empty(cap, dtype=np.int64)
     for i in range(b):
@@ -292,14 +262,16 @@ def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, consta
                         excluded = True
                 if excluded:
                     continue
-                if c >= 0:
-                    if c >= cap:
-                        c = -1
-                    else:
-                        pos[c] = j * TILE_ROWS + t
-                        ub[c] = s + slack
-                        rows[c] = row
-                        c += 1
+                if c >= len(rows):                      # grow the candidate buffers
+                    grown = 2 * len(rows)
+                    lb2, ub2 = np.empty(grown, np.float32), np.empty(grown, np.float32)
+                    rows2 = np.empty(grown, np.int64)
+                    lb2[:c], ub2[:c], rows2[:c] = lb[:c], ub[:c], rows[:c]
+                    lb, ub, rows = lb2, ub2, rows2
+                lb[c] = s - slack
+                ub[c] = s + slack
+                rows[c] = row
+                c += 1
                 size = _heap_push(heap, size, k, s - slack)
                 if size >= k:
                     threshold = heap[0]
@@ -307,35 +279,19 @@ def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, consta
         for t in range(k):
             out_rows[i, t] = -1
             out_scores[i, t] = -np.inf
-        if c <= 0:
+        if c == 0:
             continue
         threshold = heap[0] if size >= k else -np.inf
-        order = np.argsort(-ub[:c], kind="mergesort")
-        filled = 0                                  # out_*[i, :filled] is the exact top so far, best first
-        for o in order:
-            bound = ub[o]
-            if bound < threshold:                   # ruled out by the final k-th lower bound
-                break
-            if filled >= k and bound < out_scores[i, k - 1]:
-                break                               # no later candidate can reach the k-th exact score
-            row = rows[o]
-            acc = np.float32(0.0)
-            for t in range(d):
-                acc += unit[row, t] * queries[i, t]
-            if filled < k:
-                at = filled
-                filled += 1
-            elif acc > out_scores[i, k - 1] or (acc == out_scores[i, k - 1] and row < out_rows[i, k - 1]):
-                at = k - 1
-            else:
+        filled = 0
+        for o in range(c):                              # the k best lower bounds (and ties) first
+            if lb[o] >= threshold:
+                filled = _insert(out_rows, out_scores, i, k, filled, rows[o], _dot(unit, rows[o], queries, i))
+        for o in range(c):                              # then whatever can still reach the k-th
+            if lb[o] >= threshold or ub[o] < threshold:
                 continue
-            while at > 0 and (out_scores[i, at - 1] < acc or (out_scores[i, at - 1] == acc
-                                                               and out_rows[i, at - 1] > row)):
-                out_scores[i, at] = out_scores[i, at - 1]
-                out_rows[i, at] = out_rows[i, at - 1]
-                at -= 1
-            out_scores[i, at] = acc
-            out_rows[i, at] = row
+            if filled >= k and ub[o] < out_scores[i, k - 1]:
+                continue
+            filled = _insert(out_rows, out_scores, i, k, filled, rows[o], _dot(unit, rows[o], queries, i))
 
 
 @njit(nogil=True, cache=True)
@@ -389,6 +345,12 @@ def approx_scores(codes: np.ndarray, scale: np.ndarray, csum: np.ndarray, querie
     """[b, n] scores of the first ``n`` int8 slots, the best score of each of their tiles ([b,
     tiles]) and, per query, |q - q_hat| (0 where q is not quantised). ``codes`` may hold
     more tiles (spare capacity); only ceil(n / 64) are scanned."""
+    out, tile_max, qerror = _approx_full(codes, scale, csum, queries, n, scan)
+    return out[:, :n], tile_max, qerror
+
+
+def _approx_full(codes, scale, csum, queries, n, scan):
+    """``approx_scores`` with whole tiles ([b, tiles * 64]; slots beyond ``n`` score 0, or -inf in numpy)."""
     groups = codes.shape[1]
     tiles = -(-n // TILE_ROWS)
     b, dim = queries.shape
@@ -398,7 +360,7 @@ def approx_scores(codes: np.ndarray, scale: np.ndarray, csum: np.ndarray, querie
         tile_max = np.empty((b, tiles), dtype=np.float32)
         _int8_scan.scan(codes, csum, scale, packed, qscale, out, tile_max, tiles, groups, b, tiles * TILE_ROWS,
                         isa=ISA[scan])
-        return out[:, :n], tile_max, qerror
+        return out, tile_max, qerror
     out = np.full((b, tiles * TILE_ROWS), -np.inf, dtype=np.float32)
     rows = min(CODE_BLOCK_ROWS, n)
     block = np.empty((rows, dim), dtype=np.float32)
@@ -411,7 +373,7 @@ def approx_scores(codes: np.ndarray, scale: np.ndarray, csum: np.ndarray, querie
             out[:, lo:hi] = part
         else:
             out[:, lo:hi] = queries @ block[:hi - lo].T
-    return out[:, :n], out.reshape(b, tiles, TILE_ROWS).max(axis=2), np.zeros(b, np.float32)
+    return out, out.reshape(b, tiles, TILE_ROWS).max(axis=2), np.zeros(b, np.float32)
 
 
 def quantise(unit: np.ndarray, rows: np.ndarray | None = None, codes=None, slots: np.ndarray | None = None):
@@ -439,7 +401,7 @@ def code_matrix(codes: np.ndarray, n: int, dim: int) -> np.ndarray:
 
 
 def tile_error(error: np.ndarray) -> np.ndarray:
-    """Largest |x - x_hat| per tile: lets ``_candidates`` skip whole tiles."""
+    """Largest |x - x_hat| per tile: lets ``_ivf_select`` skip whole tiles."""
     return error.reshape(-1, TILE_ROWS).max(axis=1) if len(error) else np.zeros(0, np.float32)
 
 
@@ -463,34 +425,27 @@ def prefiltered_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, queries:
                       row_slot: np.ndarray | None = None, slots: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rows and scores of the exact top ``kk`` of each query ([b, kk]; -1 / -inf where unfilled),
     excluding rows ``flat[ptr[i]:ptr[i + 1]]`` for query i. ``slot_row``/``row_slot`` map the
-    code slots to rows and back (default: slot r is row r); ``slots`` is how many are in use."""
+    code slots to rows and back (default: slot r is row r); ``slots`` is how many are in use.
+    Every tile is scanned, then ``_ivf_select`` picks and re-ranks as for the probed lists."""
     packed, scale, error, csum = codes
     b, n = len(queries), len(unit)
     dim = unit.shape[1]
+    slots = n if slots is None else slots
+    tiles = -(-slots // TILE_ROWS)
     if slot_row is None:
         slot_row = np.arange(n, dtype=np.int64)
-        row_slot = slot_row
-    slots = n if slots is None else slots
+    if len(slot_row) < tiles * TILE_ROWS:                # the end of the last tile holds no row
+        slot_row = np.concatenate([slot_row[:slots], np.full(tiles * TILE_ROWS - slots, -1, np.int64)])
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    approx, tile_max, qerror = approx_scores(packed, scale, csum, queries, slots, SCAN)
-    cap = max(4 * kk + 256, slots // 16)
-    counts = np.empty(b, dtype=np.int64)
-    cand = np.empty((b, cap), dtype=np.int64)
+    approx, tile_max, qerror = _approx_full(packed, scale, csum, queries, slots, SCAN)
     factor, constant = _margins(queries, qerror, dim)
-    _candidates(approx, tile_max, tile_errors, factor, constant, error, slot_row, ptr,
-                row_slot[flat] if len(flat) else flat, kk, counts, cand)
-    top = np.full((b, kk), -1, dtype=np.int64)
-    top_scores = np.full((b, kk), -np.inf, dtype=np.float32)
-    for i in range(b):
-        if counts[i] < 0:                                # too many near-ties (e.g. a zero query): all rows
-            keep = np.ones(n, dtype=bool)
-            keep[flat[ptr[i]:ptr[i + 1]]] = False
-            rows_i = np.flatnonzero(keep)
-            scores = unit[rows_i] @ queries[i]
-        else:
-            rows_i = np.sort(slot_row[cand[i, :counts[i]]])
-            scores = unit[rows_i] @ queries[i]
-        _best(rows_i, scores, kk, top, top_scores, i)
+    top = np.empty((b, kk), dtype=np.int64)
+    top_scores = np.empty((b, kk), dtype=np.float32)
+    tile_ids = np.tile(np.arange(tiles, dtype=np.int64), b)
+    tile_ptr = np.arange(b + 1, dtype=np.int64) * tiles
+    _ivf_select(approx.reshape(-1), tile_max.reshape(-1), tile_ids, tile_ptr, tile_errors, factor, constant, error,
+                np.ascontiguousarray(slot_row, dtype=np.int64), ptr, flat, unit, queries, kk, 4 * kk + 1024, top,
+                top_scores, np.empty(b, dtype=np.int64))
     return top, top_scores
 
 
@@ -524,9 +479,7 @@ def probed_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, slot_row: np.
                           isa=ISA[SCAN])
     status = np.empty(b, dtype=np.int64)
     _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_errors, factor, constant, error, slot_row, ptr, flat,
-                unit, queries, kk, max(4 * kk + 1024, int(searched.max(initial=0)) // 16), top, top_scores, status)
-    for i in np.flatnonzero(status < 0).tolist():        # too many near-ties: every probed row exactly
-        _best_of_scanned(unit, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores, i)
+                unit, queries, kk, 4 * kk + 1024, top, top_scores, status)
     return top, top_scores, searched
 
 
@@ -546,11 +499,6 @@ def warm_up() -> None:
     _dequantise(codes, scale, 0, 3, np.empty((3, 3), np.float32))
     _clear_slots(np.zeros(0, np.int64), codes, scale, error, csum)
     _copy_slots(np.zeros(1, np.int64), np.ones(1, np.int64), codes, scale, error, csum, codes, scale, error, csum)
-    slot_row = np.arange(64, dtype=np.int64)
-    for approx in (np.zeros((1, 3), np.float32), np.zeros((1, 4), np.float32)[:, :3]):   # contiguous and a view
-        _candidates(approx, np.zeros((1, 1), np.float32), np.zeros(1, np.float32), np.ones(1, np.float32),
-                    np.ones(1, np.float32), error, slot_row, np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
-                    np.empty(1, np.int64), np.empty((1, 3), np.int64))
     _quantise_queries(unit, 1, np.empty((3, 4), np.uint8), *[np.empty(3, np.float32) for _ in range(4)])
     three = np.full(64, -1, np.int64)
     three[:3] = np.arange(3)

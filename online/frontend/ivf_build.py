@@ -22,14 +22,20 @@ Until step 3, and whenever ``LIVEVEC_SEARCH=exact``, queries are answered exactl
 
 ``RecallMonitor``: every ``MONITOR_INTERVAL`` a few vocabulary words (``MONITOR_QUERIES``, fewer
 above ``MONITOR_ROWS`` / 8 rows, so a check costs at most about one exact search of 8M rows)
-are searched both ways (inverted file and exact) on the served snapshot; the running recall@10 over the last
+are searched both ways (as served, and exact) on the served snapshot; the running recall@10 over the last
 ``MONITOR_WINDOW`` queries is in ``/v1/stats`` (``search.recall_at_10``) and triggers a
-rebuild when it drops.
+rebuild when it drops. The same words searched in the lists alone (no exact redo) give pairs
+(k-th score, recall); from them the monitor picks the lowest k-th score below which answers
+must be redone exactly for the vocabulary's recall to reach ``FLOOR_TARGET``
+(``RecallMonitor.floor``), and the maintainer hands it to the snapshots
+(``SearchConfig.ivf_exact_below``). Words are drawn uniformly from the vocabulary, so the
+target is recall over all words, rare ones included, not over the traffic.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import math
 import time
@@ -57,6 +63,8 @@ MONITOR_QUERIES = 8
 MONITOR_ROWS = 8_000_000      # rows searched exactly per check at most: fewer queries on larger models
 MONITOR_WINDOW = 512
 MONITOR_K = 10
+FLOOR_TARGET = 0.995          # recall@10 the calibrated floor aims at (0.99 is the target; 512 samples are noisy)
+FLOOR_MIN_SAMPLES = 128       # pairs before the monitor overrides the configured floor
 
 
 def default_lists(n: int) -> int:
@@ -174,6 +182,7 @@ class RecallMonitor:
 
     def __init__(self, window: int = MONITOR_WINDOW):
         self.samples: collections.deque = collections.deque(maxlen=window)
+        self.raw: collections.deque = collections.deque(maxlen=window)      # (k-th score, recall) of the lists alone
         self.checked_version: int | None = None
         self.checked_at: float | None = None
         self.lists_built_at: float | None = None
@@ -181,6 +190,7 @@ class RecallMonitor:
 
     def reset(self) -> None:
         self.samples.clear()
+        self.raw.clear()
 
     def check(self, index, queries: int | None = None, k: int = MONITOR_K) -> float | None:
         if index.ivf is None or index.n <= k + 1:
@@ -188,7 +198,7 @@ class RecallMonitor:
         if queries is None:
             queries = max(1, min(MONITOR_QUERIES, MONITOR_ROWS // index.n))
         if self.lists_built_at != index.ivf.built_at:      # new lists: the old figures say nothing about them
-            self.samples.clear()
+            self.reset()
             self.lists_built_at = index.ivf.built_at
         rows = self.rng.choice(index.n, min(queries, index.n), replace=False)
         rows = rows[index.norms[rows] > 0]
@@ -197,16 +207,42 @@ class RecallMonitor:
         q = index.unit[rows].copy()
         exclude = [[int(r)] for r in rows]
         approx, _ = index.search(q, exclude, [k] * len(rows), exact=False)
+        lists_only, _ = index.search(q, exclude, [k] * len(rows), exact=False, floor=0.0)
         exact = index.top_k(q, exclude, [k] * len(rows))
-        for a, e in zip(approx, exact):
+        for a, raw, e in zip(approx, lists_only, exact):
             want = {n.word for n in e}
-            if want:
+            if want and raw:
                 self.samples.append(len(want & {n.word for n in a}) / len(want))
+                self.raw.append((raw[-1].score, len(want & {n.word for n in raw}) / len(want)))
         self.checked_version, self.checked_at = index.version, time.time()
         return self.recall()
 
     def recall(self) -> float | None:
         return float(np.mean(self.samples)) if self.samples else None
+
+    def floor(self, target: float = FLOOR_TARGET, min_samples: int = FLOOR_MIN_SAMPLES) -> float | None:
+        """The lowest k-th score ``f`` such that redoing exactly the answers whose k-th score is
+        below ``f`` brings the sampled recall to ``target``, or None with too few samples. Exact
+        answers count as recall 1; ties in the k-th score are cut together."""
+        if len(self.raw) < min_samples:
+            return None
+        return calibrate_floor(np.array([s for s, _ in self.raw]), np.array([r for _, r in self.raw]), target)
+
+
+def calibrate_floor(kth: np.ndarray, recall: np.ndarray, target: float) -> float:
+    """See ``RecallMonitor.floor``: 0.0 when the lists alone reach ``target``."""
+    order = np.argsort(kth, kind="stable")
+    kth, recall = kth[order], recall[order]
+    n = len(kth)
+    # cut j: the j lowest k-th scores redone exactly (recall 1), the rest as the lists answered
+    tail = np.concatenate([np.cumsum(recall[::-1])[::-1], [0.0]])
+    overall = (np.arange(n + 1) + tail) / n
+    for j in np.flatnonzero(overall >= target - 1e-12).tolist():
+        if j == 0:
+            return 0.0
+        if j == n or kth[j] > kth[j - 1]:      # a cut between two different scores
+            return float(kth[j]) if j < n else float(np.nextafter(np.float32(kth[-1]), np.float32(2)))
+    return float(np.nextafter(np.float32(kth[-1]), np.float32(2)))
 
 
 class IvfMaintainer:
@@ -216,6 +252,7 @@ class IvfMaintainer:
         self.holder, self.config = holder, config
         self.monitor = RecallMonitor()
         self.builds = 0
+        self.floor_updates = 0
         self.failed = 0
         self.last_build_seconds: float | None = None
         self.last_reason: str | None = None
@@ -290,8 +327,22 @@ class IvfMaintainer:
         index = self.holder.current
         try:
             self.monitor.check(index)
+            self.apply_floor()
         except Exception as exc:       # a monitor must never take the front end down
             log_event(log, "ivf_recall_check_failed", logging.WARNING, error=repr(exc))
+
+    def apply_floor(self) -> float | None:
+        """Hand the calibrated floor to the served snapshot. Its config is what the next snapshot
+        inherits; a sync that built the next one from the previous snapshot meanwhile carries the
+        old value, which the next check sets again (every ``MONITOR_INTERVAL``)."""
+        index = self.holder.current
+        if not index.config.ivf_exact_below_auto:
+            return None
+        floor = self.monitor.floor()
+        if floor is not None and floor != index.config.ivf_exact_below:
+            index.config = dataclasses.replace(index.config, ivf_exact_below=floor)
+            self.floor_updates += 1
+        return floor
 
     def report(self, index) -> dict:
         recall = self.monitor.recall()
@@ -300,4 +351,5 @@ class IvfMaintainer:
                 "last_build_seconds": None if self.last_build_seconds is None else round(self.last_build_seconds, 2),
                 "recall_at_10": None if recall is None else round(recall, 4),
                 "recall_samples": len(self.monitor.samples), "recall_checked_version": self.monitor.checked_version,
+                "exact_below_calibrated": self.monitor.floor(), "exact_below_updates": self.floor_updates,
                 "pending_install": index.store is not None and index.store.pending_ivf is not None}

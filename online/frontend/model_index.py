@@ -53,6 +53,16 @@ class SearchConfig:
     ivf_min_rows: int = 100_000    # smallest model that gets an inverted file
     ivf_lists: int = 0             # lists; 0 = sqrt(rows)
     ivf_nprobe: int = 32           # lists a query scans
+    # An ivf answer whose k-th cosine is below this is redone exactly (0: never). A weak
+    # neighbourhood (an undertrained rare word: its top k is a near-tie) is scattered over lists
+    # that rank far down for the query, and no per-list bound cheap enough to check rules those
+    # lists out in 100 dimensions (bench/ivf_recall.py). The k-th score is the best predictor of a
+    # miss measured, but where to cut depends on the model (0.51 on one-epoch CBOW vectors, 0.70
+    # on skip-gram ones, nothing on the synthetic clusters), so with ``ivf_exact_below_auto`` the
+    # recall monitor sets it from what it measures (``ivf_build.RecallMonitor.floor``); this is
+    # the value until it has enough samples.
+    ivf_exact_below: float = 0.55
+    ivf_exact_below_auto: bool = True
 
 
 @njit(nogil=True, cache=True)
@@ -271,12 +281,18 @@ class ModelIndex:
         return "ivf" if self.ivf is not None and self.config.search != "exact" else "exact"
 
     def search(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
-               exact: bool | None = None) -> tuple[list[list[Neighbour]], list[str]]:
+               exact: bool | None = None, why: list | None = None,
+               floor: float | None = None) -> tuple[list[list[Neighbour]], list[str]]:
         """Top ``ks[i]`` for each query as queries are answered, and how each was answered:
-        "ivf" (the ``ivf_nprobe`` nearest lists only; approximate) or "exact". A query whose probed
-        lists hold fewer than k rows it may return is answered exactly."""
+        "ivf" (the ``ivf_nprobe`` nearest lists only; approximate) or "exact". An ivf answer is
+        redone exactly when its probed lists hold fewer than k rows it may return ("short") or
+        when its k-th score is below ``ivf_exact_below`` ("weak": where the lists miss neighbours).
+        ``why``, if given, receives per query "ivf", "exact" (no lists, or asked), "short" or "weak";
+        ``floor`` overrides ``ivf_exact_below`` (the recall monitor asks for 0: the lists' own answer)."""
         b = len(ks)
         if exact or self.search_mode() == "exact" or b == 0 or self.n == 0:
+            if why is not None:
+                why[:] = ["exact"] * b
             return self.top_k(queries, exclude, ks), ["exact"] * b
         kk = min(max(ks), self.n)
         ptr, flat = _exclusions(exclude)
@@ -285,14 +301,20 @@ class ModelIndex:
         top, top_scores, _ = int8_prefilter.probed_top_k(self.unit, self._code_arrays, self.tile_err,
                                                          self.slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk)
         answers = self._neighbours(top, top_scores, ks)
-        methods = ["ivf"] * b
-        short = [i for i, (got, k) in enumerate(zip(answers, ks))
-                 if len(got) < min(k, self.n - len(set(exclude[i])))]
-        if short:
-            redo = self.top_k(queries[short], [exclude[i] for i in short], [ks[i] for i in short])
-            for i, got in zip(short, redo):
-                answers[i], methods[i] = got, "exact"
-        return answers, methods
+        reasons = ["ivf"] * b
+        floor = self.config.ivf_exact_below if floor is None else floor
+        for i, (got, k) in enumerate(zip(answers, ks)):
+            if len(got) < min(k, self.n - len(set(exclude[i]))):
+                reasons[i] = "short"
+            elif floor > 0 and got and got[-1].score < floor:
+                reasons[i] = "weak"
+        redo = [i for i, r in enumerate(reasons) if r != "ivf"]
+        if redo:
+            for i, got in zip(redo, self.top_k(queries[redo], [exclude[i] for i in redo], [ks[i] for i in redo])):
+                answers[i] = got
+        if why is not None:
+            why[:] = reasons
+        return answers, ["ivf" if r == "ivf" else "exact" for r in reasons]
 
     def top_k(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
               prefilter: bool | None = None) -> list[list[Neighbour]]:
@@ -348,7 +370,9 @@ class ModelIndex:
     def describe_search(self) -> dict:
         """The search's state for ``/v1/stats``."""
         out = {"mode": self.config.search, "answering": self.search_mode(), "scan": int8_prefilter.SCAN,
-               "ivf_min_rows": self.config.ivf_min_rows, "nprobe": self.config.ivf_nprobe, "ivf": None}
+               "ivf_min_rows": self.config.ivf_min_rows, "nprobe": self.config.ivf_nprobe,
+               "exact_below": round(self.config.ivf_exact_below, 4),
+               "exact_below_auto": self.config.ivf_exact_below_auto, "ivf": None}
         if self.ivf is not None:
             ivf = self.ivf.describe()
             ivf["age_seconds"] = round(time.time() - self.ivf.built_at, 1)

@@ -11,7 +11,9 @@ the GIL inside BLAS and argpartition, so the loop keeps parsing requests meanwhi
 Words are resolved in the compute thread against the same snapshot that is searched, so
 the answer, the version it reports and the "unknown word" verdict all come from one
 model version. Each answer says how it was searched (``search``: "exact", or "ivf" when
-the snapshot's inverted file answered it).
+the snapshot's inverted file answered it); an ivf answer that the snapshot redid exactly
+(``ModelIndex.search``: too few rows probed, or a weak k-th score) says "exact" and is
+counted in ``redone_exactly`` by reason.
 
 Load shedding. A query waits at most ``max_wait`` seconds before its computation starts.
 At admission the engine estimates the wait of the queries already waiting (their number
@@ -42,6 +44,7 @@ log = logging.getLogger("livevec.frontend.query")
 
 
 SHED_REASONS = ("queue_full", "wait_estimate", "deadline")
+REDO_REASONS = ("short", "weak")           # why an ivf answer was redone exactly (ModelIndex.search)
 
 
 class Overloaded(Exception):
@@ -98,6 +101,9 @@ class QueryEngine:
         registry = registry or Registry()
         self._answered = {m: registry.counter("livevec_frontend_queries_total", "similarity queries answered, by "
                                               "how they were searched", search=m) for m in ("exact", "ivf")}
+        self._redone = {r: registry.counter("livevec_frontend_queries_redone_exactly_total", "ivf answers redone "
+                                            "exactly: probed lists too small (short) or k-th score below "
+                                            "the floor, /v1/stats search.exact_below (weak)", reason=r) for r in REDO_REASONS}
         self._shed = {r: registry.counter("livevec_frontend_queries_shed_total", "similarity queries refused "
                                           "with 503 (load shedding), by reason", reason=r) for r in SHED_REASONS}
         registry.gauge("livevec_frontend_queries_waiting", "queries admitted and not yet computed",
@@ -206,6 +212,7 @@ class QueryEngine:
         return {"waiting": self.waiting, "ms_per_query": round(1e3 * self.per_query, 3),
                 "max_wait_ms": round(1e3 * self.max_wait, 1), "queue_limit": self.queue_limit,
                 "answered": {m: int(c.value) for m, c in self._answered.items()},
+                "redone_exactly": {r: int(c.value) for r, c in self._redone.items()},
                 "shed": {r: int(c.value) for r, c in self._shed.items()}}
 
     # ------------------------------------------------------------- compute thread
@@ -249,11 +256,14 @@ class QueryEngine:
             ks.append(job.k)
         if not active:
             return
-        answers, methods = index.search(queries[:len(active)], exclude, ks)
-        for job, neighbours, method in zip(active, answers, methods):
+        why: list[str] = []
+        answers, methods = index.search(queries[:len(active)], exclude, ks, why=why)
+        for job, neighbours, method, reason in zip(active, answers, methods, why):
             job.result.neighbours = neighbours
             job.result.search = method
             self._answered[method].inc()
+            if reason in self._redone:
+                self._redone[reason].inc()
 
     @staticmethod
     def _deliver(batch: list[_Job]) -> None:

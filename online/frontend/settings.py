@@ -53,6 +53,11 @@ FRONTEND = SettingGroup("front end", (
             help="inverted-file lists, 0 = sqrt(words)"),
     Setting("ivf_nprobe", "LIVEVEC_IVF_NPROBE", int, 32, minimum=1, maximum=1 << 20,
             help="lists one query scans: more is slower and finds more of the exact neighbours"),
+    Setting("ivf_exact_below", "LIVEVEC_IVF_EXACT_BELOW", float, 0.55, minimum=0.0, maximum=1.0,
+            help="an inverted-file answer whose k-th cosine is below this is redone exactly (0: never); with "
+                 "--ivf-exact-below-auto, the value until the recall monitor has calibrated its own"),
+    Setting("ivf_exact_below_auto", "LIVEVEC_IVF_EXACT_BELOW_AUTO", bool, True,
+            help="the recall monitor sets the floor to the lowest that keeps its sampled recall@10 at 0.995"),
     Setting("query_max_wait", "LIVEVEC_QUERY_MAX_WAIT", float, 0.1, minimum=0.001, maximum=60,
             help="seconds a query may wait for the compute thread; beyond that it is refused with 503 and "
                  "Retry-After (load shedding) instead of queued"),
@@ -121,6 +126,8 @@ class FrontendSettings:
     ivf_min_rows: int = 100_000
     ivf_lists: int = 0
     ivf_nprobe: int = 32
+    ivf_exact_below: float = 0.55
+    ivf_exact_below_auto: bool = True
     query_max_wait: float = 0.1
     query_queue_limit: int = 1024
     new_words_keep: int = 100_000
