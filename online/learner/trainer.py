@@ -323,9 +323,9 @@ class Trainer:
                     stats.pairs = train_inplace_rows(shard.vectors, shard.vectors, shard.accum, shard.accum,
                                                      p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
                                                      cfg.negative, p.eta, self._opt, p.seed, touched)
-                rows = np.flatnonzero(touched)
-                touched[rows] = 0
-                shard.mark_changed(rows)
+                    rows = np.flatnonzero(touched)
+                    touched[rows] = 0
+                    shard.mark_changed(rows)
         elif p.keys is not None and len(p.pair_in):
             values = self.store.pull(p.keys)
             in_vecs, out_vecs = values[:p.n_in], values[p.n_in:]
