@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
 
 from online.learner import sgns_kernel as K  # noqa: E402
-from online.learner.sgns_kernel import _draw, _lcg  # noqa: E402
+from online.learner.sgns_kernel import _draw, _lcg, _update_input  # noqa: E402
 
 
 @njit(inline="always")
@@ -113,24 +113,7 @@ def reference_kernel(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_ro
                         for d in range(dim):
                             syn1[target, d] += eta32 * g * syn0[l1, d]
                 touched[l1] = 1
-                if optimizer == K.OPT_ROW_ADAGRAD:
-                    nn = np.float32(0.0)
-                    for d in range(dim):
-                        nn += neu1e[d] * neu1e[d]
-                    h = acc0[l1, 0] + nn * inv_dim
-                    acc0[l1, 0] = h
-                    step = eta32 / np.sqrt(h)
-                    for d in range(dim):
-                        syn0[l1, d] += step * neu1e[d]
-                elif optimizer == K.OPT_ADAGRAD:
-                    for d in range(dim):
-                        gd = neu1e[d]
-                        h = acc0[l1, d] + gd * gd
-                        acc0[l1, d] = h
-                        syn0[l1, d] += eta32 * gd / np.sqrt(h)
-                else:
-                    for d in range(dim):
-                        syn0[l1, d] += eta32 * neu1e[d]
+                _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer)   # unchanged by the rewrite
                 pairs += 1
     return pairs
 

@@ -236,6 +236,31 @@ def _next_sentence(starts, s):
 
 
 @njit(inline="always")
+def _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer):
+    """The input row's step along ``neu1e``, the gradient it accumulated over the pair's 1 + N targets
+    (applied once, after the targets, as word2vec.c does), by the optimizer's rule."""
+    dim = syn0.shape[1]
+    if optimizer == OPT_ROW_ADAGRAD:
+        nn = _ZERO32
+        for d in range(dim):
+            nn += neu1e[d] * neu1e[d]
+        h = acc0[l1, 0] + nn * inv_dim
+        acc0[l1, 0] = h
+        step = eta32 / np.sqrt(h)
+        for d in range(dim):
+            syn0[l1, d] += step * neu1e[d]
+    elif optimizer == OPT_ADAGRAD:
+        for d in range(dim):
+            gd = neu1e[d]
+            h = acc0[l1, d] + gd * gd
+            acc0[l1, d] = h
+            syn0[l1, d] += eta32 * gd / np.sqrt(h)
+    else:
+        for d in range(dim):
+            syn0[l1, d] += eta32 * neu1e[d]
+
+
+@njit(inline="always")
 def _update_target(syn0, syn1, acc1, l1, target, f, label, uu, eta32, inv_dim, optimizer, neu1e, first):
     """One (input l1, target) term, f = u . v_t: g = y - s(f); neu1e += g v_t (old v_t; ``first``: the
     pair's first term, neu1e = g v_t, which spares zeroing it); v_t moves along g u.
@@ -354,24 +379,7 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
                                False)
                 touched[target] = 1
             touched[l1] = 1
-            if row_acc:
-                nn = _ZERO32
-                for d in range(dim):
-                    nn += neu1e[d] * neu1e[d]
-                h = acc0[l1, 0] + nn * inv_dim
-                acc0[l1, 0] = h
-                step = eta32 / np.sqrt(h)
-                for d in range(dim):
-                    syn0[l1, d] += step * neu1e[d]
-            elif optimizer == OPT_ADAGRAD:
-                for d in range(dim):
-                    gd = neu1e[d]
-                    h = acc0[l1, d] + gd * gd
-                    acc0[l1, d] = h
-                    syn0[l1, d] += eta32 * gd / np.sqrt(h)
-            else:
-                for d in range(dim):
-                    syn0[l1, d] += eta32 * neu1e[d]
+            _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer)
             pairs += 1
             q += 1
         if not more:
