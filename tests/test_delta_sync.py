@@ -127,6 +127,25 @@ def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_
     np.testing.assert_allclose(r1.vectors[rows1], expected, rtol=1e-6)
 
 
+def test_the_refresh_turn_reaches_every_held_row_while_the_replica_keeps_growing(monkeypatch):
+    """Rows held but not trained here learn the others' work only through the refresh turn; with a
+    vocabulary that grows between syncs the turn used to restart at the new rows and leave the old
+    ones for ever (an 8-replica simulation measured them up to 3.9 off the servers' value)."""
+    monkeypatch.setattr(ReplicaShard, "REFRESH_MIN", 8)
+    monkeypatch.setattr(ReplicaShard, "REFRESH_SHARE", 0.0)
+    r = ReplicaShard(4, seed=5)
+    r.rows_for(np.arange(1, 21, dtype=np.uint64))
+    r.mark_changed(np.arange(20))
+    r.collect()                                          # every row changed: all sent, the turn moves on
+    seen = set()
+    for step in range(6):
+        r.rows_for(np.array([100 + step], dtype=np.uint64))   # one new word per sync
+        keys, deltas, _ = r.collect()
+        assert len(keys) <= 8 + 1
+        seen.update(keys.tolist())
+    assert set(range(1, 21)) <= seen, f"rows never refreshed: {sorted(set(range(1, 21)) - seen)}"
+
+
 def test_workers_that_discover_a_new_word_together_all_count():
     """Two replicas create a row the cluster has never trained and train it from the initial value
     before any answer: both deltas start from the same value, so both are added."""

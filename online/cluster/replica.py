@@ -142,8 +142,8 @@ class ReplicaShard(EmbeddingShard):
             changed = np.flatnonzero(stamps > self.synced_version)
             budget = max(self.REFRESH_MIN, int(len(changed) * self.REFRESH_SHARE))
             lo = self._refresh_at if self._refresh_at < self._next_row else 0
-            turn = np.arange(lo, min(lo + budget, self._next_row), dtype=np.int64)
-            self._refresh_at = lo + len(turn)
+            turn = np.arange(lo, lo + min(budget, self._next_row), dtype=np.int64) % max(self._next_row, 1)
+            self._refresh_at = int(turn[-1]) + 1 if len(turn) else 0
             turn = turn[stamps[turn] > 0]                                    # freed rows have no stamp
             rows = np.union1d(changed, turn)
             rows = rows[self._index.lookup(self.row_keys[rows]) == rows]   # live rows only
