@@ -118,6 +118,7 @@ def main() -> int:
     ap.add_argument("--refresh-share", type=float, default=ReplicaShard.REFRESH_SHARE,
                     help="rows not changed by a worker that its sync refreshes, as a share of the changed ones "
                          f"(the replica's REFRESH_SHARE, {ReplicaShard.REFRESH_SHARE}; 1000: every held row)")
+    ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
     args = ap.parse_args()
     ReplicaShard.REFRESH_SHARE = args.refresh_share
 
@@ -136,7 +137,7 @@ def main() -> int:
                 out, _ = combine(rows, deltas, accum_deltas, sender, now)
                 return out, np.asarray(accum_deltas, np.float32).reshape(-1)
             server._merge.combine = combine_summing_accumulators
-    config = LearnerConfig(dim=100, vocab_capacity=200_000, min_count=args.min_count)
+    config = LearnerConfig(dim=100, vocab_capacity=200_000, min_count=args.min_count, eta=args.eta)
     workers = []
     shared = ReplicaShard(100, optimizer="rowadagrad", seed=1) if args.shared_replica else None
     for i in range(args.workers):
@@ -178,7 +179,7 @@ def main() -> int:
     out_rows = model.rows_for(word_rows(keys[:10])[10:], create=False)
     print(f"replica_simulation: {args.workers} workers, {len(tokens):,} tokens, {args.sync_tokens:,} tokens per "
           f"worker per sync, merge {args.merge}" + (f" (floor {args.floor}, accumulators {args.acc})" if args.merge == "align" else "")
-          + f", {'own' if args.seeds else 'shared'} sampling streams, refresh share {args.refresh_share}, {rounds} rounds, "
+          + f", {'own' if args.seeds else 'shared'} sampling streams, eta {args.eta or 'default'}, refresh share {args.refresh_share}, {rounds} rounds, "
           f"{time.perf_counter() - t0:.0f} s")
     kept = sum(trainer.totals.kept for trainer, _ in workers)
     pairs = sum(trainer.totals.pairs for trainer, _ in workers)

@@ -59,6 +59,11 @@ from ps_bridge.settings import Setting, SettingGroup
 SYNC_MS = Setting("sync_ms", "LIVEVEC_SYNC_MS", int, 250, minimum=1, maximum=60_000,
                   help="replica: longest time between syncs with the servers, in ms (the staleness bound)")
 SYNC = SettingGroup("delta sync (workers and servers)", (SYNC_MS,))
+# Read by workers only: how fast rows held but not trained here catch up with the other workers' work.
+REFRESH_SHARE = Setting("refresh_share", "LIVEVEC_REFRESH_SHARE", float, 0.1, minimum=0.0, maximum=1000.0,
+                        help="replica: rows not changed here that each sync refreshes, as a share of the changed "
+                             "ones (each costs a zero delta out and the row back; 1000: every held row)")
+REPLICA = SettingGroup("replica (workers)", (REFRESH_SHARE,))
 
 _SYNC_CHUNK = 1 << 16   # keys per pushpull message: bounds a message at ~26 MB at dim 100
 
@@ -248,12 +253,15 @@ class ReplicaStore:
     counts_every_word = True   # the trainer reports every word's count increments, not only trainable ones
 
     def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
-                 seed: int = 1, timeout: float = 30.0, registry: Registry | None = None):
+                 seed: int = 1, timeout: float = 30.0, registry: Registry | None = None,
+                 refresh_share: float | None = None):
         registry = registry or Registry()
         self.worker = worker
         self.dim = int(dim)
         self.timeout = timeout
         self.shard = ReplicaShard(dim, optimizer=optimizer, eta=eta, seed=seed)
+        if refresh_share is not None:
+            self.shard.REFRESH_SHARE = float(refresh_share)
         self.on_totals = None
         self.on_trainable = None   # (every key the cluster trains, sorted; the ones new here)
         self.journal = TrainableJournal(len(worker.po.server_ids()))

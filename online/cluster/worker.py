@@ -39,7 +39,7 @@ import orjson
 from online.cluster import ps_commands as pc
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.ps_param_store import PSParamStore
-from online.cluster.replica import SYNC, ReplicaStore
+from online.cluster.replica import REPLICA, SYNC, ReplicaStore
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
 from online.learner.trainer import BatchStats, LearnerConfig, Trainer
 from online.stream.batches import Batch
@@ -65,7 +65,7 @@ WORKER = SettingGroup("worker", (
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
-WORKER_GROUPS = (*node_groups(), *STREAM, WORKER_MODEL, LEARNER, WORKER, SYNC)
+WORKER_GROUPS = (*node_groups(), *STREAM, WORKER_MODEL, LEARNER, WORKER, SYNC, REPLICA)
 
 
 # The extension point (checkpointing plugs in here; this package never imports it).
@@ -109,6 +109,7 @@ class WorkerSettings:
     exchange: str = "replica"
     sync_ms: int = 250
     sync_tokens: int = 200_000
+    refresh_share: float = 0.1
     report_interval: float = 2.0
     metrics_port: int | None = None
 
@@ -120,7 +121,7 @@ class WorkerSettings:
         learner = {**WORKER_MODEL.read(args, env), **LEARNER.read(args, env)}
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
                    metrics_port=METRICS_PORT.read(args, env), **WORKER.read(args, env),
-                   **SYNC.read(args, env))
+                   **SYNC.read(args, env), **REPLICA.read(args, env))
 
 
 def mini_batches(texts: list[str], max_words: int):
@@ -180,7 +181,8 @@ class StreamingWorker:
         cfg = settings.learner
         if settings.exchange == "replica":
             self.replica = ReplicaStore(kv, cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta, seed=cfg.seed,
-                                        timeout=settings.request_timeout, registry=registry)
+                                        timeout=settings.request_timeout, registry=registry,
+                                        refresh_share=settings.refresh_share)
             self.trainer = Trainer(cfg, self.replica)
             self.replica.on_totals = self.trainer.apply_cluster_counts
             self.replica.on_trainable = self.trainer.learn_cluster_trainable
