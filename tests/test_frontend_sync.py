@@ -314,3 +314,72 @@ async def test_batched_engine_answers_equal_single_queries(threaded):
     batches = float(next(line.split()[-1] for line in text.splitlines()
                          if line.startswith("livevec_frontend_query_batch_size_count")))
     assert batches < 202, "202 concurrent queries should have been fused into fewer matrix products"
+
+
+class _FullLoads:
+    """A source whose every answer is a full load of a new version (a source that resyncs)."""
+
+    def __init__(self):
+        self.version = 0
+
+    async def changes_since(self, version: int) -> ModelDelta:
+        self.version += 1
+        words = [f"w{self.version}_{i}" for i in range(50)]
+        rng = np.random.default_rng(self.version)
+        return ModelDelta(word_keys(words), words, rng.normal(size=(50, DIM)).astype(np.float32),
+                          np.ones(50, np.int64), self.version, full=True)
+
+    async def stats(self) -> dict:
+        return {}
+
+
+async def test_a_full_load_is_frozen_out_of_the_collector_and_the_model_it_replaced_is_still_freed():
+    import gc
+    import weakref
+
+    from online.frontend.model_index import ModelHolder
+    from online.frontend.sync import ModelSync
+
+    class Handover:                      # a reference cycle through the store, as the IVF hand-over makes
+        def __init__(self, store):
+            self.store = store
+
+    holder = ModelHolder()
+    sync = ModelSync(_FullLoads(), holder, interval=0.01, freeze=True)
+    task = asyncio.create_task(sync.run())
+    try:
+        while sync.frozen_objects == 0:
+            await asyncio.sleep(0.01)
+        first = holder.current
+        assert first.n == 50 and gc.get_freeze_count() > 0
+        first.store.pending_ivf = Handover(first.store)
+        gone = weakref.ref(first.store)
+        version = first.version
+        del first
+        while holder.current.version < version + 2:      # two more full loads, each thawing the last freeze
+            await asyncio.sleep(0.01)
+        assert gone() is None, "the replaced model stayed frozen in its cycle"
+        assert sync.report()["frozen_objects"] > 0
+    finally:
+        sync.stop()
+        await task
+        gc.unfreeze()
+
+
+async def test_without_gc_freeze_nothing_is_frozen():
+    import gc
+
+    from online.frontend.model_index import ModelHolder
+    from online.frontend.sync import ModelSync
+
+    gc.unfreeze()
+    holder = ModelHolder()
+    sync = ModelSync(_FullLoads(), holder, interval=0.01, freeze=False)
+    task = asyncio.create_task(sync.run())
+    try:
+        while holder.current.version < 3:
+            await asyncio.sleep(0.01)
+        assert gc.get_freeze_count() == 0 and sync.frozen_objects == 0
+    finally:
+        sync.stop()
+        await task

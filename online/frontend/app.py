@@ -422,7 +422,7 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
                               max_wait=settings.query_max_wait, queue_limit=settings.query_queue_limit)
     app[MAINTAINER] = IvfMaintainer(holder, search)
     app[SYNC] = ModelSync(source, holder, interval=settings.sync_interval, stats_interval=settings.stats_interval,
-                          registry=registry)
+                          registry=registry, freeze=settings.gc_freeze)
     app[WHATS_NEW] = WhatsNew(holder, new_words_keep=settings.new_words_keep, rising_interval=settings.rising_interval,
                               rising_samples=settings.rising_samples, drift_interval=settings.drift_interval,
                               drift_keep=settings.drift_keep)

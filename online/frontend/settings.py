@@ -58,6 +58,9 @@ FRONTEND = SettingGroup("front end", (
                  "--ivf-exact-below-auto, the value until the recall monitor has calibrated its own"),
     Setting("ivf_exact_below_auto", "LIVEVEC_IVF_EXACT_BELOW_AUTO", bool, True,
             help="the recall monitor sets the floor to the lowest that keeps its sampled recall@10 at 0.995"),
+    Setting("gc_freeze", "LIVEVEC_GC_FREEZE", bool, True,
+            help="after each full load, keep the model's objects out of Python's cyclic collector (a full "
+                 "collection over a 1M-word model holds the GIL for about 60 ms)"),
     Setting("query_max_wait", "LIVEVEC_QUERY_MAX_WAIT", float, 0.1, minimum=0.001, maximum=60,
             help="seconds a query may wait for the compute thread; beyond that it is refused with 503 and "
                  "Retry-After (load shedding) instead of queued"),
@@ -121,6 +124,7 @@ class FrontendSettings:
     max_batch_words: int = 1000
     query_batch: int = 64
     query_thread: bool = True
+    gc_freeze: bool = True
     blas_threads: int = 1
     search: str = "auto"
     ivf_min_rows: int = 100_000
