@@ -150,7 +150,10 @@ class ReplicaShard(EmbeddingShard):
             turn = np.arange(lo, lo + min(budget, self._next_row), dtype=np.int64) % max(self._next_row, 1)
             self._refresh_at = int(turn[-1]) + 1 if len(turn) else 0
             turn = turn[stamps[turn] > 0]                                    # freed rows have no stamp
-            rows = np.union1d(changed, turn)
+            wanted = np.zeros(self._next_row, dtype=bool)                   # the union, without a sort
+            wanted[changed] = True
+            wanted[turn] = True
+            rows = np.flatnonzero(wanted)
             rows = rows[self._index.lookup(self.row_keys[rows]) == rows]   # live rows only
             self.synced_version = now
             keys = self.row_keys[rows]
@@ -230,8 +233,9 @@ class TrainableJournal:
         if generation != self._at[rank][0]:   # a new log (restart, rollback, churn): it lists everything
             self.changed |= len(keys) != len(self._keys[rank]) or len(new) > 0
             self._keys[rank] = keys
-        else:
-            self._keys[rank] = np.union1d(self._keys[rank], new)
+        elif len(new):                        # both sorted: an insert, not a sort of everything known
+            known = self._keys[rank]
+            self._keys[rank] = np.insert(known, np.searchsorted(known, new), new)
         self.changed |= len(new) > 0
         self._at[rank] = (generation, position)
         return new
