@@ -26,6 +26,7 @@ from ps_bridge.structured_logging import log_event
 log = logging.getLogger("livevec.frontend.sync")
 
 HISTORY_POINTS = 300
+FREEZE_SHARE = 0.01     # of the wall time, at most, spent in the collection before a freeze
 
 
 class ModelSync:
@@ -62,6 +63,8 @@ class ModelSync:
         self.freeze = freeze
         self.frozen_objects = 0                         # objects kept out of the cyclic collector (``_freeze_long_lived``)
         self._freeze_due = False                        # a full load was swapped in: freeze once its sync has returned
+        self.freezes = 0
+        self._next_freeze_at = 0.0                      # (monotonic) freezes take at most FREEZE_SHARE of the time
         registry = registry or Registry()
         self._m_syncs = registry.counter("livevec_frontend_syncs_total", "successful model syncs")
         self._m_errors = registry.counter("livevec_frontend_sync_errors_total",
@@ -133,14 +136,18 @@ class ModelSync:
         holding the GIL, so every query in flight waited for it (0 ms once frozen). What was
         frozen at the previous full load is thawed and collected first: the model it replaced
         may sit in a reference cycle (a store and its inverted file's hand-over), and frozen it
-        would never be freed. That one collection is the only pause, once per full load."""
+        would never be freed. That collection is the only pause. A source that sends full loads
+        more often than the pause is worth (one every few milliseconds, in a test) gets it at most
+        ``FREEZE_SHARE`` of the time: a full load in between is frozen with the next one."""
         started = time.perf_counter()
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+        seconds = time.perf_counter() - started
+        self._next_freeze_at = time.monotonic() + seconds / FREEZE_SHARE
         self.frozen_objects = gc.get_freeze_count()
-        log_event(log, "model_frozen", objects=self.frozen_objects,
-                  ms=round((time.perf_counter() - started) * 1e3, 1))
+        self.freezes += 1
+        log_event(log, "model_frozen", objects=self.frozen_objects, ms=round(seconds * 1e3, 1))
 
     def _timed(self, delta, seconds: float) -> None:
         """Time of building the next snapshot, kept apart for full loads and deltas."""
@@ -156,7 +163,7 @@ class ModelSync:
     async def run(self) -> None:
         while not self._stopping:
             ok = await self.sync_once()
-            if self._freeze_due:                  # here, where the sync's references to the old model are gone
+            if self._freeze_due and time.monotonic() >= self._next_freeze_at:   # the sync's references are gone
                 self._freeze_due = False
                 self._freeze_long_lived()
             delay = self.interval if ok else min(self.max_backoff, self.interval * 2 ** min(self.consecutive_errors, 10))
@@ -223,6 +230,7 @@ class ModelSync:
                              "max_ms": round(1e3 * self.max_apply_seconds[kind], 2)} for kind in ("full", "delta")},
             "syncs": self.syncs,
             "frozen_objects": self.frozen_objects,
+            "freezes": self.freezes,
             "errors": self.errors,
             "consecutive_errors": self.consecutive_errors,
             "last_error": self.last_error,
