@@ -140,7 +140,6 @@ def loadgen(spec: dict) -> dict:
     import numpy as np
 
     gc.collect()
-    gc.freeze()
     gc.disable()
 
     vocab = spec.get("vocab", 0)
@@ -249,7 +248,7 @@ def offline_recall(n: int, dim: int, queries: int, env: dict) -> dict:
     set_blas_threads(1)
     warm_up()
     s = settings_from(None, {**env, "LIVEVEC_MODEL_SOURCE": "x"})
-    config = SearchConfig(s.search, s.ivf_min_rows, s.ivf_lists, s.ivf_nprobe)
+    config = SearchConfig.of(s)
     holder = ModelHolder(config)
     holder.swap(holder.current.apply(SyntheticSource(n, dim)._changes_since(0)))
     if config.search != "exact" and n >= config.ivf_min_rows:

@@ -410,8 +410,7 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
                           handler_args={"max_line_size": 128 * 1024, "max_field_size": 32 * 1024,
                                         "keepalive_timeout": settings.header_timeout, "lingering_time": 0})
     app[GUARDS] = guards
-    search = SearchConfig(settings.search, settings.ivf_min_rows, settings.ivf_lists, settings.ivf_nprobe,
-                          settings.ivf_exact_below, settings.ivf_exact_below_auto)
+    search = SearchConfig.of(settings)
     holder = ModelHolder(search)
     app[SETTINGS] = settings
     app[SOURCE] = source

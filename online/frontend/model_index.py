@@ -64,6 +64,12 @@ class SearchConfig:
     ivf_exact_below: float = 0.55
     ivf_exact_below_auto: bool = True
 
+    @classmethod
+    def of(cls, settings) -> "SearchConfig":
+        """The search part of a ``FrontendSettings``."""
+        return cls(settings.search, settings.ivf_min_rows, settings.ivf_lists, settings.ivf_nprobe,
+                   settings.ivf_exact_below, settings.ivf_exact_below_auto)
+
 
 @njit(nogil=True, cache=True)
 def _select_top_k(scores, exclude_ptr, exclude_rows, k, out_rows, out_scores):
