@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from online.cluster.replica import ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
+from online.cluster.replica import REFRESH_SHARE, ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
 from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
@@ -41,10 +41,12 @@ class SimulatedReplica:
 
     counts_every_word = True
 
-    def __init__(self, server: EmbeddingShard, dim: int, node_id: int, seed: int, shard: ReplicaShard | None = None):
+    def __init__(self, server: EmbeddingShard, dim: int, node_id: int, seed: int, shard: ReplicaShard | None = None,
+                 refresh_share: float = REFRESH_SHARE.default):
         self.server, self.dim, self.node_id = server, dim, node_id
         self.shared = shard is not None     # one replica for all workers, as threads would share it: no deltas
-        self.shard = shard if shard is not None else ReplicaShard(dim, optimizer="rowadagrad", seed=seed)
+        self.shard = shard if shard is not None else ReplicaShard(dim, refresh_share, optimizer="rowadagrad",
+                                                                  seed=seed)
         self.on_totals = None
         self.on_trainable = None
         self.journal = TrainableJournal(1)
@@ -115,12 +117,11 @@ def main() -> int:
     ap.add_argument("--acc", choices=("merged", "sum"), default="merged",
                     help="align only: the AdaGrad accumulator increments get the merge's weight (merged), or are "
                          "summed in full (sum)")
-    ap.add_argument("--refresh-share", type=float, default=ReplicaShard.REFRESH_SHARE,
+    ap.add_argument("--refresh-share", type=float, default=REFRESH_SHARE.default,
                     help="rows not changed by a worker that its sync refreshes, as a share of the changed ones "
-                         f"(the replica's REFRESH_SHARE, {ReplicaShard.REFRESH_SHARE}; 1000: every held row)")
+                         f"(LIVEVEC_REFRESH_SHARE, {REFRESH_SHARE.default}; 1000: every held row)")
     ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
     args = ap.parse_args()
-    ReplicaShard.REFRESH_SHARE = args.refresh_share
 
     tokens = " ".join(read_prefix(Path(args.corpus), args.max_tokens)).split()
     records = [" ".join(tokens[i:i + 100]) for i in range(0, len(tokens), 100)]
@@ -141,7 +142,7 @@ def main() -> int:
     workers = []
     shared = ReplicaShard(100, optimizer="rowadagrad", seed=1) if args.shared_replica else None
     for i in range(args.workers):
-        store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared)
+        store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared, refresh_share=args.refresh_share)
         trainer = Trainer(config, store)
         if args.seeds:
             trainer.reseed(9 + 2 * i)

@@ -132,8 +132,7 @@ def test_the_refresh_turn_reaches_every_held_row_while_the_replica_keeps_growing
     vocabulary that grows between syncs the turn used to restart at the new rows and leave the old
     ones for ever (an 8-replica simulation measured them up to 3.9 off the servers' value)."""
     monkeypatch.setattr(ReplicaShard, "REFRESH_MIN", 8)
-    monkeypatch.setattr(ReplicaShard, "REFRESH_SHARE", 0.0)
-    r = ReplicaShard(4, seed=5)
+    r = ReplicaShard(4, refresh_share=0.0, seed=5)
     r.rows_for(np.arange(1, 21, dtype=np.uint64))
     r.mark_changed(np.arange(20))
     r.collect()                                          # every row changed: all sent, the turn moves on

@@ -84,11 +84,11 @@ def summed_counts(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tu
 class ReplicaShard(EmbeddingShard):
     """An ``EmbeddingShard`` that also keeps the servers' last confirmed value of every row."""
 
-    REFRESH_SHARE = 0.1   # rows not changed here that a sync refreshes, as a share of the changed ones
-    REFRESH_MIN = 256     # (and at least this many): every held row is refreshed within rows / that syncs
+    REFRESH_MIN = 256     # idle rows a sync refreshes at least: every held row within rows / that syncs
 
-    def __init__(self, dim: int, **options):
+    def __init__(self, dim: int, refresh_share: float = REFRESH_SHARE.default, **options):
         super().__init__(dim, **options)
+        self.refresh_share = float(refresh_share)   # idle rows refreshed per sync, as a share of the changed ones
         self.base = np.zeros_like(self.vectors)
         self.base_acc = np.zeros((self.capacity, 1), dtype=np.float32)
         self.confirmed = np.zeros(self.capacity, dtype=bool)   # the servers' value has been applied
@@ -137,7 +137,7 @@ class ReplicaShard(EmbeddingShard):
 
     def collect(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(sorted keys, float32 [n, dim + 1] deltas, fresh) of the rows changed since the last collect, and of
-        the next ``REFRESH_SHARE`` of the other rows in turn, so that rows held but no longer trained
+        the next ``refresh_share`` of the other rows in turn, so that rows held but no longer trained
         here also learn what other workers did (their delta is zero or the unstamped part of a kernel
         still running; either way ``row - base`` is exactly what has not been sent). ``fresh`` marks
         the rows created here that no answer of the servers has reached yet (``CMD_DELTA_FRESH``)."""
@@ -145,7 +145,7 @@ class ReplicaShard(EmbeddingShard):
             now = self.version
             stamps = self.row_version[:self._next_row]
             changed = np.flatnonzero(stamps > self.synced_version)
-            budget = max(self.REFRESH_MIN, int(len(changed) * self.REFRESH_SHARE))
+            budget = max(self.REFRESH_MIN, int(len(changed) * self.refresh_share))
             lo = self._refresh_at if self._refresh_at < self._next_row else 0
             turn = np.arange(lo, lo + min(budget, self._next_row), dtype=np.int64) % max(self._next_row, 1)
             self._refresh_at = int(turn[-1]) + 1 if len(turn) else 0
@@ -258,14 +258,12 @@ class ReplicaStore:
 
     def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
                  seed: int = 1, timeout: float = 30.0, registry: Registry | None = None,
-                 refresh_share: float | None = None):
+                 refresh_share: float = REFRESH_SHARE.default):
         registry = registry or Registry()
         self.worker = worker
         self.dim = int(dim)
         self.timeout = timeout
-        self.shard = ReplicaShard(dim, optimizer=optimizer, eta=eta, seed=seed)
-        if refresh_share is not None:
-            self.shard.REFRESH_SHARE = float(refresh_share)
+        self.shard = ReplicaShard(dim, refresh_share, optimizer=optimizer, eta=eta, seed=seed)
         self.on_totals = None
         self.on_trainable = None   # (every key the cluster trains, sorted; the ones new here)
         self.journal = TrainableJournal(len(worker.po.server_ids()))
