@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import orjson
@@ -63,7 +64,13 @@ SYNC = SettingGroup("delta sync (workers and servers)", (SYNC_MS,))
 REFRESH_SHARE = Setting("refresh_share", "LIVEVEC_REFRESH_SHARE", float, 0.1, minimum=0.0, maximum=1000.0,
                         help="replica: rows not changed here that each sync refreshes, as a share of the changed "
                              "ones (each costs a zero delta out and the row back; 1000: every held row)")
-REPLICA = SettingGroup("replica (workers)", (REFRESH_SHARE,))
+HOST_REPLICA = Setting("host_replica", "LIVEVEC_HOST_REPLICA", str, "",
+                       help="replica: a file in a tmpfs (e.g. /dev/shm/livevec) that the worker processes of one "
+                            "host share as one replica (online.cluster.host_replica); empty: one per process")
+HOST_REPLICA_ROWS = Setting("host_replica_rows", "LIVEVEC_HOST_REPLICA_ROWS", int, 0, minimum=0,
+                            help="replica: rows the shared replica reserves, two per word "
+                                 "(0: twice LIVEVEC_VOCAB_CAPACITY)")
+REPLICA = SettingGroup("replica (workers)", (REFRESH_SHARE, HOST_REPLICA, HOST_REPLICA_ROWS))
 
 _SYNC_CHUNK = 1 << 16   # keys per pushpull message: bounds a message at ~26 MB at dim 100
 
@@ -85,6 +92,8 @@ class ReplicaShard(EmbeddingShard):
     """An ``EmbeddingShard`` that also keeps the servers' last confirmed value of every row."""
 
     REFRESH_MIN = 256     # idle rows a sync refreshes at least: every held row within rows / that syncs
+    shared = False        # one replica for several processes (``online.cluster.host_replica``)
+    group = 0             # the id servers merge this replica's deltas under (0: the sending node's)
 
     def __init__(self, dim: int, refresh_share: float = REFRESH_SHARE.default, **options):
         super().__init__(dim, **options)
@@ -123,6 +132,14 @@ class ReplicaShard(EmbeddingShard):
             if self.pending_free:
                 self.pending_free.difference_update(keys.tolist())
             return rows
+
+    @contextmanager
+    def host_sync(self):
+        """Held for a whole sync; only a replica shared by several processes needs it."""
+        yield
+
+    def claim_group(self, node_id: int) -> int:
+        return 0
 
     def _accum_column(self, rows: np.ndarray) -> np.ndarray:
         if not self.accum.shape[0]:
@@ -221,9 +238,13 @@ class TrainableJournal:
         self._at = [(0, 0)] * servers     # (generation, position) per server
         self.changed = False              # the known keys changed since the flag was last cleared
 
-    def ask(self, rank: int) -> bytes:
+    def ask(self, rank: int, group: int = 0) -> bytes:
+        """``group``: the replica's merge group, when several processes share it (``host_replica``)."""
         generation, since = self._at[rank]
-        return orjson.dumps({"generation": generation, "since": since})
+        ask = {"generation": generation, "since": since}
+        if group:
+            ask["group"] = group
+        return orjson.dumps(ask)
 
     def answer(self, rank: int, reply: tuple[int, int, np.ndarray]) -> np.ndarray:
         """Take one server's reply; returns the keys new to this worker."""
@@ -258,12 +279,17 @@ class ReplicaStore:
 
     def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
                  seed: int = 1, timeout: float = 30.0, registry: Registry | None = None,
-                 refresh_share: float = REFRESH_SHARE.default):
+                 refresh_share: float = REFRESH_SHARE.default, host_replica: str = "", host_rows: int = 0):
         registry = registry or Registry()
         self.worker = worker
         self.dim = int(dim)
         self.timeout = timeout
-        self.shard = ReplicaShard(dim, refresh_share, optimizer=optimizer, eta=eta, seed=seed)
+        if host_replica:
+            from online.cluster.host_replica import SharedReplicaShard
+            self.shard = SharedReplicaShard(dim, host_replica, host_rows, refresh_share, optimizer=optimizer,
+                                            eta=eta, seed=seed)
+        else:
+            self.shard = ReplicaShard(dim, refresh_share, optimizer=optimizer, eta=eta, seed=seed)
         self.on_totals = None
         self.on_trainable = None   # (every key the cluster trains, sorted; the ones new here)
         self.journal = TrainableJournal(len(worker.po.server_ids()))
@@ -315,16 +341,17 @@ class ReplicaStore:
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
         what was not acknowledged is kept and sent again by the next call (the caller asks for a
         rollback, which makes a partly applied sync exact)."""
-        with self._sync_lock:
+        with self._sync_lock, self.shard.host_sync():
             t0 = time.perf_counter()
             kv = self.worker
+            group = self.shard.claim_group(kv.po.node_id) if self.shard.shared else 0
             with self._buffer_lock:
                 counts, self._counts = self._counts, []
                 words, self._words = self._words, {}
             try:
                 pending_words = self._send_words(words)
                 pending_counts = self._send_counts(counts)
-                pending_trainable = [kv.request(pc.HEAD_TRAINABLE_SINCE, self.journal.ask(rank), sid)
+                pending_trainable = [kv.request(pc.HEAD_TRAINABLE_SINCE, self.journal.ask(rank, group), sid)
                                      for rank, sid in enumerate(self._server_ids)]
             except BaseException:
                 self._requeue(counts, words)
@@ -403,8 +430,9 @@ class ReplicaStore:
     def reload(self) -> int:
         """After a rollback reloaded the servers: drop every unsynced delta and count, and set every
         row to the servers' value (one zero-delta pushpull per chunk); returns the rows fetched.
-        The worker is paused meanwhile, so no kernel writes the replica."""
-        with self._sync_lock:
+        The worker is paused meanwhile, so no kernel writes the replica (with a replica shared by the
+        host's processes, every one of them is paused by the rollback and reloads it; that is idempotent)."""
+        with self._sync_lock, self.shard.host_sync():
             with self._buffer_lock:
                 self._counts = []
             self._unsent = None

@@ -115,6 +115,7 @@ class ShardService:
         self.epoch = secrets.randbits(62)
         self.c = _Counters()
         self.worker_reports: dict[int, tuple[float, dict]] = {}   # node id -> (received, report)
+        self.merge_groups: dict[int, int] = {}   # node id -> the shared replica it syncs (online.cluster.host_replica)
         r = registry
         self.m_requests = {name: r.counter("livevec_server_requests_total", "KV and control requests served",
                                            kind=name)
@@ -165,7 +166,8 @@ class ShardService:
                     raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} + 1")
                 vals = data.vals.reshape(n, width)
                 vectors, accum = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
-                                                       fresh=req.cmd == pc.CMD_DELTA_FRESH, sender=req.sender)
+                                                       fresh=req.cmd == pc.CMD_DELTA_FRESH,
+                                                       sender=self.merge_groups.get(req.sender, req.sender))
                 self.c.pushes += 1
                 self.c.keys_pushed += n
                 self.m_requests["deltas"].inc()
@@ -229,6 +231,8 @@ class ShardService:
                 ask = orjson.loads(req.body) if req.body else {}
                 if not isinstance(ask, dict):
                     raise ValueError("trainable request must be a JSON object")
+                if ask.get("group"):   # a replica shared by a host's workers: its syncs merge as one worker's
+                    self.merge_groups[req.sender] = int(ask["group"])
                 generation, position, keys = self.shard.trainable_since(int(ask.get("generation", 0)),
                                                                         int(ask.get("since", 0)))
                 self.m_requests["trainable"].inc()

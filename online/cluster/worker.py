@@ -110,6 +110,8 @@ class WorkerSettings:
     sync_ms: int = 250
     sync_tokens: int = 200_000
     refresh_share: float = 0.1
+    host_replica: str = ""
+    host_replica_rows: int = 0
     report_interval: float = 2.0
     metrics_port: int | None = None
 
@@ -182,7 +184,8 @@ class StreamingWorker:
         if settings.exchange == "replica":
             self.replica = ReplicaStore(kv, cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta, seed=cfg.seed,
                                         timeout=settings.request_timeout, registry=registry,
-                                        refresh_share=settings.refresh_share)
+                                        refresh_share=settings.refresh_share, host_replica=settings.host_replica,
+                                        host_rows=settings.host_replica_rows or 2 * cfg.vocab_capacity)
             self.trainer = Trainer(cfg, self.replica)
             self.replica.on_totals = self.trainer.apply_cluster_counts
             self.replica.on_trainable = self.trainer.learn_cluster_trainable

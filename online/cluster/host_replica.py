@@ -1,0 +1,265 @@
+"""One replica for all the worker processes of a host, in shared memory (``LIVEVEC_HOST_REPLICA``).
+
+Why. A replica per worker learns well with two workers and badly with eight
+(``bench/README.md``, issue #13): a frequent word's output row is drawn as a negative
+hundreds of times per worker between two syncs, so k replicas take k sets of hundreds of
+steps from one stale value, and no merge of their deltas gives what one model trained in
+place would have reached. With fewer replicas than workers that goes away: the worker
+processes of one host train a single replica in place, hogwild, exactly as the threads of
+one process do, and only hosts exchange deltas. It also keeps one copy of the rows per host
+instead of one per process.
+
+What is shared, in one file in a tmpfs (``/dev/shm``, or a memory-backed volume in a
+container): the replica's rows, their base copies, accumulators, keys, version stamps and
+confirmed flags, the key index (an open-addressing table that is never rehashed: it has
+twice as many slots as the segment has rows, and rows are never freed), and the counters
+the replica's ``collect`` reads (version, next row, last synced version, refresh turn).
+Each process keeps its own vocabulary, noise table, sampling stream, Kafka partitions and
+ps-lite node.
+
+Locks, all ``flock`` on files beside the segment, so a process that dies releases them:
+
+* ``<path>.lock``: the shard's lock (row creation, collect, apply); inside one process an
+  ``RLock`` in front of it, since ``flock`` does not tell a process's threads apart;
+* ``<path>.sync``: one sync at a time per host. A sync is collect, pushpull and apply, and
+  two interleaved on the same rows would add one delta twice;
+* the segment itself: every attached process holds it shared. A process that gets it
+  exclusively at start knows nobody is attached and initialises it (a segment left by
+  processes that are gone is started afresh).
+
+Consequences, each handled where it matters:
+
+* a sync sends what *any* process of the host trained. A batch is still committed only
+  after a sync that began after it finished, so nothing uncommitted is missing from the
+  servers; but another process's sync may carry a batch before its owner commits it, so a
+  checkpoint stops training while it snapshots (``participants``), instead of holding syncs;
+* the servers merge concurrent deltas of distinct workers (``concurrent_merge``); the
+  host's syncs are one worker's successive deltas, so every sync names the segment's group
+  (``group`` in ``HEAD_TRAINABLE_SINCE``) and servers merge by it;
+* rows are never freed: a word one process evicts may be trained by another. The bound is
+  ``LIVEVEC_HOST_REPLICA_ROWS`` rows (two per word), reserved when the segment is made, so
+  a tmpfs too small for it fails at start with the setting named, not with SIGBUS later.
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from online.cluster.replica import ReplicaShard
+from online.learner.key_index import EMPTY, KeyIndex, _insert
+from online.learner.embedding_shard import OPTIMIZERS
+
+_MAGIC = 0x6C69766576656331    # "livevec1"
+_LAYOUT = 1
+_PAGE = 4096
+# Header slots (int64).
+(H_MAGIC, H_LAYOUT, H_DIM, H_ROWS, H_SLOTS, H_ACCUM, H_SEED, H_OPT, H_VERSION, H_NEXT_ROW, H_SYNCED, H_REFRESH,
+ H_SIZE, H_GROUP) = range(14)
+
+
+class HostReplicaError(RuntimeError):
+    """The segment cannot be used (its file, its size, or another cluster's layout); names the setting."""
+
+
+def _layout(dim: int, rows: int, accum_width: int) -> tuple[dict[str, tuple[int, tuple, np.dtype]], int, int]:
+    """Offsets of every array in the segment, page-aligned; returns (arrays, slots, total bytes)."""
+    slots = 1 << int(np.ceil(np.log2(max(4 * rows, 16))))
+    specs = [("vectors", (rows, dim), np.float32), ("base", (rows, dim), np.float32),
+             ("accum", (rows if accum_width else 0, max(accum_width, 1)), np.float32),
+             ("base_acc", (rows, 1), np.float32), ("confirmed", (rows,), np.bool_),
+             ("row_keys", (rows,), np.uint64), ("row_version", (rows,), np.int64), ("row_born", (rows,), np.int64),
+             ("counts", (rows,), np.int64), ("tkeys", (slots,), np.uint64), ("tvals", (slots,), np.int64)]
+    at, out = _PAGE, {}
+    for name, shape, dtype in specs:
+        out[name] = (at, shape, np.dtype(dtype))
+        at += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // _PAGE) * _PAGE
+    return out, slots, at
+
+
+class _HostLock:
+    """Re-entrant across a process's threads, exclusive across processes (``flock``)."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._local = threading.RLock()
+        self._depth = 0
+
+    def acquire(self) -> None:
+        self._local.acquire()
+        if self._depth == 0:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._local.release()
+                raise
+        self._depth += 1
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._local.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class HostSegment:
+    """The shared file: created and initialised by the first process of the host, attached by the others."""
+
+    def __init__(self, path: str | Path, *, dim: int, rows: int, optimizer: str, seed: int):
+        self.path = Path(path)
+        accum_width = {"adagrad": dim, "rowadagrad": 1, "sgd": 0}[optimizer]
+        self.arrays, self.slots, size = _layout(dim, rows, accum_width)
+        want = {H_MAGIC: _MAGIC, H_LAYOUT: _LAYOUT, H_DIM: dim, H_ROWS: rows, H_SLOTS: self.slots,
+                H_ACCUM: accum_width, H_SEED: seed & 0x7FFFFFFFFFFFFFFF, H_OPT: OPTIMIZERS.index(optimizer)}
+        try:
+            self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            self._sync_fd = os.open(f"{self.path}.sync", os.O_RDWR | os.O_CREAT, 0o600)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: cannot open {self.path}: {exc.strerror}") from exc
+        self.lock = _HostLock(self._lock_fd)
+        self.sync_lock = _HostLock(self._sync_fd)
+        with self.lock:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = True
+            except BlockingIOError:
+                alone = False
+            if alone:
+                self._initialise(size, want)
+            fcntl.flock(self._fd, fcntl.LOCK_SH)   # attached until this process exits
+            if os.fstat(self._fd).st_size != size:
+                raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use with another layout "
+                                       f"({os.fstat(self._fd).st_size} bytes, this worker needs {size}): "
+                                       "every worker of a host must share dim, optimizer, seed and "
+                                       "LIVEVEC_HOST_REPLICA_ROWS")
+            self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.header = np.frombuffer(self._map, dtype=np.int64, count=_PAGE // 8)
+            for slot, value in want.items():
+                if int(self.header[slot]) != value:
+                    raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use by workers with "
+                                           f"other settings (header slot {slot}: {int(self.header[slot])}, "
+                                           f"here {value}): dim, optimizer, seed and LIVEVEC_HOST_REPLICA_ROWS "
+                                           "must agree")
+        self.created = alone
+
+    def _initialise(self, size: int, want: dict[int, int]) -> None:
+        os.ftruncate(self._fd, 0)   # a segment of processes that are gone: start afresh
+        os.ftruncate(self._fd, size)
+        try:
+            os.posix_fallocate(self._fd, 0, size)
+        except OSError as exc:
+            os.ftruncate(self._fd, 0)
+            raise HostReplicaError(f"LIVEVEC_HOST_REPLICA_ROWS: {size / 2**20:.0f} MiB do not fit in "
+                                   f"{self.path.parent} ({exc.strerror}); give the tmpfs more room or "
+                                   "lower the rows") from exc
+        m = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            header = np.frombuffer(m, dtype=np.int64, count=_PAGE // 8)
+            at, shape, dtype = self.arrays["tvals"]
+            np.frombuffer(m, dtype=dtype, count=int(np.prod(shape)), offset=at)[:] = EMPTY
+            for slot, value in want.items():
+                header[slot] = value
+            del header
+        finally:
+            m.close()
+
+    def array(self, name: str) -> np.ndarray:
+        at, shape, dtype = self.arrays[name]
+        return np.frombuffer(self._map, dtype=dtype, count=int(np.prod(shape)), offset=at).reshape(shape)
+
+
+class _SharedKeyIndex(KeyIndex):
+    """``KeyIndex`` over the segment's table: fixed size (never rehashed), no deletions."""
+
+    def __init__(self, segment: HostSegment):
+        self.tkeys = segment.array("tkeys")
+        self.tvals = segment.array("tvals")
+        self.shift = np.uint64(64 - int(np.log2(segment.slots)))
+        self.tombstones = 0
+        self._header = segment.header
+
+    @property
+    def size(self) -> int:
+        return int(self._header[H_SIZE])
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self._header[H_SIZE] = value
+
+    def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        _insert(self.tkeys, self.tvals, self.shift, keys, np.ascontiguousarray(rows, dtype=np.int64))
+        self.size = self.size + len(keys)
+
+
+def _header_field(slot: int):
+    def get(self):
+        return int(self._hdr[slot])
+
+    def put(self, value):
+        self._hdr[slot] = value
+    return property(get, put)
+
+
+class SharedReplicaShard(ReplicaShard):
+    """A ``ReplicaShard`` whose arrays and counters live in a ``HostSegment`` (see the module docstring)."""
+
+    shared = True
+    version = _header_field(H_VERSION)
+    synced_version = _header_field(H_SYNCED)
+    _refresh_at = _header_field(H_REFRESH)
+    _next_row = _header_field(H_NEXT_ROW)
+
+    def __init__(self, dim: int, path: str | Path, rows: int, refresh_share: float = 0.1, **options):
+        self._hdr = np.zeros(_PAGE // 8, dtype=np.int64)   # until the segment is attached
+        super().__init__(dim, refresh_share, initial_rows=16, **options)
+        self.segment = HostSegment(path, dim=self.dim, rows=int(rows), optimizer=self.optimizer, seed=self.seed)
+        seg = self.segment
+        self._hdr = seg.header
+        self.vectors, self.base = seg.array("vectors"), seg.array("base")
+        self.accum = seg.array("accum") if self.accum.shape[0] else self.accum
+        self.base_acc, self.confirmed = seg.array("base_acc"), seg.array("confirmed")
+        self.row_keys, self.row_version = seg.array("row_keys"), seg.array("row_version")
+        self.row_born, self.counts = seg.array("row_born"), seg.array("counts")
+        self._index = _SharedKeyIndex(seg)
+        self._lock = seg.lock
+
+    @property
+    def group(self) -> int:
+        """The id the servers merge this host's deltas under: the first node id that asked for one."""
+        return int(self._hdr[H_GROUP])
+
+    def claim_group(self, node_id: int) -> int:
+        with self._lock:
+            if not self._hdr[H_GROUP]:
+                self._hdr[H_GROUP] = node_id
+            return self.group
+
+    @contextmanager
+    def host_sync(self):
+        with self.segment.sync_lock:
+            yield
+
+    def _grow(self, needed: int) -> None:
+        raise HostReplicaError(f"LIVEVEC_HOST_REPLICA_ROWS: the host's replica is full ({self.capacity} rows); "
+                               "raise it (two rows per word)")
+
+    def free(self, keys: np.ndarray) -> int:
+        """Never: another process of the host may still train the word."""
+        return self.version
+
+    def release_freed(self) -> int:
+        return 0
