@@ -123,37 +123,59 @@ class HostSegment:
         self.arrays, self.slots, size = _layout(dim, rows, accum_width)
         want = {H_MAGIC: _MAGIC, H_LAYOUT: _LAYOUT, H_DIM: dim, H_ROWS: rows, H_SLOTS: self.slots,
                 H_ACCUM: accum_width, H_SEED: seed & 0x7FFFFFFFFFFFFFFF, H_OPT: OPTIMIZERS.index(optimizer)}
+        fds = []
         try:
-            self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            self._sync_fd = os.open(f"{self.path}.sync", os.O_RDWR | os.O_CREAT, 0o600)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: cannot open {self.path}: {exc.strerror}") from exc
-        self.lock = _HostLock(self._lock_fd)
-        self.sync_lock = _HostLock(self._sync_fd)
+            for suffix in (".lock", ".sync"):   # never removed: every process must lock the same files
+                fds.append(os.open(f"{self.path}{suffix}", os.O_RDWR | os.O_CREAT, 0o600))
+            self.lock, self.sync_lock = _HostLock(fds[0]), _HostLock(fds[1])
+            with self.lock:                     # the data file is made, attached and removed under it
+                fds.append(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+                self._fd = fds[-1]
+                self.created = self._attach(size, want)
+        except BaseException as exc:
+            for fd in fds:
+                os.close(fd)
+            if isinstance(exc, OSError):
+                raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: cannot open {self.path}: {exc.strerror}") from exc
+            raise
+
+    def detach(self) -> bool:
+        """At exit: the last process of the host removes the data file (its memory goes with the last
+        mapping). Returns whether it did."""
         with self.lock:
             try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                alone = True
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # only if nobody else holds it
             except BlockingIOError:
-                alone = False
-            if alone:
-                self._initialise(size, want)
-            fcntl.flock(self._fd, fcntl.LOCK_SH)   # attached until this process exits
-            if os.fstat(self._fd).st_size != size:
-                raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use with another layout "
-                                       f"({os.fstat(self._fd).st_size} bytes, this worker needs {size}): "
-                                       "every worker of a host must share dim, optimizer, seed and "
-                                       "LIVEVEC_HOST_REPLICA_ROWS")
-            self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            self.header = np.frombuffer(self._map, dtype=np.int64, count=_PAGE // 8)
-            for slot, value in want.items():
-                if int(self.header[slot]) != value:
-                    raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use by workers with "
-                                           f"other settings (header slot {slot}: {int(self.header[slot])}, "
-                                           f"here {value}): dim, optimizer, seed and LIVEVEC_HOST_REPLICA_ROWS "
-                                           "must agree")
-        self.created = alone
+                return False
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            return True
+
+    def _attach(self, size: int, want: dict[int, int]) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        if alone:
+            self._initialise(size, want)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)   # attached until this process exits
+        if os.fstat(self._fd).st_size != size:
+            raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use with another layout "
+                                   f"({os.fstat(self._fd).st_size} bytes, this worker needs {size}): "
+                                   "every worker of a host must share dim, optimizer, seed and "
+                                   "LIVEVEC_HOST_REPLICA_ROWS")
+        self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.header = np.frombuffer(self._map, dtype=np.int64, count=_PAGE // 8)
+        for slot, value in want.items():
+            if int(self.header[slot]) != value:
+                raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use by workers with "
+                                       f"other settings (header slot {slot}: {int(self.header[slot])}, "
+                                       f"here {value}): dim, optimizer, seed and LIVEVEC_HOST_REPLICA_ROWS "
+                                       "must agree")
+        return alone
 
     def _initialise(self, size: int, want: dict[int, int]) -> None:
         os.ftruncate(self._fd, 0)   # a segment of processes that are gone: start afresh
@@ -252,6 +274,9 @@ class SharedReplicaShard(ReplicaShard):
     def host_sync(self):
         with self.segment.sync_lock:
             yield
+
+    def close(self) -> None:
+        self.segment.detach()
 
     def _grow(self, needed: int) -> None:
         raise HostReplicaError(f"LIVEVEC_HOST_REPLICA_ROWS: the host's replica is full ({self.capacity} rows); "

@@ -141,6 +141,9 @@ class ReplicaShard(EmbeddingShard):
     def claim_group(self, node_id: int) -> int:
         return 0
 
+    def close(self) -> None:
+        """Nothing to release for a process's own replica."""
+
     def _accum_column(self, rows: np.ndarray) -> np.ndarray:
         if not self.accum.shape[0]:
             return np.zeros((len(rows), 1), dtype=np.float32)

@@ -423,6 +423,8 @@ class StreamingWorker:
             if syncing is not None:
                 syncing.cancel()
             self.extension.close()
+            if self.replica is not None:
+                self.replica.shard.close()   # a host's shared replica: the last process removes it
 
     # ------------------------------------------------------------ reporting
     RATE_WINDOW = 10.0   # seconds of batches that words/s is averaged over

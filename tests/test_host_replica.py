@@ -1,0 +1,167 @@
+"""One replica shared by the worker processes of a host (``online.cluster.host_replica``, issue 13).
+
+Real OS processes attach to a real tmpfs file; the syncs go to a real scheduler and server.
+The cluster-level check (kill -9 of a worker sharing the replica, exactly once) is in
+``test_checkpoint_recovery.py``.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from online.cluster.host_replica import HostReplicaError, SharedReplicaShard
+from online.cluster.replica import ReplicaStore
+from online.learner.trainer import LearnerConfig, Trainer
+from online.stream.sample_corpus import generate_lines
+from tests.test_delta_sync import ps_cluster  # noqa: F401  (the fixture)
+
+DIM = 8
+
+
+def _shard(path, rows: int = 256, dim: int = DIM, seed: int = 3) -> SharedReplicaShard:
+    return SharedReplicaShard(dim, path, rows, optimizer="rowadagrad", seed=seed)
+
+
+def _other_process(path, keys, queue):
+    """Attach, create rows (some the parent made, some new), train one of them, report what it saw."""
+    shard = _shard(path)
+    rows = shard.rows_for(np.array(keys, dtype=np.uint64))
+    seen = shard.vectors[rows].copy()
+    with shard.training():
+        shard.vectors[rows[-1]] += 2.0
+        shard.mark_changed(rows[-1:])
+    queue.put((shard.segment.created, rows.tolist(), seen.tolist(), len(shard)))
+
+
+def _in_another_process(target, *args):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    try:
+        return queue.get(timeout=60)
+    finally:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+
+
+@pytest.fixture
+def segment_path(tmp_path):
+    path = f"/dev/shm/livevec-test-{tmp_path.name}"
+    yield path
+    for suffix in ("", ".lock", ".sync"):
+        Path(path + suffix).unlink(missing_ok=True)
+
+
+def test_processes_of_a_host_train_the_same_rows(segment_path):
+    here = _shard(segment_path)
+    assert here.segment.created
+    mine = here.rows_for(np.array([11, 12], dtype=np.uint64))
+    here.vectors[mine] += 1.0
+    here.mark_changed(mine)
+    created, rows, seen, size = _in_another_process(_other_process, segment_path, [11, 12, 13])
+    assert not created                                  # it attached to this segment
+    assert rows[:2] == mine.tolist() and size == 3      # same key -> same row, one index for both
+    np.testing.assert_array_equal(np.array(seen[:2], np.float32), here.vectors[mine])
+    assert len(here) == 3 and sorted(here.keys().tolist()) == [11, 12, 13]
+    theirs = here.rows_for(np.array([13], dtype=np.uint64), create=False)
+    assert theirs[0] == rows[2]
+    # its training is in this process's view, and the next collect sends it (here: fresh rows, from init)
+    keys, deltas, fresh = here.collect()
+    assert keys.tolist() == [11, 12, 13] and fresh.all()
+    np.testing.assert_allclose(deltas[2, :DIM], 2.0)
+    np.testing.assert_allclose(deltas[:2, :DIM], 1.0)
+
+
+def test_a_segment_nobody_is_attached_to_starts_afresh(segment_path):
+    _in_another_process(_other_process, segment_path, [21, 22])   # made it, then exited
+    again = _shard(segment_path)
+    assert again.segment.created and len(again) == 0 and again.version == 0
+
+
+def test_workers_with_other_settings_are_refused_and_told_which(segment_path):
+    _shard(segment_path, rows=256)
+    with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA.*must agree|LIVEVEC_HOST_REPLICA.*layout"):
+        _shard(segment_path, rows=512)
+    with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA: .* other settings"):
+        _shard(segment_path, rows=256, seed=4)
+
+
+def test_a_full_replica_names_the_setting_and_frees_nothing(segment_path):
+    shard = _shard(segment_path, rows=16)
+    shard.rows_for(np.arange(16, dtype=np.uint64))
+    with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA_ROWS"):
+        shard.rows_for(np.array([99], dtype=np.uint64))
+    shard.free(np.arange(4, dtype=np.uint64))      # one process's eviction: others may train these
+    shard.release_freed()
+    assert len(shard) == 16
+
+
+def test_a_tmpfs_too_small_fails_at_start_naming_the_rows(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
+    try:
+        with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA_ROWS: .* do not fit"):
+            _shard(mount / "replica", rows=100_000, dim=100)
+        assert (mount / "replica").stat().st_size == 0   # nothing half-made left behind
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+    with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA: cannot open"):
+        _shard(tmp_path / "no" / "such" / "dir")
+
+
+def test_workers_sharing_a_replica_send_each_change_once(ps_cluster, segment_path):  # noqa: F811
+    """Three ps-lite worker nodes, one shared replica, each with its own vocabulary. Whichever syncs sends
+    what the others trained; the servers add each change once, and merge the nodes' successive syncs as
+    one worker's (each sync follows the last within the merge window, with deltas to the same frequent
+    rows: merged as concurrent deltas of three workers they would be scaled down)."""
+    _, join = ps_cluster
+    config = LearnerConfig(dim=16, min_count=3, window=3, negative=3, seed=1)
+    stores = [ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=4096)
+              for _ in range(3)]
+    trainers = [Trainer(config, store) for store in stores]
+    for store, trainer in zip(stores, trainers):
+        store.on_totals = trainer.apply_cluster_counts
+        store.on_trainable = trainer.learn_cluster_trainable
+    lines = generate_lines(1600, seed=5)
+    for i in range(0, len(lines), 40):
+        who = (i // 40) % 3
+        trainers[who].train_records(lines[i:i + 40])
+        stores[(who + 1) % 3].sync()        # another process syncs this one's training
+    for store in stores:
+        store.sync()
+    assert stores[0].shard.group and stores[0].shard.group == stores[2].shard.group
+    shard = stores[0].shard
+    keys = np.sort(shard.keys())
+    assert len(keys) > 100
+    rows = shard.rows_for(keys, create=False)
+    served = stores[0].worker.pull_sync(keys, timeout=20).reshape(len(keys), 16)
+    np.testing.assert_allclose(served, shard.vectors[rows], atol=1e-4)
+    assert all(t.totals.kept > 1000 for t in trainers)   # both trained into it
+
+
+def test_the_servers_merge_a_hosts_successive_syncs_as_one_workers(ps_cluster, segment_path):  # noqa: F811
+    """Three nodes of one host each add the same change to a row and sync in turn, within the servers'
+    merge window. In one model the row moved three times; merged as three workers' concurrent deltas
+    (equal ones count once, never less than two: ``concurrent_merge``) it would move twice."""
+    _, join = ps_cluster
+    stores = [ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64)
+              for _ in range(3)]
+    shard = stores[0].shard
+    key = np.array([12345], dtype=np.uint64)
+    row = shard.rows_for(key)
+    stores[0].sync()                           # the row is now the servers' (confirmed)
+    start = shard.vectors[row].copy()
+    step = np.linspace(0.01, 0.02, 16, dtype=np.float32)
+    for store in stores:
+        with shard.training():
+            shard.vectors[row] += step
+            shard.mark_changed(row)
+        store.sync()
+    served = stores[1].worker.pull_sync(key, timeout=20).reshape(1, 16)
+    np.testing.assert_allclose(served, start + 3 * step, atol=1e-5)
