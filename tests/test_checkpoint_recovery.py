@@ -151,8 +151,11 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
            "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}", "LIVEVEC_SYNC_INTERVAL": "0.3",
            "LIVEVEC_LOG_LEVEL": "INFO", "LIVEVEC_SYNC_MS": sync_ms, "LIVEVEC_SYNC_TOKENS": "100000000"}
     if host_replica:
-        env["LIVEVEC_HOST_REPLICA"] = f"/dev/shm/livevec-{env['LIVEVEC_KAFKA_GROUP']}"
+        env["LIVEVEC_HOST_REPLICA"] = str(tmp_path / "shm")   # a tmpfs, mounted below
         env["LIVEVEC_HOST_REPLICA_ROWS"] = "20000"
+    if host_replica:
+        (tmp_path / "shm").mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(tmp_path / "shm")], check=True)
     runner = local_cluster(tmp_path / "run", kafka_bootstrap, topic, servers=2, workers=2, env=env)
     store = CheckpointStore(tmp_path / "run" / "shared" / "livevec" / "checkpoints")
     probe = watcher = None
@@ -168,6 +171,8 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
                    message="training to start")
         wait_until(lambda: store.latest_complete(check_data=False), 60, interval=0.25,
                    message="a first checkpoint")
+        if host_replica:   # both workers of this host train one replica
+            assert [p.suffix for p in (tmp_path / "shm").iterdir()].count(".replica") == 1
 
         def recovered_after(kill_time: float, loaded_before: list):
             stats = probe.stats()
@@ -260,8 +265,11 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         if probe is not None:
             probe.close()
         runner.stop()
-        for suffix in ("", ".lock", ".sync"):   # the last worker removed the data file itself
-            Path(env.get("LIVEVEC_HOST_REPLICA", "/nonexistent") + suffix).unlink(missing_ok=True)
+        if host_replica:
+            left = sorted(p.name for p in (tmp_path / "shm").iterdir())
+            subprocess.run(["umount", "-l", str(tmp_path / "shm")], check=False)
+            # the last worker removed the data file itself; the lock files stay (every process locks those)
+            assert all(name.endswith((".lock", ".sync")) for name in left), left
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import socket
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,6 +62,15 @@ _PAGE = 4096
 # Header slots (int64).
 (H_MAGIC, H_LAYOUT, H_DIM, H_ROWS, H_SLOTS, H_ACCUM, H_SEED, H_OPT, H_VERSION, H_NEXT_ROW, H_SYNCED, H_REFRESH,
  H_SIZE, H_GROUP) = range(14)
+
+
+def segment_path(directory: str | Path, root_uri: str, root_port: int, node_host: str | None) -> Path:
+    """The file the workers of one cluster (its scheduler's address) on one host (the address they advertise,
+    ``DMLC_NODE_HOST``, else the host name) share. So hosts that share a tmpfs without being one host (network
+    namespaces on one machine, or a pod's containers, which do share their address) each get their own."""
+    host = node_host or socket.gethostname()
+    name = f"livevec-{root_uri}-{root_port}-{host}.replica"
+    return Path(directory) / "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
 
 
 class HostReplicaError(RuntimeError):

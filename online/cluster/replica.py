@@ -65,8 +65,9 @@ REFRESH_SHARE = Setting("refresh_share", "LIVEVEC_REFRESH_SHARE", float, 0.1, mi
                         help="replica: rows not changed here that each sync refreshes, as a share of the changed "
                              "ones (each costs a zero delta out and the row back; 1000: every held row)")
 HOST_REPLICA = Setting("host_replica", "LIVEVEC_HOST_REPLICA", str, "",
-                       help="replica: a file in a tmpfs (e.g. /dev/shm/livevec) that the worker processes of one "
-                            "host share as one replica (online.cluster.host_replica); empty: one per process")
+                       help="replica: a directory in a tmpfs (e.g. /dev/shm) where the worker processes of one host "
+                            "share one replica, in a file named by the cluster and DMLC_NODE_HOST "
+                            "(online.cluster.host_replica); empty: a replica per process")
 HOST_REPLICA_ROWS = Setting("host_replica_rows", "LIVEVEC_HOST_REPLICA_ROWS", int, 0, minimum=0,
                             help="replica: rows the shared replica reserves, two per word "
                                  "(0: twice LIVEVEC_VOCAB_CAPACITY)")

@@ -184,7 +184,8 @@ class StreamingWorker:
         if settings.exchange == "replica":
             self.replica = ReplicaStore(kv, cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta, seed=cfg.seed,
                                         timeout=settings.request_timeout, registry=registry,
-                                        refresh_share=settings.refresh_share, host_replica=settings.host_replica,
+                                        refresh_share=settings.refresh_share,
+                                        host_replica=self._host_replica_path(settings),
                                         host_rows=settings.host_replica_rows or 2 * cfg.vocab_capacity)
             self.trainer = Trainer(cfg, self.replica)
             self.replica.on_totals = self.trainer.apply_cluster_counts
@@ -206,6 +207,14 @@ class StreamingWorker:
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
         self.extension = extension or WorkerExtension()
         self.extension.attach(self)
+
+    @staticmethod
+    def _host_replica_path(settings: WorkerSettings) -> str:
+        if not settings.host_replica:
+            return ""
+        from online.cluster.host_replica import segment_path
+        node = settings.node
+        return str(segment_path(settings.host_replica, node.root_uri, node.root_port, node.node_host))
 
     # -------------------------------------------------------------- training
     def _train_blocking(self, texts: list[str]) -> BatchStats:
