@@ -395,9 +395,7 @@ class WorkerCheckpointing(WorkerExtension):
             self._mode = "checkpoint"
         self._paused_at = now
         timeout = float(ask.get("timeout", 30.0))
-        # A replica shared by the host's processes (``host_replica``) is synced by all of them: another
-        # process's sync can carry this one's batches before they are committed, so it stops training.
-        hold = not abandon and w.replica is not None and not w.replica.shard.shared
+        hold = not abandon and w.replica is not None
         if hold:
             # The replica exchange's checkpoint does not stop training. The servers hold exactly what
             # acknowledged syncs brought, and the processed frontier covers exactly the batches those

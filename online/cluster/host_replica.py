@@ -47,6 +47,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,6 +63,9 @@ _PAGE = 4096
 # Header slots (int64).
 (H_MAGIC, H_LAYOUT, H_DIM, H_ROWS, H_SLOTS, H_ACCUM, H_SEED, H_OPT, H_VERSION, H_NEXT_ROW, H_SYNCED, H_REFRESH,
  H_SIZE, H_GROUP) = range(14)
+MAX_MEMBERS = 64
+# Per member process (its slot): batches finished, batches an acknowledged sync carried, syncs held.
+H_FINISHED, H_COVERED, H_HELD = 64, 64 + MAX_MEMBERS, 64 + 2 * MAX_MEMBERS
 
 
 def segment_path(directory: str | Path, root_uri: str, root_port: int, node_host: str | None) -> Path:
@@ -110,6 +114,18 @@ class _HostLock:
                 raise
         self._depth += 1
 
+    def try_acquire(self) -> bool:
+        if not self._local.acquire(blocking=False):
+            return False
+        if self._depth == 0:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._local.release()
+                return False
+        self._depth += 1
+        return True
+
     def release(self) -> None:
         self._depth -= 1
         if self._depth == 0:
@@ -142,12 +158,43 @@ class HostSegment:
                 fds.append(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
                 self._fd = fds[-1]
                 self.created = self._attach(size, want)
+                self.member, self._member_fd = self._claim_member()
         except BaseException as exc:
             for fd in fds:
                 os.close(fd)
             if isinstance(exc, OSError):
                 raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: cannot open {self.path}: {exc.strerror}") from exc
             raise
+
+    def _member_file(self, m: int) -> str:
+        return f"{self.path}.member{m}"
+
+    def _claim_member(self) -> tuple[int, int]:
+        """The first member slot whose file nobody locks (free, or its process is gone), locked for life;
+        its counters start again from zero."""
+        for m in range(MAX_MEMBERS):
+            fd = os.open(self._member_file(m), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            for base in (H_FINISHED, H_COVERED, H_HELD):
+                self.header[base + m] = 0
+            return m, fd
+        raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: more than {MAX_MEMBERS} workers of one cluster share "
+                               f"{self.path}")
+
+    def alive(self, m: int) -> bool:
+        """Member ``m``'s process still holds its slot."""
+        fd = os.open(self._member_file(m), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)   # (releases the lock if it was taken)
+        return False
 
     def detach(self) -> bool:
         """At exit: the last process of the host removes the data file (its memory goes with the last
@@ -268,6 +315,11 @@ class SharedReplicaShard(ReplicaShard):
         self.row_born, self.counts = seg.array("row_born"), seg.array("counts")
         self._index = _SharedKeyIndex(seg)
         self._lock = seg.lock
+        self.member = seg.member
+        self._finished = seg.header[H_FINISHED:H_FINISHED + MAX_MEMBERS]
+        self._covered = seg.header[H_COVERED:H_COVERED + MAX_MEMBERS]
+        self._held = seg.header[H_HELD:H_HELD + MAX_MEMBERS]
+        self.collected_finished = self._finished.copy()
 
     @property
     def group(self) -> int:
@@ -284,6 +336,27 @@ class SharedReplicaShard(ReplicaShard):
     def host_sync(self):
         with self.segment.sync_lock:
             yield
+
+    def held_elsewhere(self) -> bool:
+        """Whether a live process of the host holds syncs for a checkpoint (a holder that died is cleared:
+        the rollback its death brings releases the others)."""
+        for m in np.flatnonzero(self._held).tolist():
+            if m == self.member:
+                continue
+            if self.segment.alive(m):
+                return True
+            self._held[m] = 0
+        return False
+
+    def wait_host_idle(self, timeout: float) -> bool:
+        """Wait until no process of the host is in a sync (False after ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while not self.segment.sync_lock.try_acquire():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        self.segment.sync_lock.release()
+        return True
 
     def close(self) -> None:
         self.segment.detach()

@@ -105,6 +105,13 @@ class ReplicaShard(EmbeddingShard):
         self.synced_version = 0
         self._refresh_at = 0
         self.pending_free: set[int] = set()
+        # Batches finished and batches carried, per member process (one here; a host's in ``host_replica``):
+        # a batch may be committed once a sync that collected after it finished was acknowledged.
+        self.member = 0
+        self._finished = np.zeros(1, dtype=np.int64)
+        self._covered = np.zeros(1, dtype=np.int64)
+        self._held = np.zeros(1, dtype=np.int64)
+        self.collected_finished = self._finished.copy()   # ``_finished`` as the last collect saw it
 
     def _grow(self, needed: int) -> None:
         super()._grow(needed)
@@ -142,6 +149,35 @@ class ReplicaShard(EmbeddingShard):
     def claim_group(self, node_id: int) -> int:
         return 0
 
+    # ------------------------------------------------ batches and the syncs that carried them
+    def batch_finished(self) -> None:
+        """This process finished training one more batch (its rows are stamped)."""
+        self._finished[self.member] += 1
+
+    def finished_batches(self) -> int:
+        return int(self._finished[self.member])
+
+    def covered_batches(self) -> int:
+        """This process's batches that an acknowledged sync carried (whichever process ran it)."""
+        return int(self._covered[self.member])
+
+    def cover(self, finished: np.ndarray) -> None:
+        """A sync whose collect saw ``finished`` was acknowledged."""
+        with self._lock:
+            np.maximum(self._covered, finished, out=self._covered)
+
+    def hold(self, held: bool) -> None:
+        """A checkpoint holds this process's syncs (and, shared, every sync of the host)."""
+        self._held[self.member] = int(held)
+
+    def held_elsewhere(self) -> bool:
+        """Another process of the host holds syncs; never with a process's own replica."""
+        return False
+
+    def wait_host_idle(self, timeout: float) -> bool:
+        """No other process of the host is in a sync (always, with a process's own replica)."""
+        return True
+
     def close(self) -> None:
         """Nothing to release for a process's own replica."""
 
@@ -163,6 +199,7 @@ class ReplicaShard(EmbeddingShard):
         still running; either way ``row - base`` is exactly what has not been sent). ``fresh`` marks
         the rows created here that no answer of the servers has reached yet (``CMD_DELTA_FRESH``)."""
         with self._lock:
+            self.collected_finished = self._finished.copy()   # before the stamps: those batches are in
             now = self.version
             stamps = self.row_version[:self._next_row]
             changed = np.flatnonzero(stamps > self.synced_version)
@@ -302,6 +339,7 @@ class ReplicaStore:
         self._words: dict[int, str] = {}
         self._sync_lock = threading.Lock()
         self._unsent: list | None = None   # the parts of a collected payload not yet acknowledged
+        self._unsent_finished = self.shard.collected_finished   # the batches that payload carries
         self.m_syncs = registry.counter("livevec_worker_syncs_total", "delta syncs with the servers")
         self.m_rows = registry.counter("livevec_worker_rows_synced_total", "rows whose delta was sent")
         self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
@@ -339,13 +377,17 @@ class ReplicaStore:
         """Counts or words wait to be sent (e.g. the words named again after a rollback)."""
         return bool(self._counts or self._words or self._unsent is not None)
 
-    def sync(self) -> int:
-        """One sync (see the module docstring); returns the rows sent. The words, the counts and every
+    def sync(self) -> int | None:
+        """One sync (see the module docstring); returns the rows sent (None: skipped, because a checkpoint
+        holds another process's syncs on a replica the host shares). Afterwards ``shard.covered_batches()``
+        counts this process's batches the servers have. The words, the counts and every
         chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
         what was not acknowledged is kept and sent again by the next call (the caller asks for a
         rollback, which makes a partly applied sync exact)."""
         with self._sync_lock, self.shard.host_sync():
+            if self.shard.held_elsewhere():   # a checkpoint is snapshotting the servers
+                return None
             t0 = time.perf_counter()
             kv = self.worker
             group = self.shard.claim_group(kv.po.node_id) if self.shard.shared else 0
@@ -362,6 +404,7 @@ class ReplicaStore:
                 raise
             if self._unsent is None:
                 self._unsent = self._parts(*self.shard.collect())
+                self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
             sent = [(kv.pushpull(k, d.reshape(-1), cmd=cmd), cmd, k) for cmd, k, d in parts]
             try:
@@ -388,6 +431,7 @@ class ReplicaStore:
                 self._unsent = parts[i + 1:]
                 rows_sent += len(k)
             self._unsent = None
+            self.shard.cover(self._unsent_finished)
             self.shard.release_freed()
             self.m_syncs.inc()
             self.m_rows.inc(rows_sent)

@@ -195,6 +195,7 @@ class StreamingWorker:
             self.trainer = Trainer(cfg, PSParamStore(kv, cfg.dim, settings.request_timeout, registry))
         self._awaiting: list[tuple[Batch, BatchStats]] = []   # trained into the replica, not yet synced
         self._awaiting_tokens = 0
+        self._completed = 0   # batches trained into the replica and then committed or dropped
         self._sync_lock = asyncio.Lock()
         self._syncs_held = False   # by a checkpoint (``hold_syncs``)
         self._sync_soon = asyncio.Event()
@@ -285,6 +286,7 @@ class StreamingWorker:
             self._words_per_record = seen if self._words_per_record <= 0 else 0.8 * self._words_per_record + 0.2 * seen
         if self.replica is not None:
             self._awaiting.append((batch, stats))
+            self.replica.shard.batch_finished()
             self._awaiting_tokens += stats.tokens
             self.metrics.unsynced.set(self._awaiting_tokens)
             if self._awaiting_tokens >= self.settings.sync_tokens:
@@ -322,19 +324,31 @@ class StreamingWorker:
         """Start no sync until ``release_syncs``: a checkpoint snapshots the servers meanwhile. Waits for
         a sync in progress and for the completion of the batches it carried (False, and nothing held,
         if that takes over ``timeout`` s or a rollback begins). Training goes on, into the replica,
-        and its batches stay uncommitted until the next sync."""
+        and its batches stay uncommitted until the next sync.
+
+        With a replica the host's processes share, the hold is the host's: no process of it starts a
+        sync meanwhile, this one waits for a sync another is running, and commits the batches of its
+        own that such syncs carried, so what this worker reports is exactly what the servers have."""
         self._syncs_held = True
+        self.replica.shard.hold(True)
         deadline = time.monotonic() + timeout
         while self._sync_lock.locked():
             if time.monotonic() > deadline or self.abandon.is_set():
                 self.release_syncs()
                 return False
             await asyncio.sleep(0.002)
+        async with self._sync_lock:
+            if not await asyncio.to_thread(self.replica.shard.wait_host_idle, max(0.0, deadline - time.monotonic())):
+                self.release_syncs()
+                return False
+            await self._complete_covered()
         return True
 
     def release_syncs(self) -> None:
         if self._syncs_held:
             self._syncs_held = False
+            if self.replica is not None:
+                self.replica.shard.hold(False)
             self._sync_soon.set()
 
     async def drain(self) -> None:
@@ -351,11 +365,23 @@ class StreamingWorker:
         async with self._sync_lock:
             if self._syncs_held:   # a checkpoint is snapshotting the servers: the next sync takes these too
                 return
-            done, self._awaiting, self._awaiting_tokens = self._awaiting, [], 0
-            self.metrics.unsynced.set(0)
+            await self._complete_covered()   # what another process's sync of a shared replica carried
+            if not self._awaiting and not self.replica.has_pending():
+                return
             if not await asyncio.to_thread(self._sync_with_retry):
                 return
-            await self._complete_all(done)
+            await self._complete_covered()
+
+    async def _complete_covered(self) -> None:
+        """Complete, in training order, this process's batches that acknowledged syncs carried."""
+        n = min(len(self._awaiting), self.replica.shard.covered_batches() - self._completed)
+        if n <= 0:
+            return
+        done, self._awaiting = self._awaiting[:n], self._awaiting[n:]
+        self._completed += n
+        self._awaiting_tokens = sum(stats.tokens for _, stats in self._awaiting)
+        self.metrics.unsynced.set(self._awaiting_tokens)
+        await self._complete_all(done)
 
     def _sync_with_retry(self) -> bool:
         backoff = 0.2
@@ -380,7 +406,10 @@ class StreamingWorker:
     def reload_replica(self) -> int:
         """After a rollback: forget unsynced work and take the reloaded servers' rows (blocking)."""
         self._awaiting, self._awaiting_tokens = [], 0
-        return self.replica.reload() if self.replica is not None else 0
+        if self.replica is None:
+            return 0
+        self._completed = self.replica.shard.finished_batches()   # the dropped ones count as done
+        return self.replica.reload()
 
     async def _sync_loop(self) -> None:
         interval = self.settings.sync_ms / 1000.0
@@ -391,7 +420,7 @@ class StreamingWorker:
                 pass
             self._sync_soon.clear()
             if (self._awaiting or self.replica.has_pending()) and not self.abandon.is_set() \
-                    and not self.paused.is_set():
+                    and not self.paused.is_set() and not self._syncs_held:
                 try:
                     await self.sync()
                 except Exception:
