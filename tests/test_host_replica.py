@@ -7,6 +7,7 @@ The cluster-level check (kill -9 of a worker sharing the replica, exactly once) 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 from pathlib import Path
 
@@ -165,3 +166,32 @@ def test_the_servers_merge_a_hosts_successive_syncs_as_one_workers(ps_cluster, s
         store.sync()
     served = stores[1].worker.pull_sync(key, timeout=20).reshape(1, 16)
     np.testing.assert_allclose(served, start + 3 * step, atol=1e-5)
+
+
+def _hold_and_die(path, queue):
+    shard = SharedReplicaShard(16, path, 64, optimizer="rowadagrad", seed=1)
+    shard.hold(True)
+    queue.put(shard.member)
+    queue.close()
+    queue.join_thread()   # the answer is out
+    os._exit(0)   # as kill -9 would: no clean-up, the held flag stays in the segment
+
+
+def test_a_sync_carries_other_processes_batches_and_a_checkpoint_hold_stops_the_hosts_syncs(
+        ps_cluster, segment_path):  # noqa: F811
+    _, join = ps_cluster
+    a, b = (ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64) for _ in range(2))
+    assert a.shard.member != b.shard.member
+    a.shard.batch_finished()
+    a.shard.batch_finished()
+    assert b.sync() is not None
+    assert a.shard.covered_batches() == 2 and b.shard.covered_batches() == 0   # a may commit both
+    a.shard.batch_finished()
+    a.shard.hold(True)                         # a checkpoint holds a's syncs: so every sync of the host
+    assert b.sync() is None and a.shard.covered_batches() == 2
+    a.shard.hold(False)
+    assert b.sync() is not None and a.shard.covered_batches() == 3
+    # a holder that dies holding does not stop the host for good
+    dead = _in_another_process(_hold_and_die, segment_path)
+    assert a.shard._held[dead] == 1
+    assert b.sync() is not None and a.shard._held[dead] == 0
