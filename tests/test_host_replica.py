@@ -92,14 +92,46 @@ def test_workers_with_other_settings_are_refused_and_told_which(segment_path):
         _shard(segment_path, rows=256, seed=4)
 
 
-def test_a_full_replica_names_the_setting_and_frees_nothing(segment_path):
+def test_a_full_replica_trains_what_fits_names_the_setting_and_frees_nothing(segment_path, caplog):
     shard = _shard(segment_path, rows=16)
-    shard.rows_for(np.arange(16, dtype=np.uint64))
-    with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA_ROWS"):
-        shard.rows_for(np.array([99], dtype=np.uint64))
+    shard.rows_for(np.arange(14, dtype=np.uint64))
+    with caplog.at_level("ERROR", logger="livevec.worker"):
+        rows = shard.rows_for(np.array([3, 100, 101, 102, 103], dtype=np.uint64))
+    assert rows[0] == shard.rows_for(np.array([3], np.uint64), create=False)[0]
+    assert (rows[1:3] >= 0).all() and (rows[3:] == -1).all() and shard.rows_refused == 2
+    full = [r for r in caplog.records if r.getMessage() == "host_replica_full"]
+    assert full and full[0].setting == "LIVEVEC_HOST_REPLICA_ROWS" and full[0].refused == 2
     shard.free(np.arange(4, dtype=np.uint64))      # one process's eviction: others may train these
     shard.release_freed()
     assert len(shard) == 16
+
+
+def test_a_trainer_on_a_full_replica_trains_the_words_that_have_rows(segment_path):
+    class Store:   # the replica store's local side only: no servers in this test
+        counts_every_word = False
+        dim = DIM
+
+        def __init__(self, shard):
+            self.shard = shard
+
+        def local_shard(self):
+            return self.shard
+
+        def free(self, keys):
+            self.shard.free(keys)
+
+        def set_words(self, keys, words):
+            pass
+
+        def add_counts(self, keys, deltas):
+            pass
+
+    shard = _shard(segment_path, rows=40)
+    trainer = Trainer(LearnerConfig(dim=DIM, min_count=2, window=3, negative=3, seed=1), Store(shard))
+    stats = trainer.train_records(generate_lines(400, seed=2))
+    assert shard.rows_refused > 0 and len(shard) == 40      # the vocabulary needed more than 20 words' rows
+    assert 0 < stats.kept < stats.tokens
+    assert np.isfinite(shard.vectors).all()
 
 
 def test_a_tmpfs_too_small_fails_at_start_naming_the_rows(tmp_path):
@@ -195,3 +227,15 @@ def test_a_sync_carries_other_processes_batches_and_a_checkpoint_hold_stops_the_
     dead = _in_another_process(_hold_and_die, segment_path)
     assert a.shard._held[dead] == 1
     assert b.sync() is not None and a.shard._held[dead] == 0
+
+
+def test_a_trainable_word_without_both_rows_is_not_trained():
+    """Row -1 would index the last row of the arrays: the subsampler must drop such tokens."""
+    from online.learner.subsampling import keep_tokens
+    slots = np.array([0, 1, 2, 1, 0], dtype=np.int64)
+    sentences = np.array([0, 5], dtype=np.int64)
+    trainable = np.ones(3, dtype=bool)
+    in_row, out_row = np.array([10, -1, 12]), np.array([20, 21, -1])
+    kept_in, kept_out, starts = keep_tokens(slots, sentences, trainable, np.ones(3, np.int64), 0.0, 0.0, 1,
+                                            in_row, out_row)
+    assert kept_in.tolist() == [10, 10] and kept_out.tolist() == [20, 20] and starts.tolist() == [0, 2]

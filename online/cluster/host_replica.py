@@ -29,10 +29,13 @@ Locks, all ``flock`` on files beside the segment, so a process that dies release
 
 Consequences, each handled where it matters:
 
-* a sync sends what *any* process of the host trained. A batch is still committed only
-  after a sync that began after it finished, so nothing uncommitted is missing from the
-  servers; but another process's sync may carry a batch before its owner commits it, so a
-  checkpoint stops training while it snapshots (``participants``), instead of holding syncs;
+* a sync sends what *any* process of the host trained. So each process counts the batches it
+  finished (its member slot in the header) and each sync records, when acknowledged, the
+  counts its collect saw (``covered``): a process commits the batches that any acknowledged
+  sync carried. A checkpoint's hold is the host's: while one process holds, no process of
+  the host starts a sync, and the holder commits what syncs already carried before it
+  reports its frontier, so the snapshot holds exactly the reported batches and training
+  never stops (a holder that dies is noticed by its member lock and no longer counts);
 * the servers merge concurrent deltas of distinct workers (``concurrent_merge``); the
   host's syncs are one worker's successive deltas, so every sync names the segment's group
   (``group`` in ``HEAD_TRAINABLE_SINCE``) and servers merge by it;
@@ -43,6 +46,7 @@ Consequences, each handled where it matters:
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import os
 import socket
@@ -54,8 +58,11 @@ from pathlib import Path
 import numpy as np
 
 from online.cluster.replica import ReplicaShard
+from ps_bridge.structured_logging import log_event
 from online.learner.key_index import EMPTY, KeyIndex, _insert
 from online.learner.embedding_shard import OPTIMIZERS
+
+log = logging.getLogger("livevec.worker")
 
 _MAGIC = 0x6C69766576656331    # "livevec1"
 _LAYOUT = 1
@@ -315,6 +322,7 @@ class SharedReplicaShard(ReplicaShard):
         self.row_born, self.counts = seg.array("row_born"), seg.array("counts")
         self._index = _SharedKeyIndex(seg)
         self._lock = seg.lock
+        self.rows_refused = 0   # keys this process found no room for (``rows_for``)
         self.member = seg.member
         self._finished = seg.header[H_FINISHED:H_FINISHED + MAX_MEMBERS]
         self._covered = seg.header[H_COVERED:H_COVERED + MAX_MEMBERS]
@@ -361,9 +369,32 @@ class SharedReplicaShard(ReplicaShard):
     def close(self) -> None:
         self.segment.detach()
 
+    def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        """As ``ReplicaShard.rows_for``; when the segment is full, the keys that do not fit get -1 (their words
+        are not trained on this host: the subsampler skips a word without both rows), and are counted and
+        logged with the setting named, since the segment cannot grow."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if not create:
+            return super().rows_for(keys, create=False)
+        with self._lock:
+            missing = np.unique(keys[self._index.lookup(keys) < 0])
+            room = self.capacity - self._next_row
+            if len(missing) <= room:
+                return super().rows_for(keys, create=True)
+            refused = missing[room:]
+            self.rows_refused += len(refused)
+            if self.rows_refused == len(refused) or self.rows_refused // 100_000 != \
+                    (self.rows_refused - len(refused)) // 100_000:
+                log_event(log, "host_replica_full", logging.ERROR, rows=self.capacity, refused=self.rows_refused,
+                          setting="LIVEVEC_HOST_REPLICA_ROWS",
+                          error="the host's replica is full: new words are not trained here; raise the setting")
+            fits = ~np.isin(keys, refused)
+            out = np.full(len(keys), -1, dtype=np.int64)
+            out[fits] = super().rows_for(keys[fits], create=True)
+            return out
+
     def _grow(self, needed: int) -> None:
-        raise HostReplicaError(f"LIVEVEC_HOST_REPLICA_ROWS: the host's replica is full ({self.capacity} rows); "
-                               "raise it (two rows per word)")
+        raise HostReplicaError(f"LIVEVEC_HOST_REPLICA_ROWS: the host's replica is full ({self.capacity} rows)")
 
     def free(self, keys: np.ndarray) -> int:
         """Never: another process of the host may still train the word."""

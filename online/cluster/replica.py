@@ -344,6 +344,9 @@ class ReplicaStore:
         self.m_rows = registry.counter("livevec_worker_rows_synced_total", "rows whose delta was sent")
         self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
         registry.gauge("livevec_worker_replica_rows", "rows held by the replica", fn=lambda: float(len(self.shard)))
+        registry.gauge("livevec_worker_replica_rows_refused", "rows a full shared replica had no room for "
+                       "(LIVEVEC_HOST_REPLICA_ROWS; their words are not trained here)",
+                       fn=lambda: float(getattr(self.shard, "rows_refused", 0)))
         self._server_ids = worker.po.server_ids()
         self._starts = np.array([r[0] for r in worker.po.server_key_ranges()], dtype=np.uint64)
 

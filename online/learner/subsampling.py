@@ -68,6 +68,8 @@ def _keep(slots, sentences, trainable, counts, total, sample, seed, in_row, out_
                         if (z >> np.uint64(11)) * (1.0 / 9007199254740992.0) >= p:
                             continue
             if use_rows:
+                if in_row[w] < 0 or out_row[w] < 0:   # no room for its rows (a full shared replica)
+                    continue
                 kept_a[k] = in_row[w]
                 kept_b[k] = out_row[w]
             else:
