@@ -155,6 +155,40 @@ def snapshot(cluster: LearningCluster, broker: KafkaBroker) -> dict:
     return {"t": t, "wall": wall, "metrics": metrics, "cpu": cpu, "ledger": ledger, "loadavg": loadavg()}
 
 
+def _proc_kib(path: str, field: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def memory(cluster: LearningCluster, env: dict[str, str]) -> dict:
+    """Every task's peak RSS (the largest process of its tree, ``VmHWM``) and its tree's PSS now (shared pages,
+    as a host replica's, divided among the processes mapping them), in MiB; and the host replica files."""
+    table = proc_table()
+    kids = children_of(table)
+    tasks = {}
+    for s in cluster.runner.status():
+        stack, pids = [s.pid], []
+        while stack:
+            p = stack.pop()
+            if p in table:
+                pids.append(p)
+                stack.extend(kids.get(p, ()))
+        tasks[f"{s.app}{s.index}"] = {
+            "peak_rss_mib": round(max((_proc_kib(f"/proc/{p}/status", "VmHWM") for p in pids), default=0) / 1024, 1),
+            "pss_mib": round(sum(_proc_kib(f"/proc/{p}/smaps_rollup", "Pss") for p in pids) / 1024, 1)}
+    shared = {}
+    if env.get("LIVEVEC_HOST_REPLICA"):
+        for f in Path(env["LIVEVEC_HOST_REPLICA"]).glob("*.replica"):
+            shared[f.name] = round(f.stat().st_size / 2**20, 1)
+    return {"tasks": tasks, "host_replica_files_mib": shared}
+
+
 def ledger_complete(ledger: dict | None, ends: dict[str, int]) -> bool:
     return bool(ledger) and all(ledger.get("frontier", {}).get(k, 0) >= v for k, v in ends.items())
 
@@ -351,6 +385,7 @@ def run_pipeline(args, records: list[str], tokens: int, work: Path) -> dict:
                                         / sched["livevec_checkpoint_pause_seconds_count"]
                                         if sched.get("livevec_checkpoint_pause_seconds_count") else None)
             result = figures(first, end, cluster)
+            result["memory"] = memory(cluster, env)
         finally:
             cluster.stop()
     return {**result, "startup_seconds": first["t"] - t_launch, "rollbacks": end["rollbacks"],
@@ -451,6 +486,14 @@ def main() -> int:
               f"{', '.join(f'{p:.0f}' for p in c['aborted_pause_ms'])} ms")
     print(f"final checkpoint (livevec checkpoint now, after training): pause {c['final_pause_ms']} ms; "
           f"coordinator's histogram mean over all: {c['metric_mean_ms'] and round(c['metric_mean_ms'], 1)} ms")
+    mem = pipe["memory"]
+    by_role: dict[str, list] = {}
+    for name, m in mem["tasks"].items():
+        by_role.setdefault(name.rstrip("0123456789"), []).append(m)
+    print("memory per task, MiB (peak RSS of its largest process, max over the role's tasks / PSS at the end, "
+          "mean): " + "; ".join(f"{r} {max(m['peak_rss_mib'] for m in ms):,.0f} / "
+                                f"{sum(m['pss_mib'] for m in ms) / len(ms):,.0f}" for r, ms in sorted(by_role.items()))
+          + (f"; host replica files: {mem['host_replica_files_mib']} MiB" if mem["host_replica_files_mib"] else ""))
     eo = pipe["exactly_once"]
     print(f"ledger: {'every record trained exactly once' if eo['ok'] else 'NOT settled exactly once: ' + eo['error']}")
     print(f"tokens per worker (since launch, retraining after rollbacks included): "

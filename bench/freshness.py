@@ -29,6 +29,7 @@ above 4, so that no worker is left without a partition.
 
     .venv/bin/python bench/freshness.py                            # about 2-4 minutes
     .venv/bin/python bench/freshness.py --spread --workers 8       # the burst over 8 partitions / workers
+        [--env LIVEVEC_HOST_REPLICA=/dev/shm]                      # the 8 workers sharing one replica
 """
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ async def run(args) -> int:
         await ensure_topic(broker.bootstrap, TOPIC, args.partitions)
         runner = local_cluster(work, broker.bootstrap, TOPIC, servers=args.servers, workers=args.workers,
                                env={"LIVEVEC_DIM": str(args.dim), "LIVEVEC_SYNC_INTERVAL": str(args.sync_interval),
-                                    "LIVEVEC_LOG_LEVEL": "WARNING"})
+                                    "LIVEVEC_LOG_LEVEL": "WARNING", **dict(args.env)})
         await asyncio.to_thread(runner.start)
         background = asyncio.create_task(produce_async(
             iter_sentences(seed=7), bootstrap=broker.bootstrap, topic=TOPIC, partitions=args.partitions,
@@ -226,6 +227,9 @@ def main() -> int:
     parser.add_argument("--trial-timeout", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup", type=float, default=30.0, help="train at least this long before the trials (30 s)")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        type=lambda kv: tuple(kv.split("=", 1)) if "=" in kv else parser.error(f"--env {kv}: KEY=VALUE"),
+                        help="extra setting for every task (repeat), e.g. LIVEVEC_HOST_REPLICA=/dev/shm")
     args = parser.parse_args()
     if args.trials < 1:
         parser.error("--trials must be >= 1")

@@ -150,8 +150,9 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
            "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000", "LIVEVEC_REQUEST_TIMEOUT": "4",
            "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}", "LIVEVEC_SYNC_INTERVAL": "0.3",
            "LIVEVEC_LOG_LEVEL": "INFO", "LIVEVEC_SYNC_MS": sync_ms, "LIVEVEC_SYNC_TOKENS": "100000000"}
+    # the deploy files share one replica per host; the other cases test a replica per worker process
+    env["LIVEVEC_HOST_REPLICA"] = str(tmp_path / "shm") if host_replica else ""   # a tmpfs, mounted below
     if host_replica:
-        env["LIVEVEC_HOST_REPLICA"] = str(tmp_path / "shm")   # a tmpfs, mounted below
         env["LIVEVEC_HOST_REPLICA_ROWS"] = "20000"
     if host_replica:
         (tmp_path / "shm").mkdir()

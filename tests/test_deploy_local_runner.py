@@ -11,9 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from online.deployment.containers import ContainerLauncher
+from online.deployment.image_build import Engine
 from online.deployment.local_runner import LocalRunner
 from online.deployment.marathon_group import flatten_group, launch_delay, start_order
 from online.deployment.marathon import GROUP_FILE
@@ -34,10 +37,10 @@ if role == "scheduler":
     s = socket.socket()
     s.bind(("0.0.0.0", int(os.environ["DMLC_PS_ROOT_PORT"])))
     s.listen()
-elif os.environ.get("LIVEVEC_METRICS_PORT"):
-    serve_http(Registry(), "127.0.0.1", int(os.environ["LIVEVEC_METRICS_PORT"]))
+elif os.environ.get("LIVEVEC_METRICS_PORT"):   # on its agent's address, where the runner probes it
+    serve_http(Registry(), os.environ["HOST"], int(os.environ["LIVEVEC_METRICS_PORT"]))
 elif os.environ.get("LIVEVEC_HTTP_PORT"):
-    serve_http(Registry(), "127.0.0.1", int(os.environ["LIVEVEC_HTTP_PORT"]))
+    serve_http(Registry(), os.environ["HOST"], int(os.environ["LIVEVEC_HTTP_PORT"]))
 time.sleep(600)
 """
 
@@ -119,6 +122,11 @@ def test_committed_group_runs_with_marathon_env(stand_in_bin, tmp_path):
             ports_seen |= {env["PORT0"], env["PORT1"]}
         assert len(ports_seen) == 6  # every task got its own ports
         assert worker["env"]["DMLC_ROLE"] == "worker" and worker["env"]["LIVEVEC_ELASTIC_WORKERS"] == "1"
+        # The agent's /dev/shm is a directory of this machine's, for this run: memory, not work_dir's disk.
+        memory = Path(worker["env"]["LIVEVEC_HOST_REPLICA"])
+        assert memory.is_dir() and memory.is_relative_to(runner.memory_dir) and _on_tmpfs(memory)
+        assert runner.memory_dir.parent == Path("/dev/shm")
+        assert not any("LIVEVEC_HOST_REPLICA" in rec["env"] for rec in (sched, *servers, frontend))
         assert frontend["env"]["LIVEVEC_HTTP_PORT"] == frontend["env"]["PORT_HTTP"] == frontend["env"]["PORT0"]
         assert frontend["env"]["PORT"] == frontend["env"]["PORT_PS"] == frontend["env"]["PORT1"]
         assert (shared / "checkpoints").parent.is_dir()
@@ -138,6 +146,64 @@ def test_committed_group_runs_with_marathon_env(stand_in_bin, tmp_path):
         pids = [s.pid for s in runner.status() if s.pid]
     assert pids and not any(_alive(p) for p in pids)
     assert all(s.state == "stopped" for s in runner.status())
+    assert not runner.memory_dir.exists()   # with whatever segments killed tasks left in it
+
+
+def _on_tmpfs(path: Path) -> bool:
+    mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    point, fstype = max(((m, t) for m, t in mounts if path.is_relative_to(m)), key=lambda mt: len(mt[0]))
+    return fstype == "tmpfs"
+
+
+def test_workers_share_a_host_replica_per_host(stand_in_bin, tmp_path):
+    """What `livevec up` runs: every worker on this machine names the same segment; placed over several hosts
+    (the lab runner's ``task_hosts``), the workers of each host name their own, from their DMLC_NODE_HOST."""
+    from online.cluster.host_replica import segment_path
+
+    def segment(rec: dict) -> Path:
+        env = rec["env"]
+        return segment_path(env["LIVEVEC_HOST_REPLICA"], env["DMLC_PS_ROOT_URI"], int(env["DMLC_PS_ROOT_PORT"]),
+                            env["DMLC_NODE_HOST"])
+
+    only_workers = {"scheduler": 0, "server": 0, "worker": 3, "frontend": 0}
+    hosts = {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3"}   # every 127/8 address is this machine's
+    runners = [LocalRunner.from_file(GROUP, work_dir=tmp_path / "one", bin_dirs=[stand_in_bin], instances=only_workers),
+               LocalRunner.from_file(GROUP, work_dir=tmp_path / "lab", bin_dirs=[stand_in_bin], instances=only_workers,
+                                     task_hosts=lambda app_id, index: hosts[index])]
+    for runner in runners:
+        with runner:
+            assert runner.wait_healthy(timeout=30), [(s.app, s.host, s.healthy) for s in runner.status()]
+            recs = [_recorded(runner, "worker", i) for i in range(3)]
+            assert [r["env"]["DMLC_NODE_HOST"] for r in recs] == [r["env"]["HOST"] for r in recs]
+            segments = [segment(r) for r in recs]
+            assert all(_on_tmpfs(p.parent) for p in segments)
+            if runner.work_dir.name == "one":
+                assert len(set(segments)) == 1
+            else:
+                assert segments[0] == segments[1] != segments[2]
+
+
+def test_a_container_task_gets_the_runs_shared_memory_at_dev_shm(tmp_path):
+    """In container mode (``livevec deploy run-local --containers``) the worker sees it where Marathon's would."""
+    class Offline(Engine):   # no image, no podman: only the command lines are looked at
+        def image_exists(self, ref: str) -> bool:
+            return True
+
+        def run(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+            return subprocess.CompletedProcess(self.argv(*args), 0, "", "")
+
+    launcher = ContainerLauncher("livevec:test", engine=Offline("podman", ("podman",)))
+    runner = LocalRunner.from_file(GROUP, work_dir=tmp_path, launcher=launcher)
+    assert runner.app("worker")["env"]["LIVEVEC_HOST_REPLICA"] == "/dev/shm"   # the container path, unrewritten
+    launcher.prepare(runner._volume_dirs, tmp_path / "sandboxes")
+    try:
+        task = SimpleNamespace(app_id="/livevec/worker", index=0, launches=1, sandbox=tmp_path / "sandboxes")
+        mount = f"{runner.memory_dir / 'dev_shm'}:/dev/shm:rw"
+        assert mount in launcher.run_argv(task, runner.app("worker"), {})
+        assert mount not in launcher.run_argv(task, runner.app("server"), {})
+    finally:
+        runner.stop()
+    assert not runner.memory_dir.exists()
 
 
 def _group(*apps: dict) -> dict:

@@ -3,20 +3,25 @@ produces from the topology, and the topology keeps ps-lite's counts consistent."
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import yaml
 
 from online.cli.main import main
+from online.cluster.host_replica import _layout
+from online.cluster.replica import HOST_REPLICA_ROWS
 from online.deployment import k8s, marathon
 from online.deployment.marathon import task_command
+from online.deployment.sizing import Capacity, host_replica_bytes, size_resources
 from online.deployment.topology import (
     EXPORT_COMMAND,
     SCHEDULER_HOST_PORT,
     default_topology,
     mesos_dns_name,
 )
+from online.learner.settings import MODEL
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,8 +57,15 @@ def test_dmlc_counts_follow_instances_everywhere(servers, workers):
     config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
     sts = next(o for o in objects if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "livevec-server")
     assert config["DMLC_NUM_SERVER"] == str(sts["spec"]["replicas"]) == str(servers)
+    # Kubernetes runs whole pods of workers_per_pod workers: the count is rounded up, and the ConfigMap says so.
+    per_pod = topology.role("worker").per_pod
+    pods = -(-workers // per_pod)
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "livevec-worker")
+    assert deployment["spec"]["replicas"] == pods
+    assert len(deployment["spec"]["template"]["spec"]["containers"]) == per_pod
+    assert int(config["DMLC_NUM_WORKER"]) == pods * per_pod >= workers
     scaled = next(o for o in objects if o["kind"] == "ScaledObject")
-    assert scaled["spec"]["minReplicaCount"] == workers == int(config["DMLC_NUM_WORKER"])
+    assert scaled["spec"]["minReplicaCount"] == pods
     # Server memory is re-derived from the shard size.
     assert topology.role("server").resources.mem_mib <= default_topology(servers=1).role("server").resources.mem_mib
 
@@ -173,3 +185,151 @@ def test_k8s_layout():
 def test_task_command_quotes_every_expansion():
     role = default_topology().role("server")
     assert task_command(role).count('"$') == 3 and task_command(role).endswith("exec livevec server")
+
+
+# ----------------------------------------------------------------------------- the host replica
+
+def _k8s_objects(topology) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in k8s.render_objects(topology)}
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def _mib(quantity: str) -> int:
+    assert quantity.endswith("Mi"), quantity
+    return int(quantity[:-2])
+
+
+@pytest.mark.parametrize("dim,rows,accum", [(100, 400_000, 1), (24, 20_000, 1), (32, 3, 0), (7, 1234, 7), (1, 1, 1)])
+def test_the_sized_segment_is_the_one_the_workers_reserve(dim, rows, accum):
+    """The renderer restates the segment's layout (it must not import numba); pinned to the real one."""
+    assert host_replica_bytes(dim, rows, accum) == _layout(dim, rows, accum)[2]
+
+
+def test_both_platforms_run_the_replica_exchange_with_a_host_replica():
+    topology = default_topology()
+    for platform in ("marathon", "k8s"):
+        assert topology.cluster_env(platform)["LIVEVEC_EXCHANGE"] == "replica"
+    group = marathon.render_group(topology)
+    assert all(a["env"]["LIVEVEC_EXCHANGE"] == "replica" for a in group["apps"])
+    config = _k8s_objects(topology)[("ConfigMap", "livevec-config")]["data"]
+    assert config["LIVEVEC_EXCHANGE"] == "replica" and "LIVEVEC_HOST_REPLICA" not in config  # workers only
+    # Only workers train a replica; the front end is a ps-lite worker node too, but reads rows only.
+    apps = {a["id"].rsplit("/", 1)[-1]: a for a in group["apps"]}
+    assert [n for n, a in apps.items() if "LIVEVEC_HOST_REPLICA" in a["env"]] == ["worker"]
+
+
+def test_marathon_workers_of_one_agent_share_its_shared_memory():
+    worker = _apps()["worker"]
+    # A Docker container's /dev/shm is its own (64 MB): the agent's is mounted over it.
+    assert worker["container"]["type"] == "DOCKER"
+    assert {"containerPath": "/dev/shm", "hostPath": "/dev/shm", "mode": "RW"} in worker["container"]["volumes"]
+    assert worker["env"]["LIVEVEC_HOST_REPLICA"] == "/dev/shm"
+    # the file is named by $HOST, the agent: the same for the (at most two) workers there
+    assert 'DMLC_NODE_HOST="$HOST"' in worker["cmd"] and ["hostname", "MAX_PER", "2"] in worker["constraints"]
+    for name, app in _apps().items():
+        if name != "worker":
+            assert all(v["containerPath"] != "/dev/shm" for v in app["container"]["volumes"]), name
+
+
+def test_worker_memory_holds_the_segment_once_per_process_and_a_pod_requests_it_once():
+    capacity = Capacity()
+    rows = 2 * capacity.worker_vocab_words
+    segment_mib = _layout(capacity.dim, rows, 1)[2] / 2**20
+    assert MODEL["optimizer"].default == "rowadagrad"   # one accumulator per row: accum width 1
+    assert HOST_REPLICA_ROWS.default == 0               # 0: twice LIVEVEC_VOCAB_CAPACITY, which the files set
+    worker = _apps()["worker"]
+    assert "LIVEVEC_HOST_REPLICA_ROWS" not in worker["env"]
+    assert worker["env"]["LIVEVEC_VOCAB_CAPACITY"] == str(rows // 2)
+    resources = size_resources("worker", capacity, servers=2)
+    # a process's own memory: baseline, working set and vocabulary, with headroom (the segment has none: its
+    # size is fixed when it is made)
+    needed = (capacity.baseline_mib["worker"] + capacity.worker_working_set_mib
+              + capacity.worker_vocab_words * capacity.worker_vocab_entry_bytes / 2**20) * capacity.headroom
+    own = resources.mem_mib - resources.shared_mib
+    assert resources.shared_mib == math.ceil(segment_mib) and own >= needed
+    assert worker["mem"] == resources.mem_mib and "353 MiB" in worker["labels"]["livevec.mem-basis"]
+    # Without the replica's 2x growth and one copy per process, a worker needs less than before (1664 MiB).
+    assert worker["mem"] < 1664
+    for per_pod in (1, 2, 4):
+        pod = _k8s_objects(default_topology(workers=4, workers_per_pod=per_pod))[
+            ("Deployment", "livevec-worker")]["spec"]["template"]["spec"]
+        limits = [_mib(c["resources"]["limits"]["memory"]) for c in pod["containers"]]
+        requests = [_mib(c["resources"]["requests"]["memory"]) for c in pod["containers"]]
+        # any container may create the segment and be charged for all of it
+        assert all(limit == resources.mem_mib >= needed + segment_mib for limit in limits)
+        # the pod requests every container's own memory and the segment once
+        assert sum(requests) - per_pod * own == pytest.approx(segment_mib, abs=per_pod)
+        volume = next(v for v in pod["volumes"] if v["name"] == "host-replica")["emptyDir"]
+        assert volume["medium"] == "Memory"
+        assert segment_mib < _mib(volume["sizeLimit"]) <= segment_mib + 128 < min(limits)
+
+
+@pytest.mark.parametrize("per_pod", [1, 2, 3, 4])
+def test_a_k8s_worker_pod_runs_workers_that_share_its_replica_on_their_own_ports(per_pod):
+    topology = default_topology(workers=2 * per_pod, workers_per_pod=per_pod)
+    objects = _k8s_objects(topology)
+    pod = objects[("Deployment", "livevec-worker")]["spec"]["template"]["spec"]
+    containers = pod["containers"]
+    assert len(containers) == per_pod and len({c["name"] for c in containers}) == per_pod
+    mounts = {v["name"] for v in pod["volumes"] if (v.get("emptyDir") or {}).get("medium") == "Memory"}
+    bound, names = [], []
+    for n, c in enumerate(containers):
+        env = _env(c)
+        assert env["DMLC_NODE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}   # one pod, one IP: one file
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        suffix = f"-{n}" if n else ""
+        assert (int(env["PORT"]), int(env["LIVEVEC_METRICS_PORT"])) == (ports["ps" + suffix],
+                                                                        ports["metrics" + suffix])
+        bound += ports.values()
+        names += ports
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"]["port"] == "metrics" + suffix   # each probes its own container's port
+        replica = env["LIVEVEC_HOST_REPLICA"]
+        assert any(m["mountPath"] == replica and m["name"] in mounts for m in c["volumeMounts"])
+        assert c["args"] == ["worker"]
+    assert len(set(bound)) == len(bound) == 2 * per_pod     # one network namespace
+    assert len(set(names)) == len(names) and all(len(name) <= 15 for name in names)   # unique in the pod
+    assert objects[("ConfigMap", "livevec-config")]["data"]["DMLC_NUM_WORKER"] == str(2 * per_pod)
+
+
+@pytest.mark.parametrize("partitions,per_pod", [(8, 2), (16, 2), (5, 2), (8, 4), (8, 1)])
+def test_keda_scales_pods_and_never_past_a_consumer_per_partition(partitions, per_pod):
+    topology = default_topology(workers=2, kafka_partitions=partitions, workers_per_pod=per_pod)
+    scaled = _k8s_objects(topology)[("ScaledObject", "livevec-worker")]["spec"]
+    assert scaled["maxReplicaCount"] * per_pod <= partitions < (scaled["maxReplicaCount"] + 1) * per_pod
+    assert scaled["minReplicaCount"] == -(-2 // per_pod)
+    # KEDA divides the lag by the threshold to count pods: a pod consumes for per_pod workers
+    assert scaled["triggers"][0]["metadata"]["lagThreshold"] == str(5000 * per_pod)
+
+
+def test_the_committed_workers_are_pods_of_two():
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "30-worker.yaml").read_text()) if d]
+    scaled = next(d for d in docs if d["kind"] == "ScaledObject")["spec"]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")["spec"]
+    # 8 partitions: up to 4 pods of 2 workers, so 4 replicas where there were 8
+    assert (deployment["replicas"], scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (1, 1, 4)
+    assert [c["name"] for c in deployment["template"]["spec"]["containers"]] == ["worker-0", "worker-1"]
+
+
+def test_workers_per_pod_is_checked():
+    with pytest.raises(ValueError, match="at most 8 fit"):   # ps 9092 + i would reach metrics 9100
+        default_topology(workers_per_pod=9)
+    with pytest.raises(ValueError, match="at least one"):
+        default_topology(workers_per_pod=0)
+    with pytest.raises(ValueError, match="only elastic roles"):   # a StatefulSet ordinal is one shard
+        default_topology().with_per_pod("server", 2)
+    assert main(["deploy", "render", "--target", "k8s", "--workers-per-pod", "9"]) == 2   # a named setting error
+    # Marathon has no pods: one task per process, whatever the pod size
+    group = marathon.render_group(default_topology(workers=3, workers_per_pod=4))
+    worker = next(a for a in group["apps"] if a["id"] == "/livevec/worker")
+    assert worker["instances"] == 3 and worker["env"]["DMLC_NUM_WORKER"] == "3"
+
+
+def test_the_namespace_enforces_pod_security_restricted():
+    """The level forbids hostPath volumes, so Kubernetes shares the replica through a pod's emptyDir."""
+    namespace = yaml.safe_load_all((REPO / "deploy" / "k8s" / "00-namespace.yaml").read_text())
+    labels = next(d for d in namespace if d)["metadata"]["labels"]
+    assert {labels[f"pod-security.kubernetes.io/{m}"] for m in ("enforce", "warn", "audit")} == {"restricted"}

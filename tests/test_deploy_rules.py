@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from online.cli.main import main
-from online.deployment.marathon import GROUP_FILE, METRONOME_FILE
+from online.deployment.k8s import render_objects
+from online.deployment.marathon import GROUP_FILE, METRONOME_FILE, render_group
 from online.deployment.platform_rules import k8s_problems, marathon_problems, metronome_problems
+from online.deployment.topology import default_topology
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,6 +67,14 @@ MARATHON_BREAKAGES = {
     "cannot be mixed": lambda g: _app(g, "server")["healthChecks"].append({"protocol": "HTTP", "portIndex": 1}),
     "maxLaunchDelaySeconds explicitly": lambda g: _app(g, "worker").pop("maxLaunchDelaySeconds"),
     "`exec` the program": _set("server", cmd="livevec server"),
+    # without the agent's /dev/shm mounted, each worker's container has its own
+    "LIVEVEC_HOST_REPLICA=/dev/shm is on no read-write host volume":
+        lambda g: _app(g, "worker")["container"].update(volumes=[
+            v for v in _app(g, "worker")["container"]["volumes"] if v["containerPath"] != "/dev/shm"]),
+    "LIVEVEC_HOST_REPLICA=/dev/shm/x is on no read-write host volume": lambda g: (
+        _app(g, "worker")["env"].update(LIVEVEC_HOST_REPLICA="/dev/shm/x"),
+        next(v for v in _app(g, "worker")["container"]["volumes"] if v["containerPath"] == "/dev/shm").update(
+            mode="RO")),
 }
 
 
@@ -115,7 +125,38 @@ K8S_BREAKAGES = {
     "volume claim": lambda o: o.remove(_obj(o, "PersistentVolumeClaim", "livevec-shared")),
     "targetPort 'web'":
         lambda o: _obj(o, "Service", "livevec-frontend")["spec"]["ports"][0].update(targetPort="web"),
+    # the worker pod: its containers share one network namespace and one memory volume
+    "containerPort 9092 is declared by containers worker-0 and worker-1":
+        lambda o: _worker_pod(o)["containers"][1]["ports"][0].update(containerPort=9092),
+    "needs a sizeLimit": lambda o: _host_replica_volume(o)["emptyDir"].pop("sizeLimit"),
+    "which its memory limit (256.0 MiB) must hold":
+        lambda o: _worker_pod(o)["containers"][0]["resources"]["limits"].update(memory="256Mi"),
+    "where no memory-backed emptyDir is mounted": lambda o: _host_replica_volume(o)["emptyDir"].pop("medium"),
+    "LIVEVEC_HOST_REPLICA=/dev/shm, where no":
+        lambda o: next(e for e in _worker_pod(o)["containers"][1]["env"]
+                       if e["name"] == "LIVEVEC_HOST_REPLICA").update(value="/dev/shm"),
+    "DMLC_NUM_WORKER=2 but the worker workloads run 1":
+        lambda o: _worker_pod(o)["containers"].pop(),
+    "DMLC_NUM_WORKER=2 but the worker workloads run 4":
+        lambda o: _obj(o, "Deployment", "livevec-worker")["spec"].update(replicas=2),
+    # Pod Security restricted (the namespace): hostPath, which would be the other way to share memory, and
+    # what the level asks of every container
+    "volume 'shm' (hostPath) is forbidden":
+        lambda o: _worker_pod(o)["volumes"].append({"name": "shm", "hostPath": {"path": "/dev/shm"}}),
+    "must drop ALL capabilities":
+        lambda o: _worker_pod(o)["containers"][1]["securityContext"].pop("capabilities"),
+    "must set allowPrivilegeEscalation false":
+        lambda o: _obj(o, "CronJob", "livevec-export-vectors")["spec"]["jobTemplate"]["spec"]["template"]["spec"][
+            "containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
 }
+
+
+def _worker_pod(objects: list[dict]) -> dict:
+    return _obj(objects, "Deployment", "livevec-worker")["spec"]["template"]["spec"]
+
+
+def _host_replica_volume(objects: list[dict]) -> dict:
+    return next(v for v in _worker_pod(objects)["volumes"] if v["name"] == "host-replica")
 
 
 @pytest.mark.parametrize("expected", sorted(K8S_BREAKAGES))
@@ -124,3 +165,20 @@ def test_each_k8s_rule_fires(expected):
     K8S_BREAKAGES[expected](objects)
     problems = k8s_problems(objects)
     assert any(expected in p for p in problems), problems
+
+
+def test_pod_security_applies_only_where_the_namespace_enforces_it():
+    objects = copy.deepcopy(_objects())
+    _worker_pod(objects)["volumes"].append({"name": "shm", "hostPath": {"path": "/dev/shm"}})
+    labels = _obj(objects, "Namespace", "livevec")["metadata"]["labels"]
+    labels["pod-security.kubernetes.io/enforce"] = "baseline"
+    assert any("forbidden" in p for p in k8s_problems(objects))
+    labels["pod-security.kubernetes.io/enforce"] = "privileged"
+    assert not any("forbidden" in p for p in k8s_problems(objects))
+
+
+@pytest.mark.parametrize("servers,workers,per_pod", [(1, 1, 1), (1, 1, 2), (3, 7, 2), (2, 8, 4), (2, 5, 8)])
+def test_other_topologies_pass_every_rule(servers, workers, per_pod):
+    topology = default_topology(servers=servers, workers=workers, frontends=1, workers_per_pod=per_pod)
+    assert marathon_problems(render_group(topology)) == []
+    assert k8s_problems(render_objects(topology)) == []

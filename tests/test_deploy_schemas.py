@@ -134,10 +134,25 @@ def test_k8s_schemas_reject_misspelled_and_misplaced_fields(k8s_validators):
     assert _errors(k8s_validators[("keda.sh/v1alpha1", "ScaledObject")], scaled)
 
 
-@pytest.mark.parametrize("servers,workers", [(1, 1), (5, 12)])
+def test_k8s_schemas_check_the_worker_pods_shared_memory(k8s_validators):
+    """The strict schema sees the new fields: a misspelled emptyDir field or a mount of no name fails."""
+    validator = k8s_validators[("apps/v1", "Deployment")]
+    worker = next(o for o in k8s.render_objects(default_topology())
+                  if o["kind"] == "Deployment" and o["metadata"]["name"] == "livevec-worker")
+    assert _errors(validator, worker) == []
+    broken = copy.deepcopy(worker)
+    volume = next(v for v in broken["spec"]["template"]["spec"]["volumes"] if v["name"] == "host-replica")
+    volume["emptyDir"]["sizelimit"] = volume["emptyDir"].pop("sizeLimit")
+    assert _errors(validator, broken)
+    broken = copy.deepcopy(worker)
+    del broken["spec"]["template"]["spec"]["containers"][1]["volumeMounts"][-1]["name"]
+    assert _errors(validator, broken)
+
+
+@pytest.mark.parametrize("servers,workers,per_pod", [(1, 1, 2), (5, 12, 2), (2, 3, 1), (2, 8, 4), (1, 5, 8)])
 def test_other_topologies_render_valid_documents(marathon_validators, metronome_validator, k8s_validators,
-                                                 servers, workers):
-    topology = default_topology(servers=servers, workers=workers, frontends=1)
+                                                 servers, workers, per_pod):
+    topology = default_topology(servers=servers, workers=workers, frontends=1, workers_per_pod=per_pod)
     group_validator, _ = marathon_validators
     assert _errors(group_validator, marathon.render_group(topology)) == []
     assert _errors(metronome_validator, marathon.render_metronome_job(topology)) == []

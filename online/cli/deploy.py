@@ -1,7 +1,7 @@
 """``livevec deploy``: render the deployment files from the topology, check them, or run
 the Marathon group on this machine.
 
-    livevec deploy render --target marathon|k8s [--out DIR] [--servers N] [--workers M] ...
+    livevec deploy render --target marathon|k8s [--out DIR] [--servers N] [--workers M] [--workers-per-pod P] ...
     livevec deploy check  [--target marathon|k8s]     # the platform rules no schema expresses
     livevec deploy run-local [--group FILE] [--servers N] [--workers M] [--env K=V] ...
                              [--containers IMAGE]     # each task a container of IMAGE (podman)
@@ -26,7 +26,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     def topology_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--servers", type=int, default=2, help="parameter server instances (= DMLC_NUM_SERVER)")
-        p.add_argument("--workers", type=int, default=2, help="worker instances (= DMLC_NUM_WORKER)")
+        p.add_argument("--workers", type=int, default=2,
+                       help="worker processes (= DMLC_NUM_WORKER; on Kubernetes rounded up to whole pods)")
+        p.add_argument("--workers-per-pod", type=int, default=2,
+                       help="Kubernetes: worker containers per pod, which share one replica in the pod's memory "
+                            "(LIVEVEC_HOST_REPLICA); the autoscaler scales pods")
         p.add_argument("--frontends", type=int, default=2, help="front-end replicas")
         p.add_argument("--image", default="livevec:0.1.0", help="container image")
         p.add_argument("--kafka-bootstrap", default=None,
@@ -83,11 +87,15 @@ def _topology(args):
     kwargs = {}
     if args.kafka_bootstrap:
         kwargs = {"kafka_bootstrap": args.kafka_bootstrap, "k8s_kafka_bootstrap": args.kafka_bootstrap}
-    for flag in ("servers", "workers", "frontends", "kafka_partitions"):
-        if getattr(args, flag) < (1 if flag in ("servers", "kafka_partitions") else 0):
+    for flag in ("servers", "workers", "frontends", "kafka_partitions", "workers_per_pod"):
+        if getattr(args, flag) < (1 if flag in ("servers", "kafka_partitions", "workers_per_pod") else 0):
             raise SettingError(f"--{flag.replace('_', '-')}", f"must be positive, got {getattr(args, flag)}")
-    return default_topology(servers=args.servers, workers=args.workers, frontends=args.frontends,
-                            image=args.image, kafka_partitions=args.kafka_partitions, **kwargs)
+    try:
+        return default_topology(servers=args.servers, workers=args.workers, frontends=args.frontends,
+                                image=args.image, kafka_partitions=args.kafka_partitions,
+                                workers_per_pod=args.workers_per_pod, **kwargs)
+    except ValueError as exc:   # the only count the topology itself refuses
+        raise SettingError("--workers-per-pod", str(exc)) from None
 
 
 def _render_files(target: str, topology) -> dict[str, str]:

@@ -9,6 +9,10 @@ itself. The supervision, health checks and restarts are the local runner's.
 
 Kafka stays in the root namespace, listening on the bridge, as a Kafka cluster next to the
 Mesos agents would.
+
+The agents' /dev/shm is one directory of this machine for every lab host (the namespaces share its
+file systems); the workers of one host still share a host replica of their own, since its file is
+named by ``DMLC_NODE_HOST``, which the group's cmd sets to ``$HOST``: the host's address.
 """
 from __future__ import annotations
 

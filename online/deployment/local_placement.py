@@ -13,6 +13,9 @@ ports and the host paths are not ours, so the app definitions are rewritten once
 - ``container.volumes`` map to local directories (``volumes=`` or a directory under
   ``work_dir``) and env values under a container path follow (unless the tasks run in
   containers, which see each volume at its container path: ``rewrite_volume_paths=False``);
+  a volume of the agent's shared memory (hostPath under ``/dev/shm``: the workers' host
+  replica) maps to a directory of this machine's ``/dev/shm`` instead, since its point is
+  memory, one per runner, which the runner removes when it stops;
 - every ``<name>.marathon.mesos`` in an env value or the cmd becomes the host (the whole
   machine is one agent); a name that matches no app of the group is an error, as it would
   never resolve on the cluster either;
@@ -23,8 +26,10 @@ and the supervisor only ever sees ordinary, already-local app definitions.
 """
 from __future__ import annotations
 
+import os
 import re
 import socket
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,10 @@ from pathlib import Path
 from online.deployment.marathon_group import flatten_group, port_definitions, start_order
 from online.deployment.topology import mesos_dns_name
 
+# The agent's tmpfs. A hostPath there is memory the agent's tasks share (a host replica's segment, reserved with
+# posix_fallocate and mapped): under work_dir it would be a disk file under constant writeback, and it is
+# reserved per run so that what killed tasks leave behind goes when the run does.
+AGENT_SHARED_MEMORY = Path("/dev/shm")
 _DNS_NAME = re.compile(r"(?<![\w.-])([a-z0-9](?:[a-z0-9-]*[a-z0-9])?)\.marathon\.mesos(?![\w.-])")
 
 
@@ -55,6 +64,7 @@ class Placement:
     specs: dict[str, dict]                      # app id -> resolved app definition
     fixed_ports: dict[str, list[int | None]]    # app id -> per port definition: local port, or None (dynamic)
     volume_dirs: dict[str, Path]                # containerPath -> local directory
+    memory_dir: Path | None = None              # this run's directory in /dev/shm: the runner removes it
 
 
 def place_group(group: Mapping, *, host: str | None, work_dir: Path,
@@ -68,7 +78,9 @@ def place_group(group: Mapping, *, host: str | None, work_dir: Path,
     specs = {a["id"]: a for a in apps}
     _apply_instances(specs, dict(instances or {}))
     fixed_ports = _remap_fixed_ports(specs, remap_fixed_ports and host is not None, host or "127.0.0.1")
-    volume_dirs = _map_volumes(specs, dict(volumes or {}), work_dir)
+    memory_dir = AGENT_SHARED_MEMORY / f"livevec-local-{uuid.uuid4().hex[:12]}" \
+        if AGENT_SHARED_MEMORY.is_dir() and os.access(AGENT_SHARED_MEMORY, os.W_OK) else None
+    volume_dirs = _map_volumes(specs, dict(volumes or {}), work_dir, memory_dir)
     dns = {mesos_dns_name(app_id): app_id for app_id in specs}
     unknown = set(app_env or {}) - {a.rsplit("/", 1)[-1] for a in specs} - set(specs)
     if unknown:
@@ -77,7 +89,8 @@ def place_group(group: Mapping, *, host: str | None, work_dir: Path,
         _resolve(spec, dns, host, volume_dirs if rewrite_volume_paths else {})
         overrides = {**dict(env or {}), **dict(for_app(app_env or {}, app_id) or {})}
         spec["env"] = {**spec.get("env", {}), **overrides}
-    return Placement(order, specs, fixed_ports, volume_dirs)
+    in_memory = memory_dir is not None and any(d.is_relative_to(memory_dir) for d in volume_dirs.values())
+    return Placement(order, specs, fixed_ports, volume_dirs, memory_dir if in_memory else None)
 
 
 def _apply_instances(specs: dict[str, dict], counts: dict[str, int]) -> None:
@@ -136,9 +149,16 @@ def _remap_fixed_ports(specs: dict[str, dict], remap: bool, host: str) -> dict[s
     return fixed
 
 
-def _map_volumes(specs: dict[str, dict], volumes: dict[str, str | Path], work_dir: Path) -> dict[str, Path]:
+def _in_shared_memory(host_path: str | None) -> bool:
+    return bool(host_path) and Path(host_path).is_relative_to(AGENT_SHARED_MEMORY)
+
+
+def _map_volumes(specs: dict[str, dict], volumes: dict[str, str | Path], work_dir: Path,
+                 memory_dir: Path | None) -> dict[str, Path]:
     """containerPath -> local directory. A ``volumes`` key may be the container path or
-    a parent of it ({"/mnt/mfs": d} maps /mnt/mfs/livevec to d/livevec)."""
+    a parent of it ({"/mnt/mfs": d} maps /mnt/mfs/livevec to d/livevec). Unmapped, a volume of the
+    agent's shared memory goes under ``memory_dir`` (None: this machine has no /dev/shm to use), others
+    under ``work_dir``."""
     mapping: dict[str, Path] = {}
     used: set[str] = set()
     for spec in specs.values():
@@ -152,7 +172,9 @@ def _map_volumes(specs: dict[str, dict], volumes: dict[str, str | Path], work_di
                 used.add(key)
                 mapping[cpath] = Path(volumes[key]) / cpath[len(key.rstrip("/")):].lstrip("/")
             else:
-                mapping[cpath] = work_dir / "volumes" / cpath.strip("/").replace("/", "_")
+                name = cpath.strip("/").replace("/", "_")
+                in_memory = memory_dir is not None and _in_shared_memory(vol.get("hostPath"))
+                mapping[cpath] = memory_dir / name if in_memory else work_dir / "volumes" / name
     unused = set(volumes) - used
     if unused:
         raise ValueError(f"volumes {sorted(unused)} match no containerPath of the group "

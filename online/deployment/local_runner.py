@@ -4,6 +4,8 @@ themselves are what ``livevec up`` and the tests start.
 The group is first placed on this host (``local_placement``: ports, volumes, Mesos-DNS and
 caller overrides resolved up front); this module supervises the tasks that result. For
 every app and instance the runner:
+- maps the group's volumes to local directories, the agent's /dev/shm to one of this machine's
+  (so the workers, all on one host here, share one host replica, as on one agent);
 - assigns ports like Marathon: a fresh free port per ``portDefinition`` on every launch,
   exported as ``PORT0..N``, ``PORT`` (= PORT0), ``PORTS`` and ``PORT_<NAME>``, with
   ``HOST=127.0.0.1`` and the other ``MARATHON_APP_*``/``MESOS_*`` variables;
@@ -36,6 +38,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,6 +200,7 @@ class LocalRunner:
         self._order = placement.order
         self._fixed_ports = placement.fixed_ports
         self._volume_dirs = placement.volume_dirs
+        self.memory_dir = placement.memory_dir   # the agent's /dev/shm, here: removed by stop()
         specs = placement.specs
         self._apps = {app_id: _AppState(spec) for app_id, spec in specs.items()}
         self._tasks: dict[str, list[_Task]] = {app_id: [] for app_id in specs}
@@ -237,7 +241,7 @@ class LocalRunner:
                               waited_s=self.dependency_timeout)
             with self._lock:
                 for i in range(int(spec.get("instances", 1))):
-                    self._tasks[app_id].append(self._new_task(app_id, i))
+                    self._add_task(app_id, i)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop every task, dependents first: SIGTERM, then SIGKILL after the app's
@@ -267,6 +271,8 @@ class LocalRunner:
                 t.state = "stopped"
             log_event(logger, "app_stopped", app=app_id, tasks=len(tasks))
         self._launcher.close()
+        if self.memory_dir is not None:   # segments the killed tasks left would hold their memory
+            shutil.rmtree(self.memory_dir, ignore_errors=True)
         self._stopped = True
         atexit.unregister(self.stop)
 
@@ -323,7 +329,7 @@ class LocalRunner:
         with self._lock:
             tasks = self._tasks[app_id]
             while len(tasks) < instances:
-                tasks.append(self._new_task(app_id, len(tasks)))
+                self._add_task(app_id, len(tasks))
             surplus = tasks[instances:]
             del tasks[instances:]
             self._apps[app_id].spec["instances"] = instances
@@ -371,7 +377,9 @@ class LocalRunner:
                 return False
         return True
 
-    def _new_task(self, app_id: str, index: int) -> _Task:
+    def _add_task(self, app_id: str, index: int) -> None:
+        """Registered before it is launched: a Ctrl-C that lands in between must not leave a process that
+        ``stop()`` does not know."""
         name = app_id.strip("/").replace("/", "-")
         task = _Task(app_id=app_id, index=index, sandbox=self.work_dir / "sandboxes" / f"{name}-{index}",
                      log_path=self.log_dir / f"{name}-{index}.log",
@@ -379,9 +387,9 @@ class LocalRunner:
         task.sandbox.mkdir(parents=True, exist_ok=True)
         task.next_launch_at = self._apps[app_id].deadline
         task.state = "backoff" if task.next_launch_at > time.monotonic() else "waiting"
+        self._tasks[app_id].append(task)
         if task.state == "waiting":
             self._launch(task)
-        return task
 
     def _free_port(self, host: str) -> int:
         """A port for a dynamic portDefinition. Another host's ports cannot be tried from here; its

@@ -65,7 +65,13 @@ def render_app(topology: Topology, role: Role) -> dict:
                 "containerPath": topology.kafka_credentials.mount_path,
                 "hostPath": topology.kafka_credentials.host_path,
                 "mode": "RO",
-            }] if role.kafka_client else []),
+            }] if role.kafka_client else []) + ([{
+                # The agent's shared memory over the container's private one: the workers of one agent share
+                # a replica there (HostReplica)
+                "containerPath": role.host_replica.host_path,
+                "hostPath": role.host_replica.host_path,
+                "mode": "RW",
+            }] if role.host_replica is not None else []),
         },
         "networks": [{"mode": "host"}],
         "portDefinitions": [

@@ -91,10 +91,29 @@ def marathon_problems(group: Mapping) -> list[str]:
             for name in _DNS_NAME.findall(value) if isinstance(value, str) else []:
                 if name not in dns_names:
                     problems.append(f"{aid}: env {key} names {name}, which no app of the group publishes")
+        problems += _host_replica_volume_problems(app)
         cmd = app.get("cmd", "")
         if cmd and "exec " not in cmd:
             problems.append(f"{aid}: cmd should `exec` the program so SIGTERM reaches it, not /bin/sh")
     return problems
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _host_replica_volume_problems(app: Mapping) -> list[str]:
+    """A containerised task's /dev/shm is its own (64 MB on Docker): the workers of an agent share a host
+    replica only through a directory of the agent mounted read-write."""
+    path = app.get("env", {}).get("LIVEVEC_HOST_REPLICA")
+    if not path or not isinstance(path, str) or not app.get("container"):
+        return []
+    volumes = [v for v in app["container"].get("volumes", []) if v.get("hostPath")
+               and _under(path, v.get("containerPath", "")) and v.get("mode", "RW") == "RW"]
+    if volumes:
+        return []
+    return [f"{app['id']}: LIVEVEC_HOST_REPLICA={path} is on no read-write host volume; the container's own "
+            f"directory is private to it, so the agent's workers would not share a replica"]
 
 
 def metronome_problems(job: Mapping) -> list[str]:
@@ -159,6 +178,8 @@ def k8s_problems(objects: list[Mapping]) -> list[str]:
             claim = (vol.get("persistentVolumeClaim") or {}).get("claimName")
             if claim is not None and claim not in claims:
                 problems.append(f"{name}: volume claim {claim!r} is not defined")
+        problems += _pod_problems(name, template["spec"])
+        problems += _pod_security_problems(name, template["spec"], _pod_security_level(objects, owner))
     for o in objects:
         name = f"{o['kind']}/{o['metadata']['name']}"
         if o["kind"] == "PodDisruptionBudget":
@@ -189,12 +210,106 @@ def k8s_problems(objects: list[Mapping]) -> list[str]:
     return problems
 
 
-def _role_of(workload: Mapping) -> str | None:
+_MIB = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 ** 2}
+
+
+def _mib(quantity: str | None) -> float | None:
+    """A binary-suffixed Kubernetes quantity in MiB (None: not one of those)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti)", str(quantity or ""))
+    return float(match.group(1)) * _MIB[match.group(2)] if match else None
+
+
+def _pod_problems(name: str, spec: Mapping) -> list[str]:
+    """What the containers of one pod share: its network namespace (so no port twice) and its
+    memory-backed volumes (charged to the memory of the container that writes them)."""
+    problems = []
+    owners: dict[int, str] = {}
+    for c in spec["containers"]:
+        for p in c.get("ports", []):
+            port = p.get("containerPort")
+            if port in owners:
+                problems.append(f"{name}: containerPort {port} is declared by containers {owners[port]} and "
+                                f"{c['name']}, which share the pod's network: one of them cannot bind it")
+            owners.setdefault(port, c["name"])
+    memory = {v["name"]: v["emptyDir"] for v in spec.get("volumes", [])
+              if (v.get("emptyDir") or {}).get("medium") == "Memory"}
+    for vol, empty_dir in memory.items():
+        if _mib(empty_dir.get("sizeLimit")) is None:
+            problems.append(f"{name}: memory-backed emptyDir {vol!r} needs a sizeLimit (else it may grow to "
+                            f"the node's memory)")
+    for c in spec["containers"]:
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        limit = _mib((c.get("resources") or {}).get("limits", {}).get("memory"))
+        for path, vol in mounts.items():
+            size = _mib(memory.get(vol, {}).get("sizeLimit"))
+            if size is not None and (limit is None or limit < size):
+                problems.append(f"{name}: container {c['name']} mounts memory-backed {vol!r} ({size:.0f} MiB), "
+                                f"which its memory limit ({limit} MiB) must hold")
+        env = {e.get("name"): e.get("value") for e in c.get("env", [])}
+        replica = env.get("LIVEVEC_HOST_REPLICA")
+        if replica and not any(_under(replica, path) and vol in memory for path, vol in mounts.items()):
+            problems.append(f"{name}: container {c['name']} has LIVEVEC_HOST_REPLICA={replica}, where no "
+                            f"memory-backed emptyDir is mounted: its containers would not share a replica there")
+    return problems
+
+
+# Pod Security Standards (kubernetes.io/docs/concepts/security/pod-security-standards): what each level forbids
+# that these pods could plausibly use.
+_RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                       "projected", "secret"}
+
+
+def _pod_security_level(objects: list[Mapping], owner: Mapping) -> str:
+    ns = owner["metadata"].get("namespace", "default")
+    for o in objects:
+        if o["kind"] == "Namespace" and o["metadata"]["name"] == ns:
+            return (o["metadata"].get("labels") or {}).get("pod-security.kubernetes.io/enforce", "privileged")
+    return "privileged"
+
+
+def _pod_security_problems(name: str, spec: Mapping, level: str) -> list[str]:
+    if level not in ("baseline", "restricted"):
+        return []
+    problems = []
+    for vol in spec.get("volumes", []):
+        kind = next((k for k in vol if k != "name"), None)
+        if kind == "hostPath" or (level == "restricted" and kind not in _RESTRICTED_VOLUMES):
+            problems.append(f"{name}: volume {vol['name']!r} ({kind}) is forbidden by the namespace's Pod "
+                            f"Security level {level!r}")
+    if level == "restricted":
+        pod = spec.get("securityContext") or {}
+        for c in spec["containers"]:
+            ctx = c.get("securityContext") or {}
+            if not ctx.get("runAsNonRoot", pod.get("runAsNonRoot")):
+                problems.append(f"{name}: container {c['name']} must set runAsNonRoot (Pod Security restricted)")
+            if ctx.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{name}: container {c['name']} must set allowPrivilegeEscalation false "
+                                f"(Pod Security restricted)")
+            if "ALL" not in (ctx.get("capabilities") or {}).get("drop", []):
+                problems.append(f"{name}: container {c['name']} must drop ALL capabilities (Pod Security restricted)")
+            seccomp = (ctx.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                problems.append(f"{name}: container {c['name']} needs a RuntimeDefault seccomp profile "
+                                f"(Pod Security restricted)")
+    return problems
+
+
+def _roles_of(workload: Mapping) -> list[str | None]:
+    """Each container's DMLC_ROLE: a pod may run several nodes of one role (the workers)."""
+    roles = []
     for c in workload["spec"]["template"]["spec"]["containers"]:
-        for e in c.get("env", []):
-            if e.get("name") == "DMLC_ROLE":
-                return e.get("value")
-    return None
+        roles.append(next((e.get("value") for e in c.get("env", []) if e.get("name") == "DMLC_ROLE"), None))
+    return roles
+
+
+def _role_of(workload: Mapping) -> str | None:
+    return next((r for r in _roles_of(workload) if r), None)
+
+
+def _nodes(workload: Mapping, role: str, replicas: int | None = None) -> int:
+    """The ps-lite nodes of ``role`` that ``replicas`` pods of the workload run (default: its replicas)."""
+    per_pod = _roles_of(workload).count(role)
+    return per_pod * int(workload["spec"].get("replicas", 1) if replicas is None else replicas)
 
 
 def _ps_lite_consistency(objects: list[Mapping], configmaps: Mapping[str, Mapping]) -> list[str]:
@@ -207,16 +322,19 @@ def _ps_lite_consistency(objects: list[Mapping], configmaps: Mapping[str, Mappin
         for var, role in (("DMLC_NUM_SERVER", "server"), ("DMLC_NUM_WORKER", "worker")):
             if var not in data:
                 continue
-            replicas = sum(int(w["spec"].get("replicas", 1)) for w in by_role.get(role, []))
-            if data[var] != str(replicas):
-                problems.append(f"ConfigMap/{cm_name}: {var}={data[var]} but the {role} workloads run {replicas}")
+            nodes = sum(_nodes(w, role) for w in by_role.get(role, []))
+            if data[var] != str(nodes):
+                problems.append(f"ConfigMap/{cm_name}: {var}={data[var]} but the {role} workloads run {nodes}")
             if role == "worker":
                 for so in (o for o in objects if o["kind"] == "ScaledObject"):
-                    if any(w["metadata"]["name"] == so["spec"]["scaleTargetRef"]["name"]
-                           for w in by_role.get("worker", [])):
-                        if int(so["spec"].get("minReplicaCount", 0)) < int(data[var]):
+                    for w in by_role.get("worker", []):
+                        if w["metadata"]["name"] != so["spec"]["scaleTargetRef"]["name"]:
+                            continue
+                        least = _nodes(w, role, int(so["spec"].get("minReplicaCount", 0)))
+                        if least < int(data[var]):
                             problems.append(f"ScaledObject/{so['metadata']['name']}: minReplicaCount below "
-                                            f"{var}={data[var]} would starve the ps-lite rendezvous")
+                                            f"{var}={data[var]} ({least} workers) would starve the ps-lite "
+                                            f"rendezvous")
         uri = data.get("DMLC_PS_ROOT_URI")
         if uri is None:
             continue

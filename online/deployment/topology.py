@@ -6,10 +6,12 @@ derive from a ``Topology``, so they cannot disagree. In particular ``DMLC_NUM_SE
 and ``DMLC_NUM_WORKER`` are never written by hand: ``Topology.env`` computes them from the
 server and worker ``instances``, and ``with_instances`` is the only way to change a count.
 
-Platform differences are confined to three places: how a process learns its host
+Platform differences are confined to four places: how a process learns its host
 (Marathon's ``$HOST`` vs the pod IP), which port it binds (Marathon's named ports vs a
-fixed container port, every pod having its own IP) and how the scheduler is named
-(Mesos-DNS vs a StatefulSet pod's stable DNS name).
+fixed container port, every pod having its own IP), how the scheduler is named
+(Mesos-DNS vs a StatefulSet pod's stable DNS name), and what "processes placed together"
+means for the workers' shared replica (``HostReplica``: the tasks of one agent vs the
+containers of one pod, ``Role.per_pod``).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+
+from online.deployment.sizing import Capacity, Resources, round_up, size_resources
 
 Platform = Literal["marathon", "k8s"]
 Workload = Literal["singleton", "shards", "elastic", "replicated", "example"]
@@ -51,14 +55,6 @@ class Port:
     host_port: int = 0
     service_port: int = 0  # Marathon service port (marathon-lb binds it on the LB nodes)
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Resources:
-    cpus: float
-    mem_mib: int
-    disk_mib: int
-    basis: str  # how mem_mib was derived; shown in the runbook and as a label
 
 
 @dataclass(frozen=True)
@@ -98,6 +94,37 @@ class SharedStorage:
     @property
     def export_dir(self) -> str:
         return f"{self.container_path}/exports"
+
+
+@dataclass(frozen=True)
+class HostReplica:
+    """The workers placed together share one replica in shared memory (``LIVEVEC_HOST_REPLICA``,
+    ``online.cluster.host_replica``): 8 workers with a replica each learn badly, 8 sharing one learn like 2.
+    They share a file named by the scheduler's address and ``DMLC_NODE_HOST``, in a tmpfs they all see.
+
+    Marathon: the tasks of one agent. Each Docker container has a private /dev/shm (64 MB), so the agent's
+    ``host_path`` is mounted over it, and ``$HOST`` (the agent) names the file. Kubernetes: the worker
+    containers of one pod (``Role.per_pod``). Pods share no /dev/shm and hostPath volumes are what Pod
+    Security's baseline level forbids; a pod's containers share its IP (so its file) and a memory-backed
+    emptyDir at ``pod_path``, limited to ``size_limit_mib``: the segment reserves its size at start, so a
+    tmpfs too small fails then, naming LIVEVEC_HOST_REPLICA_ROWS, rather than with SIGBUS later.
+
+    The rows are LIVEVEC_HOST_REPLICA_ROWS' default (twice LIVEVEC_VOCAB_CAPACITY), so a changed vocabulary
+    capacity moves them too; ``size_mib`` is what ``Capacity`` derives from the same numbers.
+    """
+
+    size_mib: float
+    host_path: str = "/dev/shm"
+    pod_path: str = "/livevec/shm"
+    volume: str = "host-replica"
+
+    def path(self, platform: Platform) -> str:
+        return self.host_path if platform == "marathon" else self.pod_path
+
+    @property
+    def size_limit_mib(self) -> int:
+        """The pod's tmpfs: the segment, plus room for its two lock files and tmpfs's own rounding."""
+        return round_up(self.size_mib + 32)
 
 
 @dataclass(frozen=True)
@@ -151,12 +178,13 @@ class Unreachable:
 @dataclass(frozen=True)
 class Autoscale:
     """Kubernetes autoscaling bounds: KEDA on Kafka lag for workers, an HPA on CPU for the
-    front end. Marathon has no autoscaler; operators scale by hand (see the runbook)."""
+    front end. Marathon has no autoscaler; operators scale by hand (see the runbook). Counted
+    in processes, like ``instances``; the Kubernetes objects scale pods of ``Role.per_pod``."""
 
     min_replicas: int
     max_replicas: int
     cpu_utilization: int = 70  # HPA target, percent of the CPU request
-    lag_threshold: int = 5000  # KEDA: records of lag per worker before adding one
+    lag_threshold: int = 5000  # KEDA: records of lag per worker process before adding one
     activation_lag_threshold: int = 10
 
 
@@ -186,6 +214,10 @@ class Role:
     autoscale: Autoscale | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     kafka_client: bool = False   # mounts the Kafka credentials (KafkaCredentials)
+    host_replica: HostReplica | None = None
+    # Kubernetes: processes of this role in one pod, each its own container (and ps-lite node and Kafka
+    # consumer) on its own ports: what shares a host replica there. Counts stay in processes.
+    per_pod: int = 1
 
     def port(self, name: str) -> Port:
         for p in self.ports:
@@ -206,90 +238,6 @@ class ExportJob:
     resources: Resources = Resources(0.5, 1024, 256, "reads one checkpoint shard at a time")
     deadline_seconds: int = 1800
     retries: int = 2
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """Planning numbers that memory limits are derived from (see ``size_resources``)."""
-
-    model_words: int = 1_000_000  # vocabulary the cluster is sized for
-    dim: int = 100
-    # AdaGrad keeps one float32 accumulator per float32 parameter (issue 4's optimizer).
-    optimizer_floats_per_value: int = 1
-    # EmbeddingShard doubles its row arrays when full, so up to 2x the rows in use are
-    # resident (np.full touches every page of the grown arrays).
-    server_row_growth: float = 2.0
-    # Per word on a server beyond the row arrays: key index, word string, count, version
-    # and push temporaries. Measured: an EmbeddingShard (dim 100, AdaGrad) holding 300k
-    # words (600k rows in a 1,048,576-row capacity, 1.75x) peaked at 3,987 B/word of RSS
-    # above the import baseline; the row arrays account for 2 x 1.75 x 824 B = 2,884 B.
-    server_bytes_per_word: int = 1100
-    # Per word in a front-end replica: float32 copies of the row (the source's delta, the
-    # normalised index, the next index during the atomic swap, the parse buffer) plus the
-    # word string and dict entries. Measured: `livevec frontend --model` serving a 200k x 100
-    # word2vec file peaked at 366 MiB RSS against 54 MiB for a 1k-word file: 1,635 B/word.
-    frontend_float_copies: int = 4
-    frontend_bytes_per_word: int = 100
-    # Baselines: peak RSS (VmHWM) of the real roles started from the committed group by the
-    # local runner, training 20k lines (dim 100, 170 words, so almost no model): scheduler
-    # 40 MiB, server 164 MiB, worker 268 MiB (numba + aiokafka + batches), front end
-    # (ps source) 57 MiB. Rounded up. Imports alone: numpy + pyzmq 27 MiB, + numba 91 MiB.
-    baseline_mib: Mapping[str, int] = field(default_factory=lambda: {
-        "scheduler": 48, "server": 176, "worker": 160, "frontend": 64, "export": 128})
-    # Worker working set beyond the baseline: Kafka fetch buffers (1 MiB per assigned
-    # partition), in-flight mini-batches with their pulled rows, the online vocabulary and
-    # noise table (the measured 268 MiB peak is baseline + ~110 MiB of this).
-    worker_working_set_mib: int = 256
-    # The worker's replica (online.cluster.replica) holds the rows of its trainable words, at most
-    # its vocabulary's capacity (LIVEVEC_VOCAB_CAPACITY, set on the workers to this): per word two
-    # rows of dim float32 and their base copies, accumulators, key, versions, count and a
-    # confirmed flag (841 B a row at dim 100), at up to 2x row capacity (the arrays double when full), plus ~200 B of vocabulary
-    # entry. Frequent words stay (Misra-Gries); the servers keep every word's rows and counts.
-    worker_vocab_words: int = 200_000
-    worker_vocab_entry_bytes: int = 200
-    # Limits are hard cgroup limits on Marathon (OOM kill): checkpoint serialisation of a
-    # shard can transiently double part of it, and Mesos health-check helpers run inside
-    # the task's resources.
-    headroom: float = 1.5
-    # Servers: the growth worst case is already in the per-word figure.
-    server_headroom: float = 1.25
-
-
-def _round_up(mib: float, quantum: int = 64) -> int:
-    return int(math.ceil(mib / quantum) * quantum)
-
-
-def size_resources(role: str, capacity: Capacity, servers: int) -> Resources:
-    """Memory per role from the model size, so rescaling servers re-derives the limit."""
-    base = capacity.baseline_mib[role]
-    if role == "server":
-        row_bytes = 4 * capacity.dim * (1 + capacity.optimizer_floats_per_value) + 32  # + key, versions, count
-        per_word = int(2 * capacity.server_row_growth * row_bytes + capacity.server_bytes_per_word)  # syn0 + syn1neg
-        shard_mib = capacity.model_words / max(servers, 1) * per_word / 2**20
-        mem = _round_up((base + shard_mib) * capacity.server_headroom)
-        basis = (f"({base} MiB baseline + {capacity.model_words:,} words / {servers} servers x "
-                 f"{per_word} B/word at 2x row capacity) x {capacity.server_headroom} headroom")
-        return Resources(1.0, mem, 1024, basis)
-    if role == "worker":
-        row_bytes = 2 * 4 * capacity.dim + 41          # vectors + base, accumulators, key, versions, count, flag
-        per_word = int(2 * capacity.server_row_growth * row_bytes + capacity.worker_vocab_entry_bytes)
-        replica_mib = capacity.worker_vocab_words * per_word / 2**20
-        mem = _round_up((base + capacity.worker_working_set_mib + replica_mib) * capacity.headroom)
-        basis = (f"({base} MiB baseline + {capacity.worker_working_set_mib} MiB fetch buffers and batches + "
-                 f"replica of {capacity.worker_vocab_words:,} words x {per_word} B/word at 2x row capacity) "
-                 f"x {capacity.headroom} headroom")
-        return Resources(1.5, mem, 512, basis)
-    if role == "frontend":
-        per_word = 4 * capacity.dim * capacity.frontend_float_copies + capacity.frontend_bytes_per_word
-        model_mib = capacity.model_words * per_word / 2**20
-        mem = _round_up((base + model_mib) * capacity.headroom)
-        basis = (f"({base} MiB baseline + {capacity.model_words:,} words x {per_word} B/word, "
-                 f"measured with a 200k-word model) x {capacity.headroom} headroom")
-        return Resources(1.0, mem, 512, basis)
-    if role == "scheduler":
-        mem = _round_up(base * 2 * capacity.headroom)
-        return Resources(0.25, mem, 256, f"{base} MiB baseline x 2 (node table, queues) x {capacity.headroom}")
-    raise ValueError(f"no sizing rule for role {role!r}")
 
 
 @dataclass(frozen=True)
@@ -317,6 +265,16 @@ class Topology:
     def instances(self, name: str) -> int:
         return self.role(name).instances
 
+    def pods(self, name: str) -> int:
+        """Kubernetes: the role's pods, each ``per_pod`` processes; a count that does not fill whole pods is
+        rounded up (elastic workers admit the extra ones)."""
+        role = self.role(name)
+        return math.ceil(role.instances / role.per_pod)
+
+    def nodes(self, name: str, platform: Platform) -> int:
+        """The role's processes, so its ps-lite nodes, on a platform (DMLC_NUM_*)."""
+        return self.instances(name) if platform == "marathon" else self.pods(name) * self.role(name).per_pod
+
     # -- naming ----------------------------------------------------------------------
     def marathon_app_id(self, role: str) -> str:
         return f"/{self.group}/{role}"
@@ -343,17 +301,21 @@ class Topology:
         env.update(self.platform_env.get(platform, {}))
         env["DMLC_PS_ROOT_URI"] = self.scheduler_host(platform)
         env["DMLC_PS_ROOT_PORT"] = str(self.scheduler_port(platform))
-        env["DMLC_NUM_SERVER"] = str(self.instances("server"))
-        env["DMLC_NUM_WORKER"] = str(self.instances("worker"))
+        env["DMLC_NUM_SERVER"] = str(self.nodes("server", platform))
+        env["DMLC_NUM_WORKER"] = str(self.nodes("worker", platform))
+        return dict(sorted(env.items()))
+
+    def role_env(self, r: Role, platform: Platform) -> dict[str, str]:
+        """What one role adds to the cluster's environment (on Kubernetes, the container's own env)."""
+        env = dict(self.kafka_credentials.env()) if r.kafka_client else {}
+        if r.host_replica is not None:
+            env["LIVEVEC_HOST_REPLICA"] = r.host_replica.path(platform)
+        env.update(r.env)
         return dict(sorted(env.items()))
 
     def env(self, role: str, platform: Platform) -> dict[str, str]:
         """The static environment of one role (without the per-task host and ports)."""
-        env = self.cluster_env(platform)
-        if self.role(role).kafka_client:
-            env.update(self.kafka_credentials.env())
-        env.update(self.role(role).env)
-        return dict(sorted(env.items()))
+        return dict(sorted({**self.cluster_env(platform), **self.role_env(self.role(role), platform)}.items()))
 
     # -- changes ---------------------------------------------------------------------
     def with_instances(self, **counts: int) -> Topology:
@@ -382,6 +344,26 @@ class Topology:
                     r.autoscale, min_replicas=n, max_replicas=max(r.autoscale.max_replicas, n))
             roles.append(dataclasses.replace(r, **changes))
         return dataclasses.replace(self, roles=tuple(roles))
+
+    def with_per_pod(self, role: str, n: int) -> Topology:
+        """Kubernetes: put ``n`` of the role's processes in each pod (they share its host replica)."""
+        if n < 1:
+            raise ValueError(f"{role}: at least one process per pod, got {n}")
+        r = self.role(role)
+        if n > 1 and r.workload != "elastic":
+            raise ValueError(f"{role}: only elastic roles run several processes per pod (a StatefulSet's "
+                             f"ordinal names one process)")
+        ports = [p.container_port + i for p in r.ports for i in range(n)]   # the i-th container's (k8s.py)
+        if len(set(ports)) != len(ports):   # one network namespace: of two binds of one port, one fails
+            raise ValueError(f"{role}: with {n} processes per pod two would bind one port (the i-th binds "
+                             f"the role's ports + i); at most {self._most_per_pod(r)} fit")
+        return dataclasses.replace(self, roles=tuple(dataclasses.replace(x, per_pod=n) if x is r else x
+                                                     for x in self.roles))
+
+    @staticmethod
+    def _most_per_pod(r: Role) -> int:
+        starts = sorted(p.container_port for p in r.ports)
+        return min((b - a for a, b in zip(starts, starts[1:])), default=1 << 16)
 
     def with_env(self, **env: str) -> Topology:
         return dataclasses.replace(self, common_env={**self.common_env, **env})
@@ -412,10 +394,16 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
                      kafka_bootstrap: str = "broker.kafka.l4lb.thisdcos.directory:9092",
                      k8s_kafka_bootstrap: str = "kafka-bootstrap.kafka.svc.cluster.local:9092",
                      kafka_topic: str = "livevec-text", kafka_group: str = "livevec-workers",
-                     kafka_partitions: int = 8, capacity: Capacity = Capacity()) -> Topology:
+                     kafka_partitions: int = 8, capacity: Capacity = Capacity(),
+                     workers_per_pod: int = 2) -> Topology:
     """The production layout. ``kafka_bootstrap`` defaults to the DC/OS Kafka package's VIP,
     ``k8s_kafka_bootstrap`` to a Strimzi-style bootstrap Service; both are placeholders to
-    replace with your brokers (``livevec deploy render --kafka-bootstrap``)."""
+    replace with your brokers (``livevec deploy render --kafka-bootstrap``).
+
+    ``workers_per_pod`` (Kubernetes): 2, the most workers Marathon puts on one agent, so that a replica
+    is shared by as many workers on both platforms. More would mean fewer replicas still, but a coarser
+    autoscaling step (the partitions allow 8 workers: 4 pods of 2, or 2 of 4), a pod that needs 1.5 CPU per
+    worker on one node, and more workers lost with one pod."""
     shared = SharedStorage()
     moosefs = (shared.agent_attribute[0], "IS", shared.agent_attribute[1])
     common_env = {
@@ -491,12 +479,14 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         name="worker", command="livevec worker", instances=workers, workload="elastic",
         resources=size_resources("worker", capacity, servers),
         ports=(Port("ps", container_port=9092), Port("metrics", container_port=9100)),
+        # LIVEVEC_HOST_REPLICA_ROWS is left to its default, twice the vocabulary capacity (what Capacity sizes).
         env={"DMLC_ROLE": "worker", "LIVEVEC_VOCAB_CAPACITY": str(capacity.worker_vocab_words)},
         port_env={"PORT": "ps", "LIVEVEC_METRICS_PORT": "metrics"},
         host_env=("DMLC_NODE_HOST",),
         health=Check("http", "metrics", "/health", grace_period_seconds=300, interval_seconds=30,
                      timeout_seconds=10, max_consecutive_failures=3, delay_seconds=15),
         mounts_shared=True,  # the worker reads checkpointed offsets on recovery
+        # Two per agent share one replica (host_replica); more would put more consumers in one failure domain.
         constraints=(("hostname", "MAX_PER", "2"), moosefs),
         upgrade=Upgrade(0.75, 0.25),
         unreachable=Unreachable(60, 120),
@@ -505,6 +495,7 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         autoscale=Autoscale(min_replicas=workers, max_replicas=max(kafka_partitions, workers)),
         labels={"livevec.role": "worker"},
         kafka_client=True,
+        host_replica=HostReplica(capacity.host_replica_mib),
     )
     frontend = Role(
         name="frontend", command="livevec frontend", instances=frontends, workload="replicated",
@@ -550,7 +541,6 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         roles=(scheduler, server, worker, frontend, producer),
         common_env=common_env, image=image, shared=shared, capacity=capacity,
         kafka_partitions=kafka_partitions,
-        # KEDA scales the workers up to the partition count, and the replica exchange collapsed the model with
-        # 8 workers (docs/operations.md section 2): Kubernetes runs the pull/push exchange until that is fixed.
-        platform_env={"k8s": {"LIVEVEC_KAFKA_BOOTSTRAP": k8s_kafka_bootstrap, "LIVEVEC_EXCHANGE": "pullpush"}},
-    )
+        # Both platforms run the replica exchange: KEDA's 8 workers are 4 pods, so 4 replicas, not 8.
+        platform_env={"k8s": {"LIVEVEC_KAFKA_BOOTSTRAP": k8s_kafka_bootstrap}},
+    ).with_per_pod("worker", workers_per_pod)
