@@ -183,9 +183,11 @@ def memory(cluster: LearningCluster, env: dict[str, str]) -> dict:
             "peak_rss_mib": round(max((_proc_kib(f"/proc/{p}/status", "VmHWM") for p in pids), default=0) / 1024, 1),
             "pss_mib": round(sum(_proc_kib(f"/proc/{p}/smaps_rollup", "Pss") for p in pids) / 1024, 1)}
     shared = {}
-    if env.get("LIVEVEC_HOST_REPLICA"):
-        for f in Path(env["LIVEVEC_HOST_REPLICA"]).glob("*.replica"):
-            shared[f.name] = round(f.stat().st_size / 2**20, 1)
+    where = env.get("LIVEVEC_HOST_REPLICA")
+    # unset here, the group's /dev/shm is mapped by the local runner to a directory of its own in /dev/shm
+    files = Path(where).glob("*.replica") if where else Path("/dev/shm").glob("livevec-local-*/**/*.replica")
+    for f in files:
+        shared[f.name] = round(f.stat().st_size / 2**20, 1)
     return {"tasks": tasks, "host_replica_files_mib": shared}
 
 
