@@ -69,7 +69,7 @@ _LAYOUT = 1
 _PAGE = 4096
 # Header slots (int64).
 (H_MAGIC, H_LAYOUT, H_DIM, H_ROWS, H_SLOTS, H_ACCUM, H_SEED, H_OPT, H_VERSION, H_NEXT_ROW, H_SYNCED, H_REFRESH,
- H_SIZE, H_GROUP) = range(14)
+ H_SIZE, H_GROUP, H_LAST_SYNC) = range(15)
 MAX_MEMBERS = 64
 # Per member process (its slot): batches finished, batches an acknowledged sync carried, syncs held.
 H_FINISHED, H_COVERED, H_HELD = 64, 64 + MAX_MEMBERS, 64 + 2 * MAX_MEMBERS
@@ -344,6 +344,14 @@ class SharedReplicaShard(ReplicaShard):
     def host_sync(self):
         with self.segment.sync_lock:
             yield
+
+    def since_last_sync(self) -> float:
+        """Seconds since a sync of the host last began (``CLOCK_MONOTONIC`` is the kernel's, shared by its
+        processes and containers)."""
+        return (time.monotonic_ns() - int(self._hdr[H_LAST_SYNC])) / 1e9
+
+    def sync_began(self) -> None:
+        self._hdr[H_LAST_SYNC] = time.monotonic_ns()
 
     def held_elsewhere(self) -> bool:
         """Whether a live process of the host holds syncs for a checkpoint (a holder that died is cleared:

@@ -174,6 +174,13 @@ class ReplicaShard(EmbeddingShard):
         """Another process of the host holds syncs; never with a process's own replica."""
         return False
 
+    def since_last_sync(self) -> float:
+        """Seconds since a sync of this replica began (the host's, when shared)."""
+        return float("inf")
+
+    def sync_began(self) -> None:
+        pass
+
     def wait_host_idle(self, timeout: float) -> bool:
         """No other process of the host is in a sync (always, with a process's own replica)."""
         return True
@@ -317,6 +324,7 @@ class ReplicaStore:
     """
 
     counts_every_word = True   # the trainer reports every word's count increments, not only trainable ones
+    OWN_SYNC_EVERY = 4         # paced syncs of a shared replica: this process's own at least every 4 gaps
 
     def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
                  seed: int = 1, timeout: float = 30.0, registry: Registry | None = None,
@@ -340,6 +348,7 @@ class ReplicaStore:
         self._sync_lock = threading.Lock()
         self._unsent: list | None = None   # the parts of a collected payload not yet acknowledged
         self._unsent_finished = self.shard.collected_finished   # the batches that payload carries
+        self._own_last_sync = 0.0
         self.m_syncs = registry.counter("livevec_worker_syncs_total", "delta syncs with the servers")
         self.m_rows = registry.counter("livevec_worker_rows_synced_total", "rows whose delta was sent")
         self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
@@ -380,9 +389,11 @@ class ReplicaStore:
         """Counts or words wait to be sent (e.g. the words named again after a rollback)."""
         return bool(self._counts or self._words or self._unsent is not None)
 
-    def sync(self) -> int | None:
+    def sync(self, min_gap: float = 0.0) -> int | None:
         """One sync (see the module docstring); returns the rows sent (None: skipped, because a checkpoint
-        holds another process's syncs on a replica the host shares). Afterwards ``shard.covered_batches()``
+        holds another process's syncs on a replica the host shares, or because another process of the host
+        began one less than ``min_gap`` seconds ago: the host then syncs about as often as one worker would,
+        not once per process and interval, and each process commits what those syncs carried). Afterwards ``shard.covered_batches()``
         counts this process's batches the servers have. The words, the counts and every
         chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
@@ -391,6 +402,12 @@ class ReplicaStore:
         with self._sync_lock, self.shard.host_sync():
             if self.shard.held_elsewhere():   # a checkpoint is snapshotting the servers
                 return None
+            now = time.monotonic()
+            if min_gap and self._unsent is None and self.shard.since_last_sync() < min_gap \
+                    and now - self._own_last_sync < self.OWN_SYNC_EVERY * min_gap:
+                return None   # (its counts and words still go out with one of its own syncs every few gaps)
+            self._own_last_sync = now
+            self.shard.sync_began()
             t0 = time.perf_counter()
             kv = self.worker
             group = self.shard.claim_group(kv.po.node_id) if self.shard.shared else 0

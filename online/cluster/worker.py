@@ -358,7 +358,7 @@ class StreamingWorker:
         if self.replica is not None:
             await self.sync()
 
-    async def sync(self) -> None:
+    async def sync(self, paced: bool = False) -> None:
         """Send the replica's deltas (and counts and words) to the servers, then complete the batches
         trained before it. A sync the servers do not acknowledge is retried (a rollback is asked
         for: part of it may have been applied); one a rollback abandons drops its batches uncommitted."""
@@ -368,7 +368,7 @@ class StreamingWorker:
             await self._complete_covered()   # what another process's sync of a shared replica carried
             if not self._awaiting and not self.replica.has_pending():
                 return
-            if not await asyncio.to_thread(self._sync_with_retry):
+            if not await asyncio.to_thread(self._sync_with_retry, paced):
                 return
             await self._complete_covered()
 
@@ -383,13 +383,16 @@ class StreamingWorker:
         self.metrics.unsynced.set(self._awaiting_tokens)
         await self._complete_all(done)
 
-    def _sync_with_retry(self) -> bool:
+    def _sync_with_retry(self, paced: bool = False) -> bool:
+        """``paced``: the sync loop's, which a replica shared by the host skips when another process of
+        the host began one within the interval (drains and checkpoints always sync)."""
         backoff = 0.2
+        gap = self.settings.sync_ms / 1000.0 if paced else 0.0
         while True:
             if self.abandon.is_set():
                 return False
             try:
-                self.replica.sync()
+                self.replica.sync(min_gap=gap)
                 return True
             except (RequestTimeout, SendError) as exc:
                 if self.abandon.is_set():
@@ -422,7 +425,7 @@ class StreamingWorker:
             if (self._awaiting or self.replica.has_pending()) and not self.abandon.is_set() \
                     and not self.paused.is_set() and not self._syncs_held:
                 try:
-                    await self.sync()
+                    await self.sync(paced=True)
                 except Exception:
                     log.exception("sync failed")
 
