@@ -54,8 +54,8 @@ def _in_another_process(target, *args):
 def segment_path(tmp_path):
     path = f"/dev/shm/livevec-test-{tmp_path.name}"
     yield path
-    for suffix in ("", ".lock", ".sync"):
-        Path(path + suffix).unlink(missing_ok=True)
+    for f in Path("/dev/shm").glob(Path(path).name + "*"):
+        f.unlink(missing_ok=True)
 
 
 def test_processes_of_a_host_train_the_same_rows(segment_path):

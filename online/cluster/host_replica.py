@@ -211,10 +211,11 @@ class HostSegment:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # only if nobody else holds it
             except BlockingIOError:
                 return False
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            for name in [self.path] + [Path(self._member_file(m)) for m in range(MAX_MEMBERS)]:
+                try:   # (slots are claimed under the same lock, so none is being claimed now)
+                    os.unlink(name)
+                except FileNotFoundError:
+                    pass
             return True
 
     def _attach(self, size: int, want: dict[int, int]) -> bool:
