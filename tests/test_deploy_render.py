@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from online.cli.main import main
-from online.cluster.host_replica import _layout
+from online.cluster.host_replica import HostSegment
 from online.cluster.replica import HOST_REPLICA_ROWS
 from online.deployment import k8s, marathon
 from online.deployment.marathon import task_command
@@ -202,10 +202,18 @@ def _mib(quantity: str) -> int:
     return int(quantity[:-2])
 
 
-@pytest.mark.parametrize("dim,rows,accum", [(100, 400_000, 1), (24, 20_000, 1), (32, 3, 0), (7, 1234, 7), (1, 1, 1)])
-def test_the_sized_segment_is_the_one_the_workers_reserve(dim, rows, accum):
-    """The renderer restates the segment's layout (it must not import numba); pinned to the real one."""
-    assert host_replica_bytes(dim, rows, accum) == _layout(dim, rows, accum)[2]
+@pytest.mark.parametrize("dim,rows,optimizer", [(100, 400_000, "rowadagrad"), (24, 20_000, "rowadagrad"),
+                                                (32, 3, "sgd"), (7, 1234, "adagrad"), (1, 1, "rowadagrad")])
+def test_the_sized_segment_is_the_one_the_workers_reserve(dim, rows, optimizer, tmp_path):
+    """The renderer sizes the segment without numba; the size is that of the file a worker really reserves."""
+    accum = {"sgd": 0, "rowadagrad": 1, "adagrad": dim}[optimizer]
+    path = Path("/dev/shm") / f"livevec-test-sizing-{tmp_path.name}"
+    try:
+        HostSegment(path, dim=dim, rows=rows, optimizer=optimizer, seed=1)
+        assert host_replica_bytes(dim, rows, accum) == path.stat().st_size
+    finally:
+        for f in Path("/dev/shm").glob(path.name + "*"):
+            f.unlink(missing_ok=True)
 
 
 def test_both_platforms_run_the_replica_exchange_with_a_host_replica():
@@ -237,7 +245,7 @@ def test_marathon_workers_of_one_agent_share_its_shared_memory():
 def test_worker_memory_holds_the_segment_once_per_process_and_a_pod_requests_it_once():
     capacity = Capacity()
     rows = 2 * capacity.worker_vocab_words
-    segment_mib = _layout(capacity.dim, rows, 1)[2] / 2**20
+    segment_mib = host_replica_bytes(capacity.dim, rows, 1) / 2**20
     assert MODEL["optimizer"].default == "rowadagrad"   # one accumulator per row: accum width 1
     assert HOST_REPLICA_ROWS.default == 0               # 0: twice LIVEVEC_VOCAB_CAPACITY, which the files set
     worker = _apps()["worker"]

@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from online.cluster.replica import ReplicaShard
+from online.cluster.segment_layout import PAGE, segment_layout
 from ps_bridge.structured_logging import log_event
 from online.learner.key_index import EMPTY, KeyIndex, _insert
 from online.learner.embedding_shard import OPTIMIZERS
@@ -66,7 +67,6 @@ log = logging.getLogger("livevec.worker")
 
 _MAGIC = 0x6C69766576656331    # "livevec1"
 _LAYOUT = 1
-_PAGE = 4096
 # Header slots (int64).
 (H_MAGIC, H_LAYOUT, H_DIM, H_ROWS, H_SLOTS, H_ACCUM, H_SEED, H_OPT, H_VERSION, H_NEXT_ROW, H_SYNCED, H_REFRESH,
  H_SIZE, H_GROUP, H_LAST_SYNC) = range(15)
@@ -86,21 +86,6 @@ def segment_path(directory: str | Path, root_uri: str, root_port: int, node_host
 
 class HostReplicaError(RuntimeError):
     """The segment cannot be used (its file, its size, or another cluster's layout); names the setting."""
-
-
-def _layout(dim: int, rows: int, accum_width: int) -> tuple[dict[str, tuple[int, tuple, np.dtype]], int, int]:
-    """Offsets of every array in the segment, page-aligned; returns (arrays, slots, total bytes)."""
-    slots = 1 << int(np.ceil(np.log2(max(4 * rows, 16))))
-    specs = [("vectors", (rows, dim), np.float32), ("base", (rows, dim), np.float32),
-             ("accum", (rows if accum_width else 0, max(accum_width, 1)), np.float32),
-             ("base_acc", (rows, 1), np.float32), ("confirmed", (rows,), np.bool_),
-             ("row_keys", (rows,), np.uint64), ("row_version", (rows,), np.int64), ("row_born", (rows,), np.int64),
-             ("counts", (rows,), np.int64), ("tkeys", (slots,), np.uint64), ("tvals", (slots,), np.int64)]
-    at, out = _PAGE, {}
-    for name, shape, dtype in specs:
-        out[name] = (at, shape, np.dtype(dtype))
-        at += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // _PAGE) * _PAGE
-    return out, slots, at
 
 
 class _HostLock:
@@ -153,7 +138,7 @@ class HostSegment:
     def __init__(self, path: str | Path, *, dim: int, rows: int, optimizer: str, seed: int):
         self.path = Path(path)
         accum_width = {"adagrad": dim, "rowadagrad": 1, "sgd": 0}[optimizer]
-        self.arrays, self.slots, size = _layout(dim, rows, accum_width)
+        self.arrays, self.slots, size = segment_layout(dim, rows, accum_width)
         want = {H_MAGIC: _MAGIC, H_LAYOUT: _LAYOUT, H_DIM: dim, H_ROWS: rows, H_SLOTS: self.slots,
                 H_ACCUM: accum_width, H_SEED: seed & 0x7FFFFFFFFFFFFFFF, H_OPT: OPTIMIZERS.index(optimizer)}
         fds = []
@@ -233,7 +218,7 @@ class HostSegment:
                                    "every worker of a host must share dim, optimizer, seed and "
                                    "LIVEVEC_HOST_REPLICA_ROWS")
         self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.header = np.frombuffer(self._map, dtype=np.int64, count=_PAGE // 8)
+        self.header = np.frombuffer(self._map, dtype=np.int64, count=PAGE // 8)
         for slot, value in want.items():
             if int(self.header[slot]) != value:
                 raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use by workers with "
@@ -254,7 +239,7 @@ class HostSegment:
                                    "lower the rows") from exc
         m = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
-            header = np.frombuffer(m, dtype=np.int64, count=_PAGE // 8)
+            header = np.frombuffer(m, dtype=np.int64, count=PAGE // 8)
             at, shape, dtype = self.arrays["tvals"]
             np.frombuffer(m, dtype=dtype, count=int(np.prod(shape)), offset=at)[:] = EMPTY
             for slot, value in want.items():
@@ -311,7 +296,7 @@ class SharedReplicaShard(ReplicaShard):
     _next_row = _header_field(H_NEXT_ROW)
 
     def __init__(self, dim: int, path: str | Path, rows: int, refresh_share: float = 0.1, **options):
-        self._hdr = np.zeros(_PAGE // 8, dtype=np.int64)   # until the segment is attached
+        self._hdr = np.zeros(PAGE // 8, dtype=np.int64)   # until the segment is attached
         super().__init__(dim, refresh_share, initial_rows=16, **options)
         self.segment = HostSegment(path, dim=self.dim, rows=int(rows), optimizer=self.optimizer, seed=self.seed)
         seg = self.segment

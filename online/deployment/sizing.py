@@ -15,7 +15,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-_PAGE = 4096
+from online.cluster.segment_layout import segment_layout
+
 
 
 @dataclass(frozen=True)
@@ -91,15 +92,9 @@ class Capacity:
 
 
 def host_replica_bytes(dim: int, rows: int, accum_width: int) -> int:
-    """The size of a host replica's segment file: ``online.cluster.host_replica._layout``'s total, restated
-    because rendering must not import the training stack (numba); tests pin the two together. Per row: the
-    vectors and their base copies (dim float32 each), the accumulators and their base, a confirmed flag, the
-    key, two version stamps and a count; then a key table of twice as many slots as keys (a power of two),
-    every array page-aligned after one page of header."""
-    slots = 1 << (max(4 * rows, 16) - 1).bit_length()
-    sizes = [rows * dim * 4, rows * dim * 4, (rows if accum_width else 0) * max(accum_width, 1) * 4, rows * 4,
-             rows, rows * 8, rows * 8, rows * 8, rows * 8, slots * 8, slots * 8]
-    return _PAGE + sum(-(-size // _PAGE) * _PAGE for size in sizes)
+    """The size of a host replica's segment file, from the layout the workers map (``segment_layout``, which
+    imports neither numpy nor numba)."""
+    return segment_layout(dim, rows, accum_width)[2]
 
 
 def round_up(mib: float, quantum: int = 64) -> int:
