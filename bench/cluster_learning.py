@@ -80,7 +80,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from cluster_harness import assert_trained_exactly_once, coordinator_idle  # noqa: E402
 from quality_vs_gensim import GensimRun, evaluate  # noqa: E402
 from recovery_cluster import Cluster  # noqa: E402
-from scaling import children_of, loadavg, proc_table, scrape, tree_cpu  # noqa: E402
+from scaling import children_of, loadavg, proc_table, scrape, tree_cpu, tree_pids  # noqa: E402
 from stream_throughput import DEFAULT_CORPUS, read_prefix  # noqa: E402
 
 from online.checkpoint.store import CheckpointStore  # noqa: E402
@@ -173,12 +173,7 @@ def memory(cluster: LearningCluster, env: dict[str, str]) -> dict:
     kids = children_of(table)
     tasks = {}
     for s in cluster.runner.status():
-        stack, pids = [s.pid], []
-        while stack:
-            p = stack.pop()
-            if p in table:
-                pids.append(p)
-                stack.extend(kids.get(p, ()))
+        pids = tree_pids(s.pid, table, kids)
         tasks[f"{s.app}{s.index}"] = {
             "peak_rss_mib": round(max((_proc_kib(f"/proc/{p}/status", "VmHWM") for p in pids), default=0) / 1024, 1),
             "pss_mib": round(sum(_proc_kib(f"/proc/{p}/smaps_rollup", "Pss") for p in pids) / 1024, 1)}

@@ -162,16 +162,21 @@ def children_of(table: dict[int, tuple[int, float]]) -> dict[int, list[int]]:
     return children
 
 
-def tree_cpu(pid: int | None, table: dict[int, tuple[int, float]], children: dict[int, list[int]]) -> float:
-    """CPU seconds of ``pid`` and all its live descendants."""
+def tree_pids(pid: int | None, table: dict[int, tuple[int, float]], children: dict[int, list[int]]) -> list[int]:
+    """``pid`` and all its live descendants."""
     if pid is None or pid not in table:
-        return 0.0
-    total, stack = 0.0, [pid]
+        return []
+    out, stack = [], [pid]
     while stack:
         p = stack.pop()
-        total += table[p][1]
+        out.append(p)
         stack.extend(children.get(p, ()))
-    return total
+    return out
+
+
+def tree_cpu(pid: int | None, table: dict[int, tuple[int, float]], children: dict[int, list[int]]) -> float:
+    """CPU seconds of ``pid`` and all its live descendants."""
+    return sum(table[p][1] for p in tree_pids(pid, table, children))
 
 
 def nft_setup(lab: NetnsLab, kafka_port: int) -> None:
