@@ -154,7 +154,6 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
     env["LIVEVEC_HOST_REPLICA"] = str(tmp_path / "shm") if host_replica else ""   # a tmpfs, mounted below
     if host_replica:
         env["LIVEVEC_HOST_REPLICA_ROWS"] = "20000"
-    if host_replica:
         (tmp_path / "shm").mkdir()
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(tmp_path / "shm")], check=True)
     runner = local_cluster(tmp_path / "run", kafka_bootstrap, topic, servers=2, workers=2, env=env)

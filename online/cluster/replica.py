@@ -95,6 +95,7 @@ class ReplicaShard(EmbeddingShard):
     REFRESH_MIN = 256     # idle rows a sync refreshes at least: every held row within rows / that syncs
     shared = False        # one replica for several processes (``online.cluster.host_replica``)
     group = 0             # the id servers merge this replica's deltas under (0: the sending node's)
+    rows_refused = 0      # keys a full replica had no room for (only a shared one cannot grow)
 
     def __init__(self, dim: int, refresh_share: float = REFRESH_SHARE.default, **options):
         super().__init__(dim, **options)
@@ -355,7 +356,7 @@ class ReplicaStore:
         registry.gauge("livevec_worker_replica_rows", "rows held by the replica", fn=lambda: float(len(self.shard)))
         registry.gauge("livevec_worker_replica_rows_refused", "rows a full shared replica had no room for "
                        "(LIVEVEC_HOST_REPLICA_ROWS; their words are not trained here)",
-                       fn=lambda: float(getattr(self.shard, "rows_refused", 0)))
+                       fn=lambda: float(self.shard.rows_refused))
         self._server_ids = worker.po.server_ids()
         self._starts = np.array([r[0] for r in worker.po.server_key_ranges()], dtype=np.uint64)
 
@@ -393,8 +394,8 @@ class ReplicaStore:
         """One sync (see the module docstring); returns the rows sent (None: skipped, because a checkpoint
         holds another process's syncs on a replica the host shares, or because another process of the host
         began one less than ``min_gap`` seconds ago: the host then syncs about as often as one worker would,
-        not once per process and interval, and each process commits what those syncs carried). Afterwards ``shard.covered_batches()``
-        counts this process's batches the servers have. The words, the counts and every
+        not once per process and interval, and each process commits what those syncs carried). Afterwards
+        ``shard.covered_batches()`` counts this process's batches the servers have. The words, the counts and every
         chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
         what was not acknowledged is kept and sent again by the next call (the caller asks for a
@@ -410,7 +411,7 @@ class ReplicaStore:
             self.shard.sync_began()
             t0 = time.perf_counter()
             kv = self.worker
-            group = self.shard.claim_group(kv.po.node_id) if self.shard.shared else 0
+            group = self.shard.claim_group(kv.po.node_id)
             with self._buffer_lock:
                 counts, self._counts = self._counts, []
                 words, self._words = self._words, {}

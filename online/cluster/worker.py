@@ -423,7 +423,7 @@ class StreamingWorker:
                 pass
             self._sync_soon.clear()
             if (self._awaiting or self.replica.has_pending()) and not self.abandon.is_set() \
-                    and not self.paused.is_set() and not self._syncs_held:
+                    and not self.paused.is_set():
                 try:
                     await self.sync(paced=True)
                 except Exception:
