@@ -329,7 +329,10 @@ class CheckpointCoordinator(SchedulerExtension):
         servers = self.po.server_ids()
         snaps: dict[int, dict | None] = {}
         if problem is None:
-            snaps = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "snapshot"}, servers, 120)
+            # A server that dies meanwhile never answers (its replacement takes its id, so it stays "live"):
+            # stop waiting once a rollback is wanted, which this checkpoint could not be part of anyway.
+            snaps = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "snapshot"}, servers, 120,
+                              give_up_on_rollback=True)
             if any(a is None or not a.get("ok") for a in snaps.values()):
                 problem = f"servers did not snapshot: {snaps}"
         with self._lock:
