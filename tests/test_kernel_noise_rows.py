@@ -160,7 +160,7 @@ def test_the_row_table_follows_evictions_new_rows_and_layouts():
         np.testing.assert_array_equal(table, copy)
 
 
-def test_a_row_change_of_a_word_in_the_table_rebuilds_it_without_a_new_layout():
+def test_a_row_change_of_a_word_in_the_table_patches_a_copy_without_a_new_layout():
     config = LearnerConfig(dim=8, min_count=2, vocab_capacity=1000, noise_table_size=1009)
     trainer = Trainer(config, inplace=True)
     batch = ["the cat sat on the mat the dog sat on the log"] * 20
@@ -173,8 +173,34 @@ def test_a_row_change_of_a_word_in_the_table_rebuilds_it_without_a_new_layout():
     with trainer._lock:
         trainer._set_out_rows(np.array([cat]), -1)                   # e.g. the word lost its row
     later = trainer.prepare(trainer.tokenizer.sentences_of(batch), update_vocab=False)
-    assert trainer.noise.layouts == layouts and trainer.noise_rows_builds == builds + 1
+    assert trainer.noise.layouts == layouts and trainer.noise_rows_builds == builds and trainer.noise_rows_patches == 1
+    assert later.noise is not first.noise
     assert (later.noise[trainer.noise.active() == cat] == -1).all()
     assert (later.noise == trainer.slot_out_row[trainer.noise.active()]).all()
     assert (first.noise[trainer.noise.active() == cat] >= 0).all(), "the earlier batch keeps its table"
     trainer.run(later)
+
+
+def test_patching_the_row_table_equals_mapping_it_again():
+    """``patched_noise_rows`` must give exactly ``noise_rows_of`` for any set of changed slots: present in
+    the table or not, first or last, with runs of any length, and into a copy."""
+    from online.learner.noise import NoiseTable
+    from online.learner.sgns_kernel import noise_rows_of, patched_noise_rows
+
+    rng = np.random.default_rng(4)
+    for trial in range(30):
+        n = int(rng.integers(2, 400))
+        table = NoiseTable(size=int(rng.integers(50, 3000)), seed=trial)
+        slots = np.flatnonzero(rng.random(n) < 0.7)
+        if not len(slots):
+            continue
+        table.rebuild(slots, rng.integers(1, 10_000, len(slots)))
+        slot_out_row = rng.integers(-1, 5000, n)
+        before = noise_rows_of(table.active(), slot_out_row)
+        frozen = before.copy()
+        changed = np.unique(rng.choice(n, int(rng.integers(1, n + 1))))
+        slot_out_row[changed] = rng.integers(-1, 5000, len(changed))
+        patched = patched_noise_rows(before, table.active(), changed, slot_out_row)
+        np.testing.assert_array_equal(patched, noise_rows_of(table.active(), slot_out_row))
+        assert patched.dtype == before.dtype
+        np.testing.assert_array_equal(before, frozen)      # the published array is not written

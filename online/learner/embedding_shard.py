@@ -223,6 +223,12 @@ class EmbeddingShard:
     def capacity(self) -> int:
         return self.vectors.shape[0]
 
+    @property
+    def rows_in_use(self) -> int:
+        """Every row handed out is below this (it only grows), so a scan for rows a kernel wrote can stop
+        there instead of at the capacity, which a host's replica reserves far ahead."""
+        return self._next_row
+
     def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
         """Row index of each key (creating missing rows if ``create``, else -1)."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)

@@ -39,7 +39,8 @@ import numpy as np
 from online.learner.keys import output_rows, word_rows
 from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.learner.param_store import LocalParamStore, ParamStore
-from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, noise_rows_of, plan_pairs,
+from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, noise_rows_of, patched_noise_rows,
+                                plan_pairs,
                                 train_inplace_rows, walk_gradients)
 from online.learner.spans import spans_of_sentences
 from online.learner.subsampling import keep_tokens
@@ -152,14 +153,16 @@ class Trainer:
             self.slot_out_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
             # The noise table as output rows, ``slot_out_row[noise.active()]``, for the kernel (one load per
             # negative instead of two). Built for the layout ``_noise_rows_layout`` of the noise table;
-            # ``_noise_slot_in_table`` marks that layout's slots, so that a row change of a slot outside it
-            # (a word becoming trainable between layouts, the common case) costs no rebuild. Each build is a
-            # new array that is never written again: a batch prepared earlier keeps its own.
+            # a row change of a slot outside that layout (a word becoming trainable between layouts, the
+            # common case) costs nothing. A slot inside it whose row changes (a worker's words made trainable
+            # by the cluster's counts: most batches) is queued in ``_noise_dirty`` and patched into a copy
+            # (``patched_noise_rows``), not mapped again in full. Each array is never written once built:
+            # a batch prepared earlier keeps its own.
             self._noise_rows = np.zeros(0, dtype=np.int32)
             self._noise_rows_layout = -1
-            self._noise_rows_stale = True
-            self._noise_slot_in_table = np.zeros(config.vocab_capacity, dtype=bool)
+            self._noise_dirty: list[np.ndarray] = []
             self.noise_rows_builds = 0
+            self.noise_rows_patches = 0
         self.tokens_seen = 0
         self.totals = BatchStats()
 
@@ -255,23 +258,29 @@ class Trainer:
 
     def _current_noise_rows(self) -> np.ndarray:
         """The noise table as output rows (-1: no row), rebuilt if stale; call with the lock held."""
-        if self._noise_rows_stale or self._noise_rows_layout != self.noise.layouts:
-            slots = self.noise.active()
-            if self._noise_rows_layout != self.noise.layouts:
-                member = np.zeros(len(self._noise_slot_in_table), dtype=bool)
-                member[slots] = True
-                self._noise_slot_in_table = member
-                self._noise_rows_layout = self.noise.layouts
-            self._noise_rows = noise_rows_of(slots, self.slot_out_row)    # a new array: swap the reference
-            self._noise_rows_stale = False
+        if self._noise_rows_layout != self.noise.layouts:
+            self._noise_rows_layout = self.noise.layouts
+            self._noise_rows = noise_rows_of(self.noise.active(), self.slot_out_row)   # a new array
+            self._noise_dirty = []
             self.noise_rows_builds += 1
+        elif self._noise_dirty:
+            dirty = np.unique(np.concatenate(self._noise_dirty))
+            self._noise_dirty = []
+            self._noise_rows = patched_noise_rows(self._noise_rows, self.noise.active(), dirty, self.slot_out_row)
+            self.noise_rows_patches += 1
         return self._noise_rows
 
     def _set_out_rows(self, slots: np.ndarray, rows) -> None:
         """``slot_out_row[slots] = rows``, invalidating the noise rows if one of the slots is in the table."""
         self.slot_out_row[slots] = rows
-        if len(slots) and self._noise_slot_in_table[slots].any():
-            self._noise_rows_stale = True
+        table = self.noise.active()
+        if len(slots) and len(table):
+            # the table is in slot order (``noise._layout``): a binary search tells who is in it. If it was
+            # laid out again since the rows were mapped, the next batch maps it in full and drops the queue.
+            at = np.minimum(np.searchsorted(table, slots), len(table) - 1)
+            in_table = slots[table[at] == slots]
+            if len(in_table):
+                self._noise_dirty.append(in_table)
 
     def _eta(self) -> float:
         cfg = self.config
@@ -323,7 +332,7 @@ class Trainer:
                     stats.pairs = train_inplace_rows(shard.vectors, shard.vectors, shard.accum, shard.accum,
                                                      p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
                                                      cfg.negative, p.eta, self._opt, p.seed, touched)
-                    rows = np.flatnonzero(touched)
+                    rows = np.flatnonzero(touched[:shard.rows_in_use])   # no kernel writes above it
                     touched[rows] = 0
                     shard.mark_changed(rows)
         elif p.keys is not None and len(p.pair_in):
