@@ -387,3 +387,37 @@ def test_workers_draw_their_own_negatives_from_one_seed():
 
     assert negatives(9) == negatives(9)
     assert negatives(9) != negatives(11)
+
+
+@pytest.mark.parametrize("acc_cols", [1, 8, 0], ids=["rowadagrad", "adagrad", "sgd"])
+def test_the_compiled_row_passes_equal_the_arithmetic_they_replace(acc_cols):
+    """``take_deltas`` / ``merge_answer`` against numpy's fancy-indexed version of the same sums, for every
+    optimizer's accumulator shape, on rows in any order."""
+    from online.cluster.delta_rows import merge_answer, take_deltas
+
+    rng = np.random.default_rng(11)
+    n, dim = 50, 8
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    accum = rng.random((n if acc_cols else 0, acc_cols or dim)).astype(np.float32)
+    base = rng.standard_normal((n, dim)).astype(np.float32)
+    base_acc = rng.random((n, 1)).astype(np.float32)
+    rows = rng.permutation(n)[:20].astype(np.int64)
+    acc_mean = accum[rows].mean(axis=1) if acc_cols else np.zeros(len(rows), np.float32)
+    want = np.concatenate([vectors[rows] - base[rows], (acc_mean - base_acc[rows, 0])[:, None]], axis=1)
+    out = np.empty((len(rows), dim + 1), dtype=np.float32)
+    take_deltas(vectors, accum, base, base_acc, rows, out)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(base[rows], vectors[rows])            # the base is what was sent
+    np.testing.assert_allclose(base_acc[rows, 0], acc_mean, rtol=1e-6)
+
+    merged = rng.standard_normal((len(rows), dim + 1)).astype(np.float32)
+    v0, a0, b0, ba0 = vectors.copy(), accum.copy(), base.copy(), base_acc.copy()
+    merge_answer(vectors, accum, base, base_acc, rows, merged)
+    np.testing.assert_allclose(vectors[rows], v0[rows] + merged[:, :dim] - b0[rows], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(base[rows], merged[:, :dim])
+    np.testing.assert_array_equal(base_acc[rows, 0], merged[:, dim])
+    if acc_cols:
+        np.testing.assert_allclose(accum[rows], a0[rows] + (merged[:, dim] - ba0[rows, 0])[:, None], rtol=1e-6,
+                                   atol=1e-6)
+    untouched = np.setdiff1d(np.arange(n), rows)
+    np.testing.assert_array_equal(vectors[untouched], v0[untouched])

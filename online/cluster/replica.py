@@ -51,6 +51,7 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
+from online.cluster.delta_rows import merge_answer, take_deltas
 from online.learner.embedding_shard import EmbeddingShard
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.metrics import Registry
@@ -225,13 +226,8 @@ class ReplicaShard(EmbeddingShard):
             keys = self.row_keys[rows]
             order = np.argsort(keys)
             rows, keys = rows[order], keys[order]
-            snap = self.vectors[rows]
-            snap_acc = self._accum_column(rows)
             out = np.empty((len(rows), self.dim + 1), dtype=np.float32)
-            np.subtract(snap, self.base[rows], out=out[:, :self.dim])
-            np.subtract(snap_acc[:, 0], self.base_acc[rows, 0], out=out[:, self.dim])
-            self.base[rows] = snap
-            self.base_acc[rows] = snap_acc
+            take_deltas(self.vectors, self.accum, self.base, self.base_acc, rows, out)
             return keys, out, ~self.confirmed[rows]
 
     def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:
@@ -239,12 +235,8 @@ class ReplicaShard(EmbeddingShard):
         with self._lock:
             rows = self._index.lookup(keys)
             live = rows >= 0
-            rows, merged = rows[live], merged[live]
-            self.vectors[rows] += merged[:, :self.dim] - self.base[rows]
-            self.base[rows] = merged[:, :self.dim]
-            if self.accum.shape[0]:
-                self.accum[rows] += (merged[:, self.dim] - self.base_acc[rows, 0])[:, None]
-            self.base_acc[rows, 0] = merged[:, self.dim]
+            rows, merged = rows[live], np.ascontiguousarray(merged[live], dtype=np.float32)
+            merge_answer(self.vectors, self.accum, self.base, self.base_acc, rows, merged)
             self.confirmed[rows] = True
 
     def adopt(self, keys: np.ndarray, values: np.ndarray) -> None:
