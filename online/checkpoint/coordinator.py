@@ -350,7 +350,11 @@ class CheckpointCoordinator(SchedulerExtension):
         self.trainers |= set(trainers)
         t1 = time.monotonic()
         self.store.prepare(ckpt_id)
-        written = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "write"}, servers, 600)
+        # A server killed mid-write is relaunched under its id, so its request never fails: without
+        # giving up on the rollback its death causes, this waited out the 600 s while the cluster trained
+        # against an empty server. The checkpoint then fails (it is incomplete) and the rollback goes on.
+        written = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "write"}, servers, 600,
+                            give_up_on_rollback=True)
         if any(a is None or not a.get("ok") for a in written.values()):
             self.metrics.checkpoints["failed"].inc()
             log_event(log, "checkpoint_failed", logging.ERROR, id=ckpt_id, answers=str(written)[:500])
