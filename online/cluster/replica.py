@@ -396,9 +396,12 @@ class ReplicaStore:
             if self.shard.held_elsewhere():   # a checkpoint is snapshotting the servers
                 return None
             now = time.monotonic()
-            if min_gap and self._unsent is None and self.shard.since_last_sync() < min_gap \
+            if min_gap and self._unsent is None and not self._words and self.shard.since_last_sync() < min_gap \
                     and now - self._own_last_sync < self.OWN_SYNC_EVERY * min_gap:
-                return None   # (its counts and words still go out with one of its own syncs every few gaps)
+                # (its counts still go out with one of its own syncs every few gaps). Not when it holds the
+                # strings of words that became trainable here: the other process's sync carries their rows, but
+                # the front end cannot show a word whose string the servers lack (freshness p99 1.02 -> 0.51 s).
+                return None
             self._own_last_sync = now
             self.shard.sync_began()
             t0 = time.perf_counter()
