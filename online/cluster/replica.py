@@ -396,11 +396,12 @@ class ReplicaStore:
             if self.shard.held_elsewhere():   # a checkpoint is snapshotting the servers
                 return None
             now = time.monotonic()
-            if min_gap and self._unsent is None and not self._words and self.shard.since_last_sync() < min_gap \
+            if min_gap and self._unsent is None and self.shard.since_last_sync() < min_gap \
                     and now - self._own_last_sync < self.OWN_SYNC_EVERY * min_gap:
-                # (its counts still go out with one of its own syncs every few gaps). Not when it holds the
-                # strings of words that became trainable here: the other process's sync carries their rows, but
-                # the front end cannot show a word whose string the servers lack (freshness p99 1.02 -> 0.51 s).
+                # (its counts still go out with one of its own syncs every few gaps). The strings of words that
+                # became trainable here go now: the other process's sync carries their rows, but the front end
+                # cannot show a word whose string the servers lack (freshness p99 1.02 -> 0.51 s).
+                self._flush_words()
                 return None
             self._own_last_sync = now
             self.shard.sync_began()
@@ -477,6 +478,17 @@ class ReplicaStore:
             return None
         uniq, summed, last = summed_counts(counts)
         return self.worker.pushpull(uniq, summed.astype(np.float32), cmd=pc.CMD_WORD_COUNTS), last, uniq
+
+    def _flush_words(self) -> None:
+        """Send the buffered words alone and wait for the servers (a sync skipped for pacing)."""
+        with self._buffer_lock:
+            words, self._words = self._words, {}
+        try:
+            for ts in self._send_words(words):
+                self.worker.wait(ts, self.timeout)
+        except BaseException:
+            self._requeue([], words)
+            raise
 
     def _send_words(self, words: dict[int, str]) -> list[int]:
         if not words:
