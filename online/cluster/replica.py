@@ -386,7 +386,8 @@ class ReplicaStore:
         """One sync (see the module docstring); returns the rows sent (None: skipped, because a checkpoint
         holds another process's syncs on a replica the host shares, or because another process of the host
         began one less than ``min_gap`` seconds ago: the host then syncs about as often as one worker would,
-        not once per process and interval, and each process commits what those syncs carried). Afterwards
+        not once per process and interval, and each process commits what those syncs carried; a skipped sync
+        still sends the strings of the words that became trainable here, which only this process has). Afterwards
         ``shard.covered_batches()`` counts this process's batches the servers have. The words, the counts and every
         chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:

@@ -416,24 +416,18 @@ class StreamingWorker:
 
     async def _sync_loop(self) -> None:
         interval = self.settings.sync_ms / 1000.0
-        wait = interval
         while True:
             try:
-                await asyncio.wait_for(self._sync_soon.wait(), wait)
+                await asyncio.wait_for(self._sync_soon.wait(), interval)
             except asyncio.TimeoutError:
                 pass
             self._sync_soon.clear()
-            wait = interval
             if (self._awaiting or self.replica.has_pending()) and not self.abandon.is_set() \
                     and not self.paused.is_set():
                 try:
                     await self.sync(paced=True)
                 except Exception:
                     log.exception("sync failed")
-                # A replica the host shares: the next try is due when the host's interval is up. Waiting a whole
-                # interval after a sync skipped for another process's left this process's batches unsent for
-                # up to two intervals (the freshness bench's p99 went past 1 s on that).
-                wait = min(interval, max(0.005, interval - self.replica.shard.since_last_sync() + 0.002))
 
     async def run(self) -> None:
         self.trainer.reseed(self.kv.po.node_id)   # the node has registered: its id is its sampling stream
