@@ -339,16 +339,6 @@ class SharedReplicaShard(ReplicaShard):
     def sync_began(self) -> None:
         self._hdr[H_LAST_SYNC] = time.monotonic_ns()
 
-    def live_members(self) -> int:
-        """Processes attached to the host's replica now (member slots are claimed in order, so the scan
-        stops at the first slot without a file)."""
-        seg, n = self.segment, 0
-        for m in range(MAX_MEMBERS):
-            if not os.path.exists(seg._member_file(m)):
-                break
-            n += m == self.member or seg.alive(m)
-        return max(n, 1)
-
     def held_elsewhere(self) -> bool:
         """Whether a live process of the host holds syncs for a checkpoint (a holder that died is cleared:
         the rollback its death brings releases the others)."""

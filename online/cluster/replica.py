@@ -187,10 +187,6 @@ class ReplicaShard(EmbeddingShard):
         """No other process of the host is in a sync (always, with a process's own replica)."""
         return True
 
-    def live_members(self) -> int:
-        """Processes training this replica: one, a process's own."""
-        return 1
-
     def close(self) -> None:
         """Nothing to release for a process's own replica."""
 

@@ -14,8 +14,7 @@ exchanges with the servers (``LIVEVEC_EXCHANGE``):
   that the servers' optimizer applies (kept for comparison and for stock ps-lite servers).
 
 At most ``max_inflight`` batches are being trained at once: a slow server therefore slows
-consumption instead of growing memory (backpressure). By default that is two per CPU of the host, shared among
-the processes training one replica (``_inflight_cap``), so many processes do not pile kernels on a few cores.
+consumption instead of growing memory (backpressure).
 
 Failures: a batch whose pull or push is not acknowledged (a server died) is retried with
 backoff until the servers answer again; its offsets stay uncommitted meanwhile, so if
@@ -56,9 +55,7 @@ log = logging.getLogger("livevec.worker")
 
 
 WORKER = SettingGroup("worker", (
-    Setting("max_inflight", "LIVEVEC_MAX_INFLIGHT", int, 0, minimum=0, maximum=64,
-            help="batches trained at once (0: twice the CPUs this worker may use over the worker processes "
-                 "sharing its replica, 1 to 2)"),
+    Setting("max_inflight", "LIVEVEC_MAX_INFLIGHT", int, 2, minimum=1, maximum=64, help="batches trained at once"),
     Setting("request_timeout", "LIVEVEC_REQUEST_TIMEOUT", float, 30.0, minimum=0.1,
             help="seconds to wait for the servers before retrying a batch"),
     Setting("exchange", "LIVEVEC_EXCHANGE", default="replica", choices=("replica", "pullpush"),
@@ -106,7 +103,7 @@ class WorkerSettings:
     node: NodeSettings
     stream: StreamSettings
     learner: LearnerConfig
-    max_inflight: int = 0
+    max_inflight: int = 2
     batch_words: int = 10_000
     request_timeout: float = 30.0
     exchange: str = "replica"
@@ -143,19 +140,6 @@ def mini_batches(texts: list[str], max_words: int):
         words += n
     if chunk:
         yield chunk
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity, bounded by a cgroup v2 quota (a container's CPU limit,
-    which the affinity does not show)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return cpus
 
 
 class BatchAbandoned(Exception):
@@ -221,7 +205,6 @@ class StreamingWorker:
         self.idle = asyncio.Event()     # set by run() once paused with nothing in flight
         self.abandon = threading.Event()
         self._inflight: collections.deque = collections.deque()
-        self._cap, self._cap_checked = 1, float("-inf")
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
         self.extension = extension or WorkerExtension()
         self.extension.attach(self)
@@ -266,22 +249,6 @@ class StreamingWorker:
                 self.extension.batch_retried(exc)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-
-    INFLIGHT_EVERY = 5.0   # seconds between looks at the CPUs and the processes sharing the replica
-
-    def _inflight_cap(self) -> int:
-        """``LIVEVEC_MAX_INFLIGHT``, or (0) two batches per CPU this process may use, shared among the processes
-        training its replica, 1 to 2 (two per core let a batch's GIL-bound preparation overlap another's
-        kernel). Many more kernels than cores on one replica cost learning: 8 workers of a 2-core host with 2
-        batches each scored 20.9 - 21.0 % on the analogies, with 1 each 23.1 %, as 2 workers with 2 did."""
-        if self.settings.max_inflight:
-            return self.settings.max_inflight
-        now = time.monotonic()
-        if now - self._cap_checked > self.INFLIGHT_EVERY:
-            self._cap_checked = now
-            sharing = self.replica.shard.live_members() if self.replica is not None else 1
-            self._cap = max(1, min(2, 2 * usable_cpus() // max(1, sharing)))
-        return self._cap
 
     def _records_per_batch(self) -> int:
         """Kafka records per batch, so that a batch holds about ``batch_words / 2`` tokens whatever the
@@ -489,7 +456,7 @@ class StreamingWorker:
                     self._inflight.append((batch, task))
                     self.metrics.inflight.set(len(self._inflight))
                 while self._inflight and (self._inflight[0][1].done()
-                                          or len(self._inflight) >= self._inflight_cap()):
+                                          or len(self._inflight) >= self.settings.max_inflight):
                     await self._finish_oldest()
             await self.drain()
         finally:
