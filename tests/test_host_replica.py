@@ -241,7 +241,7 @@ def test_a_trainable_word_without_both_rows_is_not_trained():
     assert kept_in.tolist() == [10, 10] and kept_out.tolist() == [20, 20] and starts.tolist() == [0, 2]
 
 
-def test_a_paced_out_process_still_sends_the_words_that_became_trainable_in_it(
+def test_a_paced_out_process_still_sends_its_new_words_and_counts(
         ps_cluster, segment_path):  # noqa: F811
     """Pacing lets one process's sync stand for the host's, but only a process's own sync sends the strings
     of the words that became trainable in it: without them on the servers, the front end cannot show the
@@ -259,5 +259,9 @@ def test_a_paced_out_process_still_sends_the_words_that_became_trainable_in_it(
         a.shard.mark_changed(row)
     assert b.sync(min_gap=60.0) is None, "another process of the host synced within the interval"
     b.set_words(np.array([777], dtype=np.uint64), ["freshword"])
+    totals = []
+    b.on_totals = lambda slots, keys, counted: totals.append((keys.tolist(), counted.tolist()))
+    b.count_words(np.array([0]), np.array([777], dtype=np.uint64), np.array([3]))
     assert b.sync(min_gap=60.0) is None, "still paced: the deltas wait for the host's next sync"
     assert not b._words, "but the new words went out at once"
+    assert not b._counts and totals == [([777], [3])], "and its counts, answered with the cluster's totals"

@@ -387,7 +387,7 @@ class ReplicaStore:
         holds another process's syncs on a replica the host shares, or because another process of the host
         began one less than ``min_gap`` seconds ago: the host then syncs about as often as one worker would,
         not once per process and interval, and each process commits what those syncs carried; a skipped sync
-        still sends the strings of the words that became trainable here, which only this process has). Afterwards
+        still exchanges what only this process has: its new words, its counts, the journal's news). Afterwards
         ``shard.covered_batches()`` counts this process's batches the servers have. The words, the counts and every
         chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
@@ -399,48 +399,24 @@ class ReplicaStore:
             now = time.monotonic()
             if min_gap and self._unsent is None and self.shard.since_last_sync() < min_gap \
                     and now - self._own_last_sync < self.OWN_SYNC_EVERY * min_gap:
-                # (its counts still go out with one of its own syncs every few gaps). The strings of words that
-                # became trainable here go now: the other process's sync carries their rows, but the front end
-                # cannot show a word whose string the servers lack (freshness p99 1.02 -> 0.51 s).
-                self._flush_words()
+                # The other process's sync carries the rows; what only this process has goes now: the strings
+                # of words that became trainable here (the front end cannot show a word whose string the servers
+                # lack: freshness p99 1.02 -> 0.51 s), its counts and the journal's news (a word's trainability
+                # waited for one of its own syncs, up to 4 intervals, and with 8 processes sharing a replica
+                # each of its occurrences meanwhile went untrained).
+                self._await_vocabulary(self._send_vocabulary(self.shard.claim_group(self.worker.po.node_id)))
                 return None
             self._own_last_sync = now
             self.shard.sync_began()
             t0 = time.perf_counter()
             kv = self.worker
-            group = self.shard.claim_group(kv.po.node_id)
-            with self._buffer_lock:
-                counts, self._counts = self._counts, []
-                words, self._words = self._words, {}
-            try:
-                pending_words = self._send_words(words)
-                pending_counts = self._send_counts(counts)
-                pending_trainable = [kv.request(pc.HEAD_TRAINABLE_SINCE, self.journal.ask(rank, group), sid)
-                                     for rank, sid in enumerate(self._server_ids)]
-            except BaseException:
-                self._requeue(counts, words)
-                raise
+            vocabulary = self._send_vocabulary(self.shard.claim_group(kv.po.node_id))
             if self._unsent is None:
                 self._unsent = self._parts(*self.shard.collect())
                 self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
             sent = [(kv.pushpull(k, d.reshape(-1), cmd=cmd), cmd, k) for cmd, k, d in parts]
-            try:
-                for ts in pending_words:
-                    kv.wait(ts, self.timeout)
-                if pending_counts is not None:
-                    ts, slots, uniq = pending_counts
-                    totals = np.rint(np.asarray(kv.wait(ts, self.timeout).vals, np.float64)).astype(np.int64)
-                    if self.on_totals is not None:
-                        self.on_totals(slots, uniq, totals)
-                news = [self.journal.answer(rank, pc.decode_trainable(kv.wait(ts, self.timeout)[0].body))
-                        for rank, ts in enumerate(pending_trainable)]
-                if self.on_trainable is not None and self.journal.changed:
-                    self.journal.changed = False
-                    self.on_trainable(self.journal.known(), np.concatenate(news))
-            except BaseException:
-                self._requeue(counts, words)
-                raise
+            self._await_vocabulary(vocabulary)
             rows_sent = 0
             for i, (ts, cmd, k) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
@@ -480,15 +456,43 @@ class ReplicaStore:
         uniq, summed, last = summed_counts(counts)
         return self.worker.pushpull(uniq, summed.astype(np.float32), cmd=pc.CMD_WORD_COUNTS), last, uniq
 
-    def _flush_words(self) -> None:
-        """Send the buffered words alone and wait for the servers (a sync skipped for pacing)."""
+    def _send_vocabulary(self, group: int):
+        """Put the buffered words and counts and the journal's questions on the wire (not awaited, so a sync's
+        deltas go out meanwhile); what ``_await_vocabulary`` takes."""
+        kv = self.worker
         with self._buffer_lock:
+            counts, self._counts = self._counts, []
             words, self._words = self._words, {}
         try:
-            for ts in self._send_words(words):
-                self.worker.wait(ts, self.timeout)
+            pending_words = self._send_words(words)
+            pending_counts = self._send_counts(counts)
+            pending_trainable = [kv.request(pc.HEAD_TRAINABLE_SINCE, self.journal.ask(rank, group), sid)
+                                 for rank, sid in enumerate(self._server_ids)]
         except BaseException:
-            self._requeue([], words)
+            self._requeue(counts, words)
+            raise
+        return counts, words, pending_words, pending_counts, pending_trainable
+
+    def _await_vocabulary(self, sent) -> None:
+        """The servers' answers: the cluster's totals of the words counted, and the words the cluster made
+        trainable since this worker last asked (``on_totals`` / ``on_trainable``)."""
+        kv = self.worker
+        counts, words, pending_words, pending_counts, pending_trainable = sent
+        try:
+            for ts in pending_words:
+                kv.wait(ts, self.timeout)
+            if pending_counts is not None:
+                ts, slots, uniq = pending_counts
+                totals = np.rint(np.asarray(kv.wait(ts, self.timeout).vals, np.float64)).astype(np.int64)
+                if self.on_totals is not None:
+                    self.on_totals(slots, uniq, totals)
+            news = [self.journal.answer(rank, pc.decode_trainable(kv.wait(ts, self.timeout)[0].body))
+                    for rank, ts in enumerate(pending_trainable)]
+            if self.on_trainable is not None and self.journal.changed:
+                self.journal.changed = False
+                self.on_trainable(self.journal.known(), np.concatenate(news))
+        except BaseException:
+            self._requeue(counts, words)
             raise
 
     def _send_words(self, words: dict[int, str]) -> list[int]:
