@@ -397,6 +397,8 @@ class ReplicaStore:
             if self.shard.held_elsewhere():   # a checkpoint is snapshotting the servers
                 return None
             now = time.monotonic()
+            kv = self.worker
+            group = self.shard.claim_group(kv.po.node_id)
             if min_gap and self._unsent is None and self.shard.since_last_sync() < min_gap \
                     and now - self._own_last_sync < self.OWN_SYNC_EVERY * min_gap:
                 # The other process's sync carries the rows; what only this process has goes now: the strings
@@ -404,13 +406,12 @@ class ReplicaStore:
                 # lack: freshness p99 1.02 -> 0.51 s), its counts and the journal's news (a word's trainability
                 # waited for one of its own syncs, up to 4 intervals, and with 8 processes sharing a replica
                 # each of its occurrences meanwhile went untrained).
-                self._await_vocabulary(self._send_vocabulary(self.shard.claim_group(self.worker.po.node_id)))
+                self._await_vocabulary(self._send_vocabulary(group))
                 return None
             self._own_last_sync = now
             self.shard.sync_began()
             t0 = time.perf_counter()
-            kv = self.worker
-            vocabulary = self._send_vocabulary(self.shard.claim_group(kv.po.node_id))
+            vocabulary = self._send_vocabulary(group)
             if self._unsent is None:
                 self._unsent = self._parts(*self.shard.collect())
                 self._unsent_finished = self.shard.collected_finished

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from online.cluster.segment_layout import segment_layout
 
 
-
 @dataclass(frozen=True)
 class Resources:
     cpus: float

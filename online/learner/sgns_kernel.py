@@ -415,7 +415,7 @@ def patched_noise_rows(noise_rows, noise_slots, changed_slots, slot_out_row):
     """``noise_rows_of(noise_slots, slot_out_row)`` when only ``changed_slots`` (unique) changed rows since
     ``noise_rows`` was made from the same table: a copy with their entries set again. The table is laid out
     in slot order (``noise._layout``), so a slot's entries are one run, found by binary search; a full
-    mapping gathers every entry (2 ms per batch at the default size, for a few slots). A new array."""
+    mapping reads every entry of the table for a few slots. A new array."""
     changed_slots = np.asarray(changed_slots, dtype=np.int64)
     rows = np.asarray(slot_out_row)[changed_slots]
     if len(rows) and noise_rows.dtype == np.int32 and rows.max() >= np.iinfo(np.int32).max:
