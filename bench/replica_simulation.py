@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from online.cluster.replica import REFRESH_SHARE, ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
+from online.learner.concurrent_merge import CONTRACTION_SCALE  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
 from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
@@ -45,6 +46,9 @@ class SimulatedReplica:
                  refresh_share: float = REFRESH_SHARE.default):
         self.server, self.dim, self.node_id = server, dim, node_id
         self.shared = shard is not None     # one replica for all workers, as threads would share it: no deltas
+        self.contraction = True             # send each row's contraction (the merge's contraction rule)
+        self.stale_refresh = True           # refresh held rows the servers changed (``ReplicaShard.mark_stale``)
+        self.seen_version = 0
         self.shard = shard if shard is not None else ReplicaShard(dim, refresh_share, optimizer="rowadagrad",
                                                                   seed=seed)
         self.on_totals = None
@@ -89,10 +93,16 @@ class SimulatedReplica:
                 self.on_trainable(self.journal.known(), new)
         if self.shared:
             return
+        if self.stale_refresh:   # the rows the servers changed since the last sync, refreshed by this one
+            changes = self.server.changes_since(self.seen_version)
+            self.seen_version = changes.version
+            self.shard.mark_stale(changes.changed)
         keys, deltas, fresh = self.shard.collect()
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
-            vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :-1], deltas[pick, -1], fresh=is_fresh,
-                                                  sender=self.node_id, now=now)
+            dim = self.dim
+            vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
+                                                  sender=self.node_id, now=now,
+                                                  contraction=deltas[pick, dim + 1] if self.contraction else None)
             (self.shard.adopt if is_fresh else self.shard.apply)(keys[pick], np.hstack([vectors, acc[:, None]]))
         self.shard.release_freed()
 
@@ -103,12 +113,18 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=3_000_000)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--sync-tokens", type=int, default=25_000, help="tokens each worker trains between its syncs")
-    ap.add_argument("--merge", choices=("sum", "align"), default="align",
+    ap.add_argument("--contraction-scale", type=float, default=CONTRACTION_SCALE,
+                    help="contraction merge: the measured contraction's weight (0 < scale)")
+    ap.add_argument("--merge", choices=("sum", "align", "contraction"), default="contraction",
                     help="how the shard combines concurrent deltas (align: online.learner.concurrent_merge)")
     ap.add_argument("--floor", type=float, default=2.0, help="the merge's floor (align only)")
     ap.add_argument("--shared-replica", action="store_true",
                     help="diagnostic: every worker trains one shared replica (threads, no deltas); each keeps its "
                          "own vocabulary, noise table and sampling, and the servers still count the words")
+    ap.add_argument("--acc-gain", type=float, default=1.0)
+    ap.add_argument("--serial", action="store_true")
+    ap.add_argument("--no-stale-refresh", action="store_true",
+                    help="held rows the servers changed wait for the refresh turn (before session 12)")
     ap.add_argument("--min-count", type=int, default=5)
     ap.add_argument("--no-journal", action="store_true",
                     help="workers learn trainability only from the totals of the words they report (before session 8)")
@@ -128,9 +144,11 @@ def main() -> int:
     per_batch = max(1, args.batch_tokens // 100)
     batches = [records[i:i + per_batch] for i in range(0, len(records), per_batch)]
     server = EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=args.min_count, word_capacity=200_000)
-    if args.merge == "align":
+    if args.merge in ("align", "contraction"):
         server.merge_window = 0.5          # rounds are 1 "second" apart: a round ends with it at the latest
         server._merge.floor = args.floor
+        server._merge.contraction_scale = args.contraction_scale
+        server._merge.serial = args.serial
         if args.acc == "sum":
             combine = server._merge.combine
 
@@ -149,6 +167,9 @@ def main() -> int:
         store.on_totals = trainer.apply_cluster_counts
         if not args.no_journal:
             store.on_trainable = trainer.learn_cluster_trainable
+        store.contraction = args.merge == "contraction"
+        store.shard.acc_gain = args.acc_gain
+        store.stale_refresh = not args.no_stale_refresh
         workers.append((trainer, store))
     t0 = time.perf_counter()
     per_sync = max(1, args.sync_tokens // args.batch_tokens)
@@ -179,7 +200,7 @@ def main() -> int:
     quality = evaluate(kv)
     out_rows = model.rows_for(word_rows(keys[:10])[10:], create=False)
     print(f"replica_simulation: {args.workers} workers, {len(tokens):,} tokens, {args.sync_tokens:,} tokens per "
-          f"worker per sync, merge {args.merge}" + (f" (floor {args.floor}, accumulators {args.acc})" if args.merge == "align" else "")
+          f"worker per sync, merge {args.merge}" + (f" (floor {args.floor}, accumulators {args.acc})" if args.merge == "align" else f" (scale {args.contraction_scale})" if args.merge == "contraction" else "")
           + f", {'own' if args.seeds else 'shared'} sampling streams, eta {args.eta or 'default'}, refresh share {args.refresh_share}, {rounds} rounds, "
           f"{time.perf_counter() - t0:.0f} s")
     kept = sum(trainer.totals.kept for trainer, _ in workers)

@@ -94,7 +94,7 @@ def test_deltas_from_two_workers_merge_on_the_shard():
 def _sync_by_hand(replica: ReplicaShard, server: EmbeddingShard) -> None:
     keys, deltas, fresh = replica.collect()
     for pick in (~fresh, fresh):
-        vectors, acc = server.add_deltas(keys[pick], deltas[pick, :-1], deltas[pick, -1], fresh=pick is fresh)
+        vectors, acc = server.add_deltas(keys[pick], deltas[pick, :replica.dim], deltas[pick, replica.dim], fresh=pick is fresh)
         (replica.adopt if pick is fresh else replica.apply)(keys[pick], np.hstack([vectors, acc[:, None]]))
 
 
@@ -117,7 +117,7 @@ def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_
     assert not fresh2.any()
     r2.vectors[rows2[0]] += 100.0          # trained while the pushpull is on the wire
     r2.mark_changed(rows2[:1])
-    vectors, acc = server.add_deltas(keys2, deltas2[:, :-1], deltas2[:, -1])
+    vectors, acc = server.add_deltas(keys2, deltas2[:, :4], deltas2[:, 4])
     r2.apply(keys2, np.hstack([vectors, acc[:, None]]))
     _sync_by_hand(r2, server)              # sends the +100 made during its first sync
     _sync_by_hand(r1, server)              # nothing changed in r1: its rows are refreshed with r2's work
@@ -403,10 +403,14 @@ def test_the_compiled_row_passes_equal_the_arithmetic_they_replace(acc_cols):
     base_acc = rng.random((n, 1)).astype(np.float32)
     rows = rng.permutation(n)[:20].astype(np.int64)
     acc_mean = accum[rows].mean(axis=1) if acc_cols else np.zeros(len(rows), np.float32)
-    want = np.concatenate([vectors[rows] - base[rows], (acc_mean - base_acc[rows, 0])[:, None]], axis=1)
-    out = np.empty((len(rows), dim + 1), dtype=np.float32)
-    take_deltas(vectors, accum, base, base_acc, rows, out)
+    contraction = rng.random(n).astype(np.float32)
+    c0 = contraction.copy()
+    want = np.concatenate([vectors[rows] - base[rows], (acc_mean - base_acc[rows, 0])[:, None],
+                           c0[rows, None]], axis=1)
+    out = np.empty((len(rows), dim + 2), dtype=np.float32)
+    take_deltas(vectors, accum, base, base_acc, contraction, rows, out)
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    assert not contraction[rows].any(), "the contraction restarts once sent"
     np.testing.assert_array_equal(base[rows], vectors[rows])            # the base is what was sent
     np.testing.assert_allclose(base_acc[rows, 0], acc_mean, rtol=1e-6)
 

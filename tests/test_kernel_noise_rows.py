@@ -7,8 +7,9 @@ import pytest
 from numba import njit
 
 from online.learner.keys import output_rows
-from online.learner.sgns_kernel import (OPT_ROW_ADAGRAD, OPT_SGD, _draw, _lcg, noise_rows_of, plan_pairs, train_inplace,
-                                        train_inplace_rows)
+from online.learner.gradient_kernel import plan_pairs
+from online.learner.sgns_kernel import (NO_CURVATURE, NO_LOSS, OPT_ROW_ADAGRAD, OPT_SGD, _draw, _lcg, noise_rows_of,
+                                        train_inplace, train_inplace_rows)
 from online.learner.trainer import LearnerConfig, Trainer
 
 
@@ -57,11 +58,16 @@ def test_the_row_kernel_is_the_slot_kernel_on_the_mapped_table(dtype):
         vec, acc = vectors.copy(), np.full((len(vectors), 1), 1e-8, np.float32)
         touched = np.zeros(len(vec), np.uint8)
         args = (noise_slots, slot_out_row) if table is None else (table,)
+        # the row kernel also measures (contraction, sampled loss): that must not change what it trains
+        measures = () if table is None else (np.zeros(len(vec), np.float32), np.zeros(2, np.float64))
         pairs = kernel(vec, vec, acc, acc, tokens, tokens + n_words, starts, *args, 3, 4, 0.1, OPT_ROW_ADAGRAD, 7,
-                       touched)
+                       touched, *measures)
         out.append((pairs, vec, acc, touched))
     (p0, v0, a0, t0), (p1, v1, a1, t1) = out
     assert p0 == p1 > 0
+    curv, loss = measures
+    assert (curv[t1 == 1] > 0).all() and not curv[t1 == 0].any(), "every row trained has a contraction"
+    assert 0 < loss[1] <= p1 // 32 + 1 and 0 < loss[0] / loss[1] < 10 * 4, "a sampled loss per pair"
     np.testing.assert_array_equal(v0, v1)
     np.testing.assert_array_equal(a0, a1)
     np.testing.assert_array_equal(t0, t1)
@@ -87,7 +93,7 @@ def test_the_kernel_draws_the_negatives_plan_pairs_draws():
         in_rows = np.full(len(tokens), 2 * n_words, np.int64)    # a spare row: no overlap with output rows
         train_inplace_rows(vec, vec, np.zeros((0, 1), np.float32), np.zeros((0, 1), np.float32), in_rows,
                            tokens + n_words, starts, noise_rows_of(noise_slots, slot_out_row), 1, 1, 1e-3, OPT_SGD,
-                           seed, touched)
+                           seed, touched, NO_CURVATURE, NO_LOSS)
         drawn = set(np.flatnonzero(touched[n_words:2 * n_words]).tolist())
         assert drawn == set(pair_out.tolist()) | set(negs[negs >= 0].tolist())
         partial += len(drawn) < n_words

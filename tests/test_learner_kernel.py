@@ -9,8 +9,8 @@ from online.learner.key_index import KeyIndex
 from online.learner.param_store import LocalParamStore, ParamStore, server_range_starts
 from numba import njit
 
-from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, _sigmoid32, batch_gradients, plan_pairs,
-                                        train_inplace, walk_gradients)
+from online.learner.gradient_kernel import batch_gradients, plan_pairs, walk_gradients
+from online.learner.sgns_kernel import OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, _sigmoid32, train_inplace
 from online.learner.keys import output_rows, word_keys, word_rows
 
 

@@ -18,9 +18,10 @@ from numba import njit
 
 
 @njit(nogil=True, cache=True)
-def take_deltas(vectors, accum, base, base_acc, rows, out):
-    """out[i] = (row - base, mean accumulator - base_acc) of ``rows[i]``; then base = what was sent, so the
-    next collect sends only what is trained after this one."""
+def take_deltas(vectors, accum, base, base_acc, contraction, rows, out, acc_gain=1.0):
+    """out[i] = (row - base, mean accumulator - base_acc[, contraction]) of ``rows[i]``; then base = what was
+    sent and the contraction restarts, so the next collect sends only what is trained after this one. The
+    contraction column is written when ``out`` has room for it (dim + 2 columns)."""
     dim = vectors.shape[1]
     has_acc = accum.shape[0] > 0
     width = accum.shape[1]
@@ -35,8 +36,11 @@ def take_deltas(vectors, accum, base, base_acc, rows, out):
             for c in range(width):
                 a += accum[r, c]
             a /= np.float32(width)
-        out[i, dim] = a - base_acc[r, 0]
+        out[i, dim] = (a - base_acc[r, 0]) / acc_gain   # the gradients' own squares, without the local gain
         base_acc[r, 0] = a
+        if out.shape[1] > dim + 1:
+            out[i, dim + 1] = contraction[r]
+            contraction[r] = 0.0
 
 
 @njit(nogil=True, cache=True)

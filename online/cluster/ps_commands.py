@@ -30,8 +30,9 @@ SimpleApp heads:
   ``epoch`` is a random number a server draws at start (and on every reload), so a
   caller that asks a restarted server with an old version gets everything.
 * ``HEAD_STATS``: answer = orjson dict of the server's counters.
-* ``HEAD_WORKER_REPORT``: a worker's Kafka lag and words/s (orjson), kept by server 0
-  for ``HEAD_STATS`` so the front end can show the whole pipeline's figures.
+* ``HEAD_WORKER_REPORT``: a worker's Kafka lag, words/s and training signal (orjson;
+  ``online.cluster.training_signal``), kept by server 0 for ``HEAD_STATS`` so the front end
+  can show the whole pipeline's figures.
 * ``HEAD_CHECKPOINT_*``, ``HEAD_ROLLBACK_*``, ``HEAD_FENCE``, ``HEAD_LEDGER``, ``HEAD_RECOVERING``:
   coordinated checkpoints and rollbacks (``online.checkpoint.participants``; orjson bodies described there).
 """
@@ -52,8 +53,9 @@ CMD_DELTA_FRESH = 5
 HEAD_SET_WORDS = 100
 HEAD_CHANGES = 101
 HEAD_STATS = 102
-HEAD_WORKER_REPORT = 103     # worker -> server 0: its lag and rate (orjson), for the front end's stats
+HEAD_WORKER_REPORT = 103     # worker -> server 0: its lag, rate and training signal (orjson), for the front end's stats
 HEAD_TRAINABLE_SINCE = 104   # worker -> server: the keys that became trainable since a position of its journal
+HEAD_CHANGED_ROWS = 105      # worker -> server: the keys of the rows changed since a version (its replica refreshes them)
 HEAD_CHECKPOINT_PAUSE = 110     # to workers: finish in-flight batches, pause, report offsets
 HEAD_CHECKPOINT_SAVE = 111      # to servers: write your shard for checkpoint id
 HEAD_CHECKPOINT_RESUME = 112    # to workers: go on
@@ -105,6 +107,19 @@ def decode_trainable(body: bytes) -> tuple[int, int, np.ndarray]:
         raise PayloadError(f"trainable body of {len(body)} bytes is not a 16-byte header and 8-byte keys")
     generation, position = struct.unpack_from("<QQ", body)
     return generation, position, np.frombuffer(body, dtype=np.uint64, offset=16)
+
+
+def encode_changed_rows(epoch: int, version: int, keys: np.ndarray) -> bytes:
+    """The answer to ``HEAD_CHANGED_ROWS``: the shard's epoch and version, then the keys changed since the version
+    asked (none when the epoch asked is not the shard's: after a restart or a rollback the worker reloads anyway)."""
+    return struct.pack("<QQ", epoch, version) + np.ascontiguousarray(keys, dtype=np.uint64).tobytes()
+
+
+def decode_changed_rows(body: bytes) -> tuple[int, int, np.ndarray]:
+    if len(body) < 16 or (len(body) - 16) % 8:
+        raise PayloadError(f"changed-rows body of {len(body)} bytes is not a 16-byte header and 8-byte keys")
+    epoch, version = struct.unpack_from("<QQ", body)
+    return epoch, version, np.frombuffer(body, dtype=np.uint64, offset=16)
 
 
 def encode_changes(*, epoch: int, version: int, full: bool, keys: np.ndarray, words: list[str],

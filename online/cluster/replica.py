@@ -94,6 +94,8 @@ class ReplicaShard(EmbeddingShard):
     """An ``EmbeddingShard`` that also keeps the servers' last confirmed value of every row."""
 
     REFRESH_MIN = 256     # idle rows a sync refreshes at least: every held row within rows / that syncs
+    tracks_contraction = True   # the trainer's kernel measures each row's contraction for ``collect``
+    acc_gain = 1.0        # the AdaGrad accumulators' local increments count this many times (not sent)
     shared = False        # one replica for several processes (``online.cluster.host_replica``)
     group = 0             # the id servers merge this replica's deltas under (0: the sending node's)
     rows_refused = 0      # keys a full replica had no room for (only a shared one cannot grow)
@@ -103,9 +105,11 @@ class ReplicaShard(EmbeddingShard):
         self.refresh_share = float(refresh_share)   # idle rows refreshed per sync, as a share of the changed ones
         self.base = np.zeros_like(self.vectors)
         self.base_acc = np.zeros((self.capacity, 1), dtype=np.float32)
+        self.contraction = np.zeros(self.capacity, dtype=np.float32)   # since the last collect (the kernel's)
         self.confirmed = np.zeros(self.capacity, dtype=bool)   # the servers' value has been applied
         self.synced_version = 0
         self._refresh_at = 0
+        self._stale = np.zeros(0, dtype=np.uint64)   # keys the servers changed since this replica last read them
         self.pending_free: set[int] = set()
         # Batches finished and batches carried, per member process (one here; a host's in ``host_replica``):
         # a batch may be committed once a sync that collected after it finished was acknowledged.
@@ -125,7 +129,9 @@ class ReplicaShard(EmbeddingShard):
             acc[:self.base_acc.shape[0]] = self.base_acc
             confirmed = np.zeros(cap, dtype=bool)
             confirmed[:self.confirmed.shape[0]] = self.confirmed
-            self.base, self.base_acc, self.confirmed = base, acc, confirmed
+            contraction = np.zeros(cap, dtype=np.float32)
+            contraction[:self.contraction.shape[0]] = self.contraction
+            self.base, self.base_acc, self.confirmed, self.contraction = base, acc, confirmed, contraction
 
     def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
@@ -195,6 +201,19 @@ class ReplicaShard(EmbeddingShard):
             return np.zeros((len(rows), 1), dtype=np.float32)
         return self.accum[rows].mean(axis=1, keepdims=True)
 
+    def add_contraction(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """A batch's contraction of the rows it trained (``sgns_kernel.train_inplace_rows``), added without
+        the lock like the kernel's own writes: a sum lost to a race only weakens one row's merge weight."""
+        self.contraction[rows] += values
+
+    def mark_stale(self, keys: np.ndarray) -> None:
+        """Keys whose rows the servers changed (other replicas' deltas): the next collect refreshes the ones held
+        here, so that a row trained here next starts from the cluster's value, not from one several syncs old
+        (a delta from a stale row moves it towards its data from the wrong point; measured, the largest loss
+        with many replicas after the merge rule, ``bench/README.md``)."""
+        with self._lock:
+            self._stale = np.union1d(self._stale, np.asarray(keys, dtype=np.uint64))
+
     def free(self, keys: np.ndarray) -> int:
         """Deferred: the rows leave after the next sync has sent their last delta."""
         with self._lock:
@@ -220,14 +239,19 @@ class ReplicaShard(EmbeddingShard):
             wanted = np.zeros(self._next_row, dtype=bool)                   # the union, without a sort
             wanted[changed] = True
             wanted[turn] = True
+            if len(self._stale):
+                stale = self._index.lookup(self._stale)
+                wanted[stale[(stale >= 0) & (stale < self._next_row)]] = True
+                self._stale = np.zeros(0, dtype=np.uint64)
             rows = np.flatnonzero(wanted)
             rows = rows[self._index.lookup(self.row_keys[rows]) == rows]   # live rows only
             self.synced_version = now
             keys = self.row_keys[rows]
             order = np.argsort(keys)
             rows, keys = rows[order], keys[order]
-            out = np.empty((len(rows), self.dim + 1), dtype=np.float32)
-            take_deltas(self.vectors, self.accum, self.base, self.base_acc, rows, out)
+            out = np.empty((len(rows), self.dim + 2), dtype=np.float32)
+            take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction, rows, out,
+                        np.float32(self.acc_gain))
             return keys, out, ~self.confirmed[rows]
 
     def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:
@@ -342,8 +366,11 @@ class ReplicaStore:
         self._unsent: list | None = None   # the parts of a collected payload not yet acknowledged
         self._unsent_finished = self.shard.collected_finished   # the batches that payload carries
         self._own_last_sync = 0.0
+        self._seen = [(0, 0)] * len(worker.po.server_ids())   # per server: (epoch, version) of its changed rows read
         self.m_syncs = registry.counter("livevec_worker_syncs_total", "delta syncs with the servers")
         self.m_rows = registry.counter("livevec_worker_rows_synced_total", "rows whose delta was sent")
+        self.m_stale = registry.counter("livevec_worker_rows_stale_total", "keys the servers changed since this "
+                                        "worker last asked (held ones are refreshed by the next sync)")
         self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
         registry.gauge("livevec_worker_replica_rows", "rows held by the replica", fn=lambda: float(len(self.shard)))
         registry.gauge("livevec_worker_replica_rows_refused", "rows a full shared replica had no room for "
@@ -469,16 +496,18 @@ class ReplicaStore:
             pending_counts = self._send_counts(counts)
             pending_trainable = [kv.request(pc.HEAD_TRAINABLE_SINCE, self.journal.ask(rank, group), sid)
                                  for rank, sid in enumerate(self._server_ids)]
+            pending_changed = [kv.request(pc.HEAD_CHANGED_ROWS, orjson.dumps({"epoch": epoch, "since": since}), sid)
+                               for (epoch, since), sid in zip(self._seen, self._server_ids)]
         except BaseException:
             self._requeue(counts, words)
             raise
-        return counts, words, pending_words, pending_counts, pending_trainable
+        return counts, words, pending_words, pending_counts, pending_trainable, pending_changed
 
     def _await_vocabulary(self, sent) -> None:
         """The servers' answers: the cluster's totals of the words counted, and the words the cluster made
         trainable since this worker last asked (``on_totals`` / ``on_trainable``)."""
         kv = self.worker
-        counts, words, pending_words, pending_counts, pending_trainable = sent
+        counts, words, pending_words, pending_counts, pending_trainable, pending_changed = sent
         try:
             for ts in pending_words:
                 kv.wait(ts, self.timeout)
@@ -492,6 +521,12 @@ class ReplicaStore:
             if self.on_trainable is not None and self.journal.changed:
                 self.journal.changed = False
                 self.on_trainable(self.journal.known(), np.concatenate(news))
+            for rank, ts in enumerate(pending_changed):
+                epoch, version, keys = pc.decode_changed_rows(kv.wait(ts, self.timeout)[0].body)
+                self._seen[rank] = (epoch, version)
+                if len(keys):
+                    self.shard.mark_stale(keys)
+                    self.m_stale.inc(len(keys))
         except BaseException:
             self._requeue(counts, words)
             raise

@@ -120,7 +120,7 @@ class ShardService:
         self.m_requests = {name: r.counter("livevec_server_requests_total", "KV and control requests served",
                                            kind=name)
                            for name in ("pull", "push", "deltas", "counts", "word_counts", "free", "words", "trainable",
-                                        "changes", "stats")}
+                                        "changes", "changed_rows", "stats")}
         self.m_fenced = r.counter("livevec_server_fenced_total",
                                   "changes dropped unanswered: the sender is not a member of the training")
         self.m_rejected = r.counter("livevec_server_rejected_total", "requests rejected as malformed")
@@ -161,13 +161,16 @@ class ShardService:
                     server.response(req, KVPairs(keys, vals.reshape(-1)))
                     return
             elif req.cmd in (pc.CMD_DELTA, pc.CMD_DELTA_FRESH) and req.push and req.pull:
-                width = dim + 1
+                # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
+                width = dim + 2 if n and len(data.vals) == n * (dim + 2) else dim + 1
                 if len(data.vals) != n * width:
-                    raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} + 1")
+                    raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} "
+                                     f"(expected {dim} + 1 or {dim} + 2 per key)")
                 vals = data.vals.reshape(n, width)
                 vectors, accum = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
                                                        fresh=req.cmd == pc.CMD_DELTA_FRESH,
-                                                       sender=self.merge_groups.get(req.sender, req.sender))
+                                                       sender=self.merge_groups.get(req.sender, req.sender),
+                                                       contraction=vals[:, dim + 1] if width == dim + 2 else None)
                 self.c.pushes += 1
                 self.c.keys_pushed += n
                 self.m_requests["deltas"].inc()
@@ -227,6 +230,16 @@ class ShardService:
                 since = int(ask.get("since", 0)) if ask.get("epoch") == self.epoch else 0
                 self.m_requests["changes"].inc()
                 app.response(req, self.changes_body(since))
+            elif req.head == pc.HEAD_CHANGED_ROWS:
+                ask = orjson.loads(req.body) if req.body else {}
+                if not isinstance(ask, dict):
+                    raise ValueError("changed-rows request must be a JSON object")
+                if ask.get("epoch") == self.epoch:
+                    version, keys = self.shard.changed_keys_since(int(ask.get("since", 0)))
+                else:   # a new shard for this worker (restart, rollback): from now on
+                    version, keys = self.shard.version, np.zeros(0, dtype=np.uint64)
+                self.m_requests["changed_rows"].inc()
+                app.response(req, pc.encode_changed_rows(self.epoch, version, keys))
             elif req.head == pc.HEAD_TRAINABLE_SINCE:
                 ask = orjson.loads(req.body) if req.body else {}
                 if not isinstance(ask, dict):

@@ -90,29 +90,98 @@ def _merge(rows, deltas, acc, bit, now, window, floor, S, A, Q, n, g, mask, t0, 
         g[r] = g_new
 
 
+@njit(nogil=True, cache=True)
+def _merge_by_contraction(rows, deltas, acc, contraction, scale, serial, bit, now, window, S, A, Q, n, g, mask, t0,
+                          P, C, out, out_acc):
+    """The contraction rule (see the module docstring): g = (1 - e^-C) / sum_i (1 - e^-c_i) of the round."""
+    dim = deltas.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        q = np.float32(0.0)
+        for d in range(dim):
+            q += deltas[i, d] * deltas[i, d]
+        if q == 0.0 and acc[i] == 0.0:          # a refresh: nothing to combine
+            for d in range(dim):
+                out[i, d] = 0.0
+            out_acc[i] = 0.0
+            continue
+        if now - t0[r] > window or (mask[r] & bit) != 0:     # a new round
+            for d in range(dim):
+                S[r, d] = 0.0
+            A[r] = 0.0
+            Q[r] = 0.0
+            P[r] = 0.0
+            C[r] = 0.0
+            n[r] = 0
+            g[r] = 1.0
+            mask[r] = 0
+            t0[r] = now
+        c = max(np.float64(contraction[i]) * scale, 0.0)
+        if serial:
+            # this delta as if trained after the round's earlier ones: their moves contract by its own factor
+            a = np.float32(-np.expm1(-c))
+            n[r] += 1
+            mask[r] |= bit
+            for d in range(dim):
+                o = deltas[i, d] - a * S[r, d]
+                out[i, d] = o
+                S[r, d] += o
+            out_acc[i] = acc[i]
+            continue
+        n[r] += 1
+        Q[r] += q
+        mask[r] |= bit
+        P[r] += -np.expm1(-c)                  # how far this replica went towards its optimum
+        C[r] += c
+        covered = -np.expm1(-C[r])             # how far one process would have gone on all of it
+        g_new = np.float32(covered / P[r]) if P[r] > 1e-12 else np.float32(1.0)
+        g_old = g[r]
+        for d in range(dim):
+            s_old = S[r, d]
+            s_new = s_old + deltas[i, d]
+            out[i, d] = g_new * s_new - g_old * s_old
+            S[r, d] = s_new
+        a_old = A[r]
+        A[r] = a_old + acc[i]
+        out_acc[i] = g_new * A[r] - g_old * a_old
+        g[r] = g_new
+
+
+# The measured contraction sums rate * s' * |x|^2 over a row's steps, as if every step pulled along one direction;
+# the steps of a row point different ways (its contexts, its negatives), so the contraction along the delta is a
+# fraction of that. Chosen by simulation (8 replicas, 3M tokens: 0.1 -> WS353 0.227, 0.3 -> 0.365, 1 -> 0.305,
+# 3 -> 0.248; bench/README.md, session 12).
+CONTRACTION_SCALE = 0.3
+
+
 class ConcurrentMerge:
     """Per-row round state of a shard's delta merge (see the module docstring)."""
 
-    def __init__(self, dim: int, window: float, floor: float = 2.0):
+    def __init__(self, dim: int, window: float, floor: float = 2.0, contraction_scale: float = CONTRACTION_SCALE,
+                 serial: bool = False):
         if window <= 0:
             raise ValueError("the merge window must be > 0 seconds")
         self.dim = int(dim)
         self.window = float(window)
         self.floor = float(floor)
+        self.contraction_scale = float(contraction_scale)
+        self.serial = bool(serial)
         self._alloc(0)
 
     def _alloc(self, cap: int) -> None:
         old = getattr(self, "S", None)
         S = np.zeros((cap, self.dim), np.float32)
         A, Q, g = (np.zeros(cap, np.float32) for _ in range(3))
+        P, C = np.zeros(cap, np.float64), np.zeros(cap, np.float64)
         n = np.zeros(cap, np.int32)
         mask = np.zeros(cap, np.int64)
         t0 = np.full(cap, -np.inf)
         if old is not None:
             k = old.shape[0]
-            S[:k], A[:k], Q[:k], g[:k], n[:k], mask[:k], t0[:k] = \
-                self.S, self.A, self.Q, self.g, self.n, self.mask, self.t0
+            S[:k], A[:k], Q[:k], g[:k], n[:k], mask[:k], t0[:k], P[:k], C[:k] = \
+                self.S, self.A, self.Q, self.g, self.n, self.mask, self.t0, self.P, self.C
         self.S, self.A, self.Q, self.g, self.n, self.mask, self.t0 = S, A, Q, g, n, mask, t0
+        self.P, self.C = P, C
 
     def forget(self, rows: np.ndarray) -> None:
         """Rows freed or reused: their next delta starts a round."""
@@ -120,7 +189,7 @@ class ConcurrentMerge:
             self.t0[rows[rows < self.t0.shape[0]]] = -np.inf
 
     def combine(self, rows: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray, sender: int,
-                now: float) -> tuple[np.ndarray, np.ndarray]:
+                now: float, contraction: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """What to add to ``rows`` (float32 [n, dim]) and to their accumulators ([n]) for the deltas
         of ``sender`` (a ps-lite node id) arriving at ``now`` (seconds, monotonic)."""
         need = int(rows.max()) + 1 if len(rows) else 0
@@ -129,6 +198,13 @@ class ConcurrentMerge:
         out = np.empty((len(rows), self.dim), np.float32)
         out_acc = np.empty(len(rows), np.float32)
         bit = np.array([1 << ((int(sender) >> 1) % 64)], dtype=np.uint64).view(np.int64)[0]
+        if contraction is not None:
+            _merge_by_contraction(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(deltas, np.float32),
+                                  np.ascontiguousarray(accum_deltas, np.float32).reshape(-1),
+                                  np.ascontiguousarray(contraction, np.float32).reshape(-1), self.contraction_scale,
+                                  self.serial, bit, float(now), self.window, self.S, self.A, self.Q, self.n, self.g, self.mask,
+                                  self.t0, self.P, self.C, out, out_acc)
+            return out, out_acc
         _merge(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(deltas, np.float32),
                np.ascontiguousarray(accum_deltas, np.float32).reshape(-1), bit, float(now), self.window, self.floor,
                self.S, self.A, self.Q, self.n, self.g, self.mask, self.t0, out, out_acc)

@@ -318,7 +318,8 @@ class EmbeddingShard:
             return self._stamp(rows)
 
     def add_deltas(self, keys: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray,
-                   fresh: bool = False, sender: int = 0, now: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   fresh: bool = False, sender: int = 0, now: float | None = None,
+                   contraction: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Add workers' row changes (float32 [n, dim]) and AdaGrad accumulator increments ([n]);
         returns the merged (vectors [n, dim], accumulators [n]).
 
@@ -342,9 +343,11 @@ class EmbeddingShard:
             if fresh:
                 keep = self.row_version[rows] == self.row_born[rows]
                 rows, deltas, accum_deltas = rows[keep], deltas[keep], accum_deltas[keep]
+                if contraction is not None:
+                    contraction = np.asarray(contraction)[keep]
             if self._merge is not None:
                 now = time.monotonic() if now is None else now   # (a simulation passes its own clock)
-                deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now)
+                deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now, contraction)
                 accum_deltas = acc_inc[:, None]
             self.vectors[rows] += deltas
             if self.accum.shape[0]:
@@ -503,6 +506,13 @@ class EmbeddingShard:
         return shard
 
     # --------------------------------------------------------------- versions
+    def changed_keys_since(self, version: int) -> tuple[int, np.ndarray]:
+        """(the version now, the keys of the live rows changed after ``version``): what a worker's replica
+        refreshes (``online.cluster.replica``); one pass over the stamps, no removal log."""
+        with self._lock:
+            rows = np.flatnonzero(self.row_version[:self._next_row] > version)
+            return self.version, self.row_keys[rows]
+
     def changes_since(self, version: int) -> ShardChanges:
         """Keys changed and removed after ``version`` (0 = everything)."""
         with self._lock:

@@ -49,20 +49,7 @@ Two kernels:
     target rows while it trains the current pair (1.5 - 1.6x the pairs/s, see
     ``bench/kernel_speed.py``); s(f) comes from word2vec.c's table (interpolated), in float32.
 
-``walk_gradients``
-    The parameter-server path. The caller pulled the batch's rows once into compact
-    matrices (``plan_pairs`` draws the windows and negatives first, so the rows are
-    known before the pull). The kernel walks the pairs in order on a private copy of
-    those rows, moving it by plain SGD at a small local rate after every pair, and
-    sums the gradient met at each step; that sum is pushed once and the server's
-    optimizer (``embedding_shard``) applies it. Against one frozen snapshot the sum
-    would be a single mini-batch step, which is what ``batch_gradients`` computes: a
-    word seen for the first time then gets one step along the plain sum of its
-    contexts' output vectors, dominated by the function words around it, and lands
-    next to them rather than next to the word whose contexts it shares (the freshness
-    benchmark found the planted neighbour in about half its trials). Walking lets
-    the terms saturate as word2vec.c's per-pair updates do, so the new word's step
-    points at what is distinctive about its contexts.
+The parameter-server path (``plan_pairs``, ``walk_gradients``) is ``online.learner.gradient_kernel``.
 """
 from __future__ import annotations
 
@@ -181,6 +168,8 @@ _SIG_TABLE = (1.0 / (1.0 + np.exp(-(np.arange(EXP_TABLE_SIZE + 1) / EXP_TABLE_SI
 _MAX_EXP32 = np.float32(MAX_EXP)
 _ONE32 = np.float32(1.0)
 _ZERO32 = np.float32(0.0)
+NO_CURVATURE = np.zeros(0, dtype=np.float32)   # ``train_inplace_rows``' curv: not measured
+NO_LOSS = np.zeros(0, dtype=np.float64)        # ``train_inplace_rows``' loss: not sampled
 
 
 @njit(inline="always")
@@ -295,9 +284,40 @@ def _update_target(syn0, syn1, acc1, l1, target, f, label, uu, eta32, inv_dim, o
             syn1[target, d] = v + step * syn0[l1, d]
 
 
+@njit(inline="always")
+def _rate(acc, row, eta32, optimizer):
+    """The step rate a row gets now: eta / sqrt(h) for the AdaGrads (h: the row's accumulator; per
+    coordinate, its first coordinate's stands for the row), eta for SGD."""
+    if optimizer == OPT_SGD:
+        return eta32
+    h = acc[row, 0]
+    return eta32 / np.sqrt(h) if h > 0 else eta32
+
+
+@njit(inline="always")
+def _contraction_uu(acc1, target, f, uu, label, eta32, inv_dim, optimizer):
+    """An output row's contraction for one term: rate * s'(f) * |u|^2, at the rate the step will use
+    (its accumulator after this term's gradient, as ``_update_target`` computes it)."""
+    s = _sigmoid32(f)
+    g = label - s
+    if optimizer == OPT_SGD:
+        rate = eta32
+    else:
+        h = acc1[target, 0] + g * g * uu * inv_dim
+        rate = eta32 / np.sqrt(h) if h > 0 else eta32
+    return rate * s * (_ONE32 - s) * uu
+
+
+@njit(inline="always")
+def _contraction(acc1, target, f, vv, eta32, optimizer):
+    """The input row's curvature term for one target, s'(f) |v_t|^2 (its rate is applied once per pair)."""
+    s = _sigmoid32(f)
+    return s * (_ONE32 - s) * vv
+
+
 @njit(nogil=True, fastmath=True, cache=True)
 def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
-                       window, negative, eta, optimizer, seed, touched):
+                       window, negative, eta, optimizer, seed, touched, curv, loss, acc_gain=1.0):
     """Train every (context, centre) pair of the batch in place; return the pair count.
 
     syn0/syn1: float32 [rows, dim] input/output matrices (acc0/acc1: AdaGrad
@@ -319,6 +339,21 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
     negatives), and while a pair is trained the rows (and accumulators) of the next
     pair's targets are prefetched; they arrive while the current pair computes.
     All of the arithmetic is float32 (s(f) from ``_sigmoid32``'s interpolated table).
+
+    Two measurements for the cluster, both optional:
+
+    * ``curv`` (float32 [rows], private to the thread like ``touched``; length 0: off) adds up each
+      row's *contraction*: the curvature of the loss along the direction a step moves the row, times
+      the step's rate. For an output row v_t moved along g u that is rate * s'(f) |u|^2 (s' = s (1 - s));
+      for the input row, moved once along neu1e, rate * sum_t s'(f_t) |v_t|^2 over its 1 + N targets.
+      Summed over an interval it says how far the row went towards the optimum its data pull it to:
+      after steps of total contraction c, a row on a quadratic has covered 1 - e^-c of the way. The
+      replicas' delta merge (``online.learner.delta_merge``) needs exactly that to tell a row that
+      saturated (hundreds of steps; several replicas' deltas must be averaged) from one that took a few
+      independent steps (they must be added). Costs one multiply-add per coordinate of each target
+      (|v_t|^2 rides in the dot product's pass) and a store per target.
+    * ``loss`` (float64 [2]): adds the SGNS loss of every 32nd pair (all its 1 + N terms) to loss[0]
+      and the pairs sampled to loss[1]: a live training signal (a diverging model shows it first).
     """
     dim = syn0.shape[1]
     neu1e = np.zeros(dim, dtype=np.float32)
@@ -328,7 +363,10 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
     row_acc = optimizer == OPT_ROW_ADAGRAD
     pairs = 0
     eta32 = np.float32(eta)
-    inv_dim = np.float32(1.0 / dim)
+    inv_dim = np.float32(acc_gain / dim)   # the AdaGrad accumulators' increment per |g|^2 (see acc_gain)
+    track = curv.shape[0] > 0
+    sample_loss = loss.shape[0] >= 2
+    curv_in = _ZERO32
     s = _next_sentence(starts, 0)
     if s >= n_sent:
         return 0
@@ -360,12 +398,27 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
             elif more and ahead - n_pairs < nj1 - nj0 - 1:
                 _prefetch_negatives(syn1, acc1, negs, 1 - cur, ahead - n_pairs, negative, row_acc)
             l1 = in_rows[j]
+            sample = sample_loss and (pairs & 31) == 0
             f = _ZERO32                       # the positive's u . v, and |u|^2 for row-wise AdaGrad, in one pass
             uu = _ZERO32
-            for d in range(dim):
-                u = syn0[l1, d]
-                f += u * syn1[word_out, d]
-                uu += u * u
+            vv = _ZERO32                      # |v_t|^2, only when the contraction is measured
+            if track:
+                for d in range(dim):
+                    u = syn0[l1, d]
+                    v = syn1[word_out, d]
+                    f += u * v
+                    uu += u * u
+                    vv += v * v
+            else:
+                for d in range(dim):
+                    u = syn0[l1, d]
+                    f += u * syn1[word_out, d]
+                    uu += u * u
+            if sample:
+                loss[0] += _pair_loss(f, 1.0)
+            if track:
+                curv_in = _contraction(acc1, word_out, f, vv, eta32, optimizer)
+                curv[word_out] += _contraction_uu(acc1, word_out, f, uu, _ONE32, eta32, inv_dim, optimizer)
             _update_target(syn0, syn1, acc1, l1, word_out, f, _ONE32, uu, eta32, inv_dim, optimizer, neu1e, True)
             touched[word_out] = 1
             for k in range(negative):
@@ -373,13 +426,28 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
                 if target < 0:
                     continue
                 f = _ZERO32
-                for d in range(dim):
-                    f += syn0[l1, d] * syn1[target, d]
+                if track:
+                    vv = _ZERO32
+                    for d in range(dim):
+                        v = syn1[target, d]
+                        f += syn0[l1, d] * v
+                        vv += v * v
+                    curv_in += _contraction(acc1, target, f, vv, eta32, optimizer)
+                    curv[target] += _contraction_uu(acc1, target, f, uu, _ZERO32, eta32, inv_dim, optimizer)
+                else:
+                    for d in range(dim):
+                        f += syn0[l1, d] * syn1[target, d]
+                if sample:
+                    loss[0] += _pair_loss(f, 0.0)
                 _update_target(syn0, syn1, acc1, l1, target, f, _ZERO32, uu, eta32, inv_dim, optimizer, neu1e,
                                False)
                 touched[target] = 1
             touched[l1] = 1
             _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer)
+            if track:   # the input row's rate, after its accumulator took this pair's gradient
+                curv[l1] += curv_in * _rate(acc0, l1, eta32, optimizer)
+            if sample:
+                loss[1] += 1.0
             pairs += 1
             q += 1
         if not more:
@@ -431,140 +499,12 @@ def patched_noise_rows(noise_rows, noise_slots, changed_slots, slot_out_row):
 
 
 def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots, slot_out_row,
-                  window, negative, eta, optimizer, seed, touched):
+                  window, negative, eta, optimizer, seed, touched, curv=None, loss=None):
     """``train_inplace_rows`` for a noise table of vocabulary slots (int32) and their output rows
     ``slot_out_row`` (-1 = no row): maps the table once, then trains. Same draws and result as
     ``train_inplace_rows`` on ``noise_rows_of(noise_slots, slot_out_row)``; a caller that trains many
     batches against one table should map it once and call that kernel (``Trainer`` does)."""
     return train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts,
                               noise_rows_of(noise_slots, slot_out_row), window, negative, eta, optimizer,
-                              seed, touched)
-
-
-@njit(nogil=True, cache=True)
-def plan_pairs(tokens, starts, noise_slots, window, negative, seed):
-    """Draw the windows and negatives of a batch: (inputs, targets, negatives).
-
-    tokens: int64 ids (any id space, e.g. vocabulary slots) of the kept tokens;
-    returns pair_in[P] (context token id), pair_out[P] (centre token id) and
-    negs[P, negative] (noise ids, -1 where the draw equalled the centre word).
-    Same window rule, generator and draw (``_draw``) as ``train_inplace_rows``: on the
-    same batch and seed, its negatives are the kernel's, as slots instead of rows.
-    """
-    state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
-    n_noise = noise_slots.shape[0]
-    cap = 0
-    for s in range(starts.shape[0] - 1):
-        n = starts[s + 1] - starts[s]
-        cap += n * min(2 * window, max(n - 1, 0))
-    pair_in = np.empty(cap, dtype=np.int64)
-    pair_out = np.empty(cap, dtype=np.int64)
-    negs = np.full((cap, negative), -1, dtype=np.int64)
-    p = 0
-    for s in range(starts.shape[0] - 1):
-        lo = starts[s]
-        hi = starts[s + 1]
-        for i in range(lo, hi):
-            state = _lcg(state)
-            b = np.int64(state % np.uint64(window))
-            reach = window - b
-            for j in range(max(lo, i - reach), min(hi, i + reach + 1)):
-                if j == i:
-                    continue
-                pair_in[p] = tokens[j]
-                pair_out[p] = tokens[i]
-                for k in range(negative):
-                    if n_noise == 0:
-                        break
-                    state = _lcg(state)
-                    t = np.int64(noise_slots[_draw(state, n_noise)])
-                    if t != tokens[i]:
-                        negs[p, k] = t
-                p += 1
-    return pair_in[:p], pair_out[:p], negs[:p]
-
-
-@njit(nogil=True, fastmath=True, cache=True)
-def batch_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, grad_in, grad_out):
-    """Loss of the pairs and its gradients against one snapshot of the rows.
-
-    in_vecs/out_vecs: float32 [n_in, dim] / [n_out, dim] pulled rows; pair_in,
-    pair_out, negs: local row indices (negs -1 = skip). Adds dL/d(row) into
-    grad_in/grad_out (same shapes, zeroed by the caller) and returns the summed loss
-    L = sum over pairs of -log s(u.v_pos) - sum_neg log s(-u.v_neg), computed with the
-    exact sigmoid (no clipping) so that the finite-difference check holds everywhere.
-    """
-    dim = in_vecs.shape[1]
-    loss = 0.0
-    for p in range(pair_in.shape[0]):
-        l1 = pair_in[p]
-        for k in range(negs.shape[1] + 1):
-            if k == 0:
-                t = pair_out[p]
-                label = 1.0
-            else:
-                t = negs[p, k - 1]
-                if t < 0:
-                    continue
-                label = 0.0
-            f = 0.0
-            for d in range(dim):
-                f += in_vecs[l1, d] * out_vecs[t, d]
-            loss += _pair_loss(f, label)
-            s = 1.0 / (1.0 + np.exp(-f))
-            dldf = np.float32(s - label)
-            for d in range(dim):
-                grad_in[l1, d] += dldf * out_vecs[t, d]
-                grad_out[t, d] += dldf * in_vecs[l1, d]
-    return loss
-
-
-@njit(nogil=True, fastmath=True, cache=True)
-def walk_gradients(in_vecs, out_vecs, pair_in, pair_out, negs, rate, grad_in, grad_out):
-    """The gradients met while walking the pairs in order with local SGD steps; returns the loss.
-
-    Same arguments as ``batch_gradients`` plus ``rate``. in_vecs/out_vecs are not
-    written: the walk moves private copies u, v. For pair p (input row i, targets t with
-    labels y) and g_t = y - s(u_i . v_t) (word2vec.c's sign, clipped as in
-    ``train_inplace_rows``):
-
-        grad_out[t] += -g_t u_i,   v_t += rate g_t u_i          (for each target, old u_i)
-        grad_in[i]  += -sum_t g_t v_t,   u_i += rate sum_t g_t v_t   (once, after the targets)
-
-    so grad = (snapshot - walked copy) / rate: the gradient each row met along the walk.
-    With rate 0 this is ``batch_gradients`` (up to the clipping). The loss is summed
-    along the walk, before each step.
-    """
-    dim = in_vecs.shape[1]
-    u = in_vecs.copy()
-    v = out_vecs.copy()
-    neu1e = np.zeros(dim, dtype=np.float32)
-    rate32 = np.float32(rate)
-    loss = 0.0
-    for p in range(pair_in.shape[0]):
-        l1 = pair_in[p]
-        for d in range(dim):
-            neu1e[d] = 0.0
-        for k in range(negs.shape[1] + 1):
-            if k == 0:
-                t = pair_out[p]
-                label = 1.0
-            else:
-                t = negs[p, k - 1]
-                if t < 0:
-                    continue
-                label = 0.0
-            f = np.float32(0.0)
-            for d in range(dim):
-                f += u[l1, d] * v[t, d]
-            loss += _pair_loss(f, label)
-            g = np.float32(label - _sigmoid(f))
-            step = rate32 * g
-            for d in range(dim):
-                neu1e[d] += g * v[t, d]
-                grad_out[t, d] -= g * u[l1, d]
-                v[t, d] += step * u[l1, d]
-        for d in range(dim):
-            grad_in[l1, d] -= neu1e[d]
-            u[l1, d] += rate32 * neu1e[d]
-    return loss
+                              seed, touched, NO_CURVATURE if curv is None else curv,
+                              NO_LOSS if loss is None else loss)

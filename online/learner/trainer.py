@@ -39,8 +39,9 @@ import numpy as np
 from online.learner.keys import output_rows, word_rows
 from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.learner.param_store import LocalParamStore, ParamStore
-from online.learner.sgns_kernel import (OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, batch_gradients, noise_rows_of,
-                                        patched_noise_rows, plan_pairs, train_inplace_rows, walk_gradients)
+from online.learner.gradient_kernel import batch_gradients, plan_pairs, walk_gradients
+from online.learner.sgns_kernel import (NO_CURVATURE, OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, noise_rows_of,
+                                        patched_noise_rows, train_inplace_rows)
 from online.learner.spans import spans_of_sentences
 from online.learner.subsampling import keep_tokens
 from online.learner.tokenizer import Tokenizer
@@ -92,6 +93,8 @@ class BatchStats:
     loss: float | None = None  # summed SGNS loss (pull/push path only)
     evicted: int = 0         # trainable words evicted from the vocabulary
     seconds: float = 0.0
+    loss_sampled: float = 0.0  # in place: the SGNS loss summed over a sample of the pairs (every 32nd) ...
+    loss_pairs: int = 0        # ... and how many pairs that sample holds: their ratio is the live training signal
 
     def add(self, other: "BatchStats") -> None:
         """Accumulate another batch's counts (the loss is per batch and is not summed)."""
@@ -101,6 +104,8 @@ class BatchStats:
         self.pairs += other.pairs
         self.evicted += other.evicted
         self.seconds += other.seconds
+        self.loss_sampled += other.loss_sampled
+        self.loss_pairs += other.loss_pairs
 
 
 @dataclass
@@ -202,6 +207,16 @@ class Trainer:
         if mask is None or len(mask) < capacity:
             mask = self._local.touched = np.zeros(capacity, dtype=np.uint8)
         return mask
+
+    def _curvature(self, shard) -> np.ndarray:
+        """This thread's float32 contraction buffer when the shard keeps the rows' contraction (a worker's
+        replica, for the delta merge; ``sgns_kernel.train_inplace_rows``), else an empty one (not measured)."""
+        if not getattr(shard, "tracks_contraction", False):
+            return NO_CURVATURE
+        buf = getattr(self._local, "curv", None)
+        if buf is None or len(buf) < shard.capacity:
+            buf = self._local.curv = np.zeros(shard.capacity, dtype=np.float32)
+        return buf
 
     # -------------------------------------------------------------- stages
     def prepare(self, sentences: list[list[str]], update_vocab: bool = True) -> _Prepared:
@@ -329,11 +344,18 @@ class Trainer:
                 shard = self.shard
                 with shard.training():
                     touched = self._touched_mask(shard.capacity)
+                    curv = self._curvature(shard)
+                    loss = np.zeros(2, dtype=np.float64)
                     stats.pairs = train_inplace_rows(shard.vectors, shard.vectors, shard.accum, shard.accum,
                                                      p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
-                                                     cfg.negative, p.eta, self._opt, p.seed, touched)
+                                                     cfg.negative, p.eta, self._opt, p.seed, touched, curv, loss,
+                                                     getattr(shard, "acc_gain", 1.0))
+                    stats.loss_sampled, stats.loss_pairs = float(loss[0]), int(loss[1])
                     rows = np.flatnonzero(touched[:shard.rows_in_use])   # no kernel writes above it
                     touched[rows] = 0
+                    if len(curv):
+                        shard.add_contraction(rows, curv[rows])
+                        curv[rows] = 0.0
                     shard.mark_changed(rows)
         elif p.keys is not None and len(p.pair_in):
             values = self.store.pull(p.keys)
