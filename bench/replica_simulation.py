@@ -1,7 +1,8 @@
 """k worker replicas against one shard, in one process, deterministically: how the delta exchange learns.
 
     .venv/bin/python bench/replica_simulation.py [--workers 8] [--max-tokens 3000000] [--sync-tokens 25000]
-        [--merge sum|align] [--floor 2] [--seeds]
+        [--merge contraction|align|sum] [--seeds]
+    .venv/bin/python bench/replica_simulation.py --seeds --sweep 1,2,4,8,16,32,64 [--round-tokens 80000]
 
 Why: the real pipeline (``cluster_learning.py``) mixes the exchange's arithmetic with Kafka, scheduling
 and load on two cores, and one run takes minutes. This runs the same pieces (``Trainer`` with its in-place
@@ -12,11 +13,13 @@ So staleness and concurrency are exact and repeatable, and a change to how delta
 about a minute. It is a model of the exchange, not a measurement of the product: no threads, no
 network, no timing. Prints gensim's evaluators on the shard's input rows (analogy, WS353, SimLex) and
 the norms of the most frequent words' rows (a diverging exchange shows as norms of 30 - 70 against ~2).
+``--sweep`` runs several cluster sizes on the same tokens with the same tokens per sync interval for the
+whole cluster, and prints a table against the first (1 replica: one shared model).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,6 +52,7 @@ class SimulatedReplica:
         self.contraction = True             # send each row's contraction (the merge's contraction rule)
         self.stale_refresh = True           # refresh held rows the servers changed (``ReplicaShard.mark_stale``)
         self.seen_version = 0
+        self.rows_sent = 0
         self.shard = shard if shard is not None else ReplicaShard(dim, refresh_share, optimizer="rowadagrad",
                                                                   seed=seed)
         self.on_totals = None
@@ -98,6 +102,7 @@ class SimulatedReplica:
             self.seen_version = changes.version
             self.shard.mark_stale(changes.changed)
         keys, deltas, fresh = self.shard.collect()
+        self.rows_sent += len(keys)
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
             dim = self.dim
             vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
@@ -107,59 +112,28 @@ class SimulatedReplica:
         self.shard.release_freed()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    ap.add_argument("--max-tokens", type=int, default=3_000_000)
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--sync-tokens", type=int, default=25_000, help="tokens each worker trains between its syncs")
-    ap.add_argument("--contraction-scale", type=float, default=CONTRACTION_SCALE,
-                    help="contraction merge: the measured contraction's weight (0 < scale)")
-    ap.add_argument("--merge", choices=("sum", "align", "contraction"), default="contraction",
-                    help="how the shard combines concurrent deltas (align: online.learner.concurrent_merge)")
-    ap.add_argument("--floor", type=float, default=2.0, help="the merge's floor (align only)")
-    ap.add_argument("--shared-replica", action="store_true",
-                    help="diagnostic: every worker trains one shared replica (threads, no deltas); each keeps its "
-                         "own vocabulary, noise table and sampling, and the servers still count the words")
-    ap.add_argument("--acc-gain", type=float, default=1.0)
-    ap.add_argument("--serial", action="store_true")
-    ap.add_argument("--no-stale-refresh", action="store_true",
-                    help="held rows the servers changed wait for the refresh turn (before session 12)")
-    ap.add_argument("--min-count", type=int, default=5)
-    ap.add_argument("--no-journal", action="store_true",
-                    help="workers learn trainability only from the totals of the words they report (before session 8)")
-    ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help=f"tokens per batch ({BATCH_TOKENS})")
-    ap.add_argument("--seeds", action="store_true", help="each worker its own sampling stream (as the workers do)")
-    ap.add_argument("--acc", choices=("merged", "sum"), default="merged",
-                    help="align only: the AdaGrad accumulator increments get the merge's weight (merged), or are "
-                         "summed in full (sum)")
-    ap.add_argument("--refresh-share", type=float, default=REFRESH_SHARE.default,
-                    help="rows not changed by a worker that its sync refreshes, as a share of the changed ones "
-                         f"(LIVEVEC_REFRESH_SHARE, {REFRESH_SHARE.default}; 1000: every held row)")
-    ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
-    args = ap.parse_args()
-
-    tokens = " ".join(read_prefix(Path(args.corpus), args.max_tokens)).split()
+def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
+    """One run: ``workers_n`` replicas, each training ``sync_tokens`` tokens between syncs."""
+    batch_tokens = max(100, min(args.batch_tokens, sync_tokens))
     records = [" ".join(tokens[i:i + 100]) for i in range(0, len(tokens), 100)]
-    per_batch = max(1, args.batch_tokens // 100)
+    per_batch = max(1, batch_tokens // 100)
     batches = [records[i:i + per_batch] for i in range(0, len(records), per_batch)]
     server = EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=args.min_count, word_capacity=200_000)
     if args.merge in ("align", "contraction"):
         server.merge_window = 0.5          # rounds are 1 "second" apart: a round ends with it at the latest
         server._merge.floor = args.floor
         server._merge.contraction_scale = args.contraction_scale
-        server._merge.serial = args.serial
         if args.acc == "sum":
             combine = server._merge.combine
 
-            def combine_summing_accumulators(rows, deltas, accum_deltas, sender, now):
-                out, _ = combine(rows, deltas, accum_deltas, sender, now)
+            def combine_summing_accumulators(rows, deltas, accum_deltas, sender, now, contraction=None):
+                out, _ = combine(rows, deltas, accum_deltas, sender, now, contraction)
                 return out, np.asarray(accum_deltas, np.float32).reshape(-1)
             server._merge.combine = combine_summing_accumulators
     config = LearnerConfig(dim=100, vocab_capacity=200_000, min_count=args.min_count, eta=args.eta)
     workers = []
     shared = ReplicaShard(100, optimizer="rowadagrad", seed=1) if args.shared_replica else None
-    for i in range(args.workers):
+    for i in range(workers_n):
         store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared, refresh_share=args.refresh_share)
         trainer = Trainer(config, store)
         if args.seeds:
@@ -172,7 +146,7 @@ def main() -> int:
         store.stale_refresh = not args.no_stale_refresh
         workers.append((trainer, store))
     t0 = time.perf_counter()
-    per_sync = max(1, args.sync_tokens // args.batch_tokens)
+    per_sync = max(1, sync_tokens // batch_tokens)
     b = rounds = 0
     while b < len(batches):
         rounds += 1
@@ -183,7 +157,8 @@ def main() -> int:
                     b += 1
         for _, store in workers:
             store.sync(float(rounds))
-        print(f"\rround {rounds}: {min(b, len(batches)) * args.batch_tokens:,} tokens", end="", file=sys.stderr)
+        print(f"\r{workers_n} replicas, round {rounds}: {min(b, len(batches)) * batch_tokens:,} tokens", end="",
+              file=sys.stderr)
     print(file=sys.stderr)
 
     words = sorted({w for trainer, _ in workers for w in trainer.export()[0]})
@@ -193,24 +168,96 @@ def main() -> int:
     model = shared if shared is not None else server
     rows = model.rows_for(keys, create=False)
     held = rows >= 0
-    vectors = model.vectors[rows[held]]
     from gensim.models import KeyedVectors
     kv = KeyedVectors(100)
-    kv.add_vectors([w for w, h in zip(words, held) if h], vectors)
+    kv.add_vectors([w for w, h in zip(words, held) if h], model.vectors[rows[held]])
     quality = evaluate(kv)
     out_rows = model.rows_for(word_rows(keys[:10])[10:], create=False)
-    print(f"replica_simulation: {args.workers} workers, {len(tokens):,} tokens, {args.sync_tokens:,} tokens per "
-          f"worker per sync, merge {args.merge}" + (f" (floor {args.floor}, accumulators {args.acc})" if args.merge == "align" else f" (scale {args.contraction_scale})" if args.merge == "contraction" else "")
-          + f", {'own' if args.seeds else 'shared'} sampling streams, eta {args.eta or 'default'}, refresh share {args.refresh_share}, {rounds} rounds, "
-          f"{time.perf_counter() - t0:.0f} s")
     kept = sum(trainer.totals.kept for trainer, _ in workers)
-    pairs = sum(trainer.totals.pairs for trainer, _ in workers)
-    print(f"trained: {kept:,} tokens kept ({kept / len(tokens):.1%} of those read), {pairs:,} pairs")
-    print(f"analogy {quality['analogy']:.2%}  WS353 {quality['ws353']:.3f}  SimLex {quality['simlex']:.3f}  "
-          f"vocabulary {quality['vocabulary']:,}")
-    print("norms of the 10 most frequent words, input rows:",
-          np.linalg.norm(model.vectors[rows[:10]], axis=1).round(1).tolist(),
-          "output rows:", np.linalg.norm(model.vectors[out_rows], axis=1).round(1).tolist())
+    rows_sent = sum(store.rows_sent for _, store in workers)
+    return {"replicas": workers_n, "sync_tokens": sync_tokens, "rounds": rounds, "seconds": time.perf_counter() - t0,
+            "kept": kept, "tokens": len(tokens), "pairs": sum(trainer.totals.pairs for trainer, _ in workers),
+            "rows_per_token": rows_sent / max(kept, 1), **quality,
+            "norms_in": np.linalg.norm(model.vectors[rows[:10]], axis=1).round(1).tolist(),
+            "norms_out": np.linalg.norm(model.vectors[out_rows], axis=1).round(1).tolist()}
+
+
+def report(args, r: dict) -> None:
+    print(f"replica_simulation: {r['replicas']} replicas, {r['tokens']:,} tokens, {r['sync_tokens']:,} tokens per "
+          f"replica per sync, merge {args.merge}"
+          + (f" (floor {args.floor}, accumulators {args.acc})" if args.merge == "align" else
+             f" (scale {args.contraction_scale})" if args.merge == "contraction" else "")
+          + f", {'own' if args.seeds else 'shared'} sampling streams, eta {args.eta or 'default'}, refresh share "
+          f"{args.refresh_share}{'' if args.no_stale_refresh else ' + the rows the servers changed'}, "
+          f"{r['rounds']} rounds, {r['seconds']:.0f} s")
+    print(f"trained: {r['kept']:,} tokens kept ({r['kept'] / r['tokens']:.1%} of those read), {r['pairs']:,} pairs; "
+          f"{r['rows_per_token']:.2f} rows synced per kept token (each way)")
+    print(f"analogy {r['analogy']:.2%}  WS353 {r['ws353']:.3f}  SimLex {r['simlex']:.3f}  "
+          f"vocabulary {r['vocabulary']:,}")
+    print("norms of the 10 most frequent words, input rows:", r["norms_in"], "output rows:", r["norms_out"],
+          flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    ap.add_argument("--max-tokens", type=int, default=3_000_000)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--sync-tokens", type=int, default=25_000, help="tokens each worker trains between its syncs")
+    ap.add_argument("--sweep", default="",
+                    help="replica counts to run one after the other (e.g. 1,2,4,8,16,32,64), each replica syncing "
+                         "after --round-tokens / replicas tokens: the cluster trains the same tokens per sync "
+                         "interval whatever its size (its throughput is fixed, as on this machine)")
+    ap.add_argument("--round-tokens", type=int, default=80_000,
+                    help="with --sweep: tokens the whole cluster trains between two syncs of each replica")
+    ap.add_argument("--contraction-scale", type=float, default=CONTRACTION_SCALE,
+                    help="contraction merge: the measured contraction's weight "
+                         f"(online.learner.concurrent_merge.CONTRACTION_SCALE, {CONTRACTION_SCALE})")
+    ap.add_argument("--merge", choices=("sum", "align", "contraction"), default="contraction",
+                    help="how the shard combines concurrent deltas (online.learner.concurrent_merge; contraction: "
+                         "by the rows' measured contraction, as shipped; align: by the deltas' alignment, before "
+                         "session 12)")
+    ap.add_argument("--floor", type=float, default=2.0, help="the merge's floor (align only)")
+    ap.add_argument("--shared-replica", action="store_true",
+                    help="diagnostic: every worker trains one shared replica (threads, no deltas); each keeps its "
+                         "own vocabulary, noise table and sampling, and the servers still count the words")
+    ap.add_argument("--acc-gain", type=float, default=1.0,
+                    help="experiment: a replica's AdaGrad accumulators count its own gradients this many times "
+                         "(ReplicaShard.acc_gain)")
+    ap.add_argument("--no-stale-refresh", action="store_true",
+                    help="held rows the servers changed wait for the refresh turn (before session 12)")
+    ap.add_argument("--min-count", type=int, default=5)
+    ap.add_argument("--no-journal", action="store_true",
+                    help="workers learn trainability only from the totals of the words they report (before session 8)")
+    ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help=f"tokens per batch ({BATCH_TOKENS})")
+    ap.add_argument("--seeds", action="store_true", help="each worker its own sampling stream (as the workers do)")
+    ap.add_argument("--acc", choices=("merged", "sum"), default="merged",
+                    help="align and contraction: the AdaGrad accumulator increments get the merge's weight "
+                         "(merged), or are summed in full (sum)")
+    ap.add_argument("--refresh-share", type=float, default=REFRESH_SHARE.default,
+                    help="rows not changed by a worker that its sync refreshes, as a share of the changed ones "
+                         f"(LIVEVEC_REFRESH_SHARE, {REFRESH_SHARE.default}; 1000: every held row)")
+    ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
+    args = ap.parse_args()
+
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    tokens = " ".join(read_prefix(Path(args.corpus), args.max_tokens)).split()
+    if not args.sweep:
+        report(args, simulate(args, args.workers, args.sync_tokens, tokens))
+        return 0
+    results = []
+    for k in [int(x) for x in args.sweep.split(",") if x.strip()]:
+        r = simulate(args, k, max(100, args.round_tokens // k), tokens)
+        report(args, r)
+        results.append(r)
+    one = results[0]
+    print(f"\n| replicas | tokens per replica per sync | analogy | vs {one['replicas']} | WS353 | vs {one['replicas']} "
+          f"| SimLex | rows synced per token |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        print(f"| {r['replicas']} | {r['sync_tokens']:,} | {r['analogy']:.2%} | {100 * (r['analogy'] - one['analogy']):+.2f} "
+              f"| {r['ws353']:.3f} | {r['ws353'] - one['ws353']:+.3f} | {r['simlex']:.3f} | {r['rows_per_token']:.2f} |")
+    print(f"load average at end: {os.getloadavg()}")
     return 0
 
 

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from online.cluster.replica import ReplicaShard
+from online.cluster.replica_shard import ReplicaShard
 from online.cluster.segment_layout import PAGE, segment_layout
 from ps_bridge.structured_logging import log_event
 from online.learner.key_index import EMPTY, KeyIndex, _insert

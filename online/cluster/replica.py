@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
-from online.cluster.delta_rows import merge_answer, take_deltas
+from online.cluster.host_replica import SharedReplicaShard
+from online.cluster.replica_shard import ReplicaShard
 from online.learner.embedding_shard import EmbeddingShard
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.metrics import Registry
@@ -88,210 +88,6 @@ def summed_counts(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tu
     last = np.full(len(uniq), -1, dtype=np.int64)
     last[inverse] = slots          # the latest slot reported for each key
     return uniq, summed, last
-
-
-class ReplicaShard(EmbeddingShard):
-    """An ``EmbeddingShard`` that also keeps the servers' last confirmed value of every row."""
-
-    REFRESH_MIN = 256     # idle rows a sync refreshes at least: every held row within rows / that syncs
-    tracks_contraction = True   # the trainer's kernel measures each row's contraction for ``collect``
-    acc_gain = 1.0        # the AdaGrad accumulators' local increments count this many times (not sent)
-    shared = False        # one replica for several processes (``online.cluster.host_replica``)
-    group = 0             # the id servers merge this replica's deltas under (0: the sending node's)
-    rows_refused = 0      # keys a full replica had no room for (only a shared one cannot grow)
-
-    def __init__(self, dim: int, refresh_share: float = REFRESH_SHARE.default, **options):
-        super().__init__(dim, **options)
-        self.refresh_share = float(refresh_share)   # idle rows refreshed per sync, as a share of the changed ones
-        self.base = np.zeros_like(self.vectors)
-        self.base_acc = np.zeros((self.capacity, 1), dtype=np.float32)
-        self.contraction = np.zeros(self.capacity, dtype=np.float32)   # since the last collect (the kernel's)
-        self.confirmed = np.zeros(self.capacity, dtype=bool)   # the servers' value has been applied
-        self.synced_version = 0
-        self._refresh_at = 0
-        self._stale = np.zeros(0, dtype=np.uint64)   # keys the servers changed since this replica last read them
-        self.pending_free: set[int] = set()
-        # Batches finished and batches carried, per member process (one here; a host's in ``host_replica``):
-        # a batch may be committed once a sync that collected after it finished was acknowledged.
-        self.member = 0
-        self._finished = np.zeros(1, dtype=np.int64)
-        self._covered = np.zeros(1, dtype=np.int64)
-        self._held = np.zeros(1, dtype=np.int64)
-        self.collected_finished = self._finished.copy()   # ``_finished`` as the last collect saw it
-
-    def _grow(self, needed: int) -> None:
-        super()._grow(needed)
-        cap = self.capacity
-        if self.base.shape[0] < cap:
-            base = np.zeros((cap, self.dim), dtype=np.float32)
-            base[:self.base.shape[0]] = self.base
-            acc = np.zeros((cap, 1), dtype=np.float32)
-            acc[:self.base_acc.shape[0]] = self.base_acc
-            confirmed = np.zeros(cap, dtype=bool)
-            confirmed[:self.confirmed.shape[0]] = self.confirmed
-            contraction = np.zeros(cap, dtype=np.float32)
-            contraction[:self.contraction.shape[0]] = self.contraction
-            self.base, self.base_acc, self.confirmed, self.contraction = base, acc, confirmed, contraction
-
-    def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
-        keys = np.ascontiguousarray(keys, dtype=np.uint64)
-        with self._lock:
-            if not create:
-                return super().rows_for(keys, create=False)
-            missing = self._index.lookup(keys) < 0
-            rows = super().rows_for(keys, create=True)
-            if missing.any():
-                new = rows[missing]
-                self.base[new] = self.vectors[new]
-                self.base_acc[new] = self._accum_column(new)
-                self.confirmed[new] = False
-            if self.pending_free:
-                self.pending_free.difference_update(keys.tolist())
-            return rows
-
-    @contextmanager
-    def host_sync(self):
-        """Held for a whole sync; only a replica shared by several processes needs it."""
-        yield
-
-    def claim_group(self, node_id: int) -> int:
-        return 0
-
-    # ------------------------------------------------ batches and the syncs that carried them
-    def batch_finished(self) -> None:
-        """This process finished training one more batch (its rows are stamped)."""
-        self._finished[self.member] += 1
-
-    def finished_batches(self) -> int:
-        return int(self._finished[self.member])
-
-    def covered_batches(self) -> int:
-        """This process's batches that an acknowledged sync carried (whichever process ran it)."""
-        return int(self._covered[self.member])
-
-    def cover(self, finished: np.ndarray) -> None:
-        """A sync whose collect saw ``finished`` was acknowledged."""
-        with self._lock:
-            np.maximum(self._covered, finished, out=self._covered)
-
-    def hold(self, held: bool) -> None:
-        """A checkpoint holds this process's syncs (and, shared, every sync of the host)."""
-        self._held[self.member] = int(held)
-
-    def held_elsewhere(self) -> bool:
-        """Another process of the host holds syncs; never with a process's own replica."""
-        return False
-
-    def since_last_sync(self) -> float:
-        """Seconds since a sync of this replica began (the host's, when shared)."""
-        return float("inf")
-
-    def sync_began(self) -> None:
-        pass
-
-    def wait_host_idle(self, timeout: float) -> bool:
-        """No other process of the host is in a sync (always, with a process's own replica)."""
-        return True
-
-    def close(self) -> None:
-        """Nothing to release for a process's own replica."""
-
-    def _accum_column(self, rows: np.ndarray) -> np.ndarray:
-        if not self.accum.shape[0]:
-            return np.zeros((len(rows), 1), dtype=np.float32)
-        return self.accum[rows].mean(axis=1, keepdims=True)
-
-    def add_contraction(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """A batch's contraction of the rows it trained (``sgns_kernel.train_inplace_rows``), added without
-        the lock like the kernel's own writes: a sum lost to a race only weakens one row's merge weight."""
-        self.contraction[rows] += values
-
-    def mark_stale(self, keys: np.ndarray) -> None:
-        """Keys whose rows the servers changed (other replicas' deltas): the next collect refreshes the ones held
-        here, so that a row trained here next starts from the cluster's value, not from one several syncs old
-        (a delta from a stale row moves it towards its data from the wrong point; measured, the largest loss
-        with many replicas after the merge rule, ``bench/README.md``)."""
-        with self._lock:
-            self._stale = np.union1d(self._stale, np.asarray(keys, dtype=np.uint64))
-
-    def free(self, keys: np.ndarray) -> int:
-        """Deferred: the rows leave after the next sync has sent their last delta."""
-        with self._lock:
-            self.pending_free.update(np.asarray(keys, dtype=np.uint64).tolist())
-            return self.version
-
-    def collect(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(sorted keys, float32 [n, dim + 1] deltas, fresh) of the rows changed since the last collect, and of
-        the next ``refresh_share`` of the other rows in turn, so that rows held but no longer trained
-        here also learn what other workers did (their delta is zero or the unstamped part of a kernel
-        still running; either way ``row - base`` is exactly what has not been sent). ``fresh`` marks
-        the rows created here that no answer of the servers has reached yet (``CMD_DELTA_FRESH``)."""
-        with self._lock:
-            self.collected_finished = self._finished.copy()   # before the stamps: those batches are in
-            now = self.version
-            stamps = self.row_version[:self._next_row]
-            changed = np.flatnonzero(stamps > self.synced_version)
-            budget = max(self.REFRESH_MIN, int(len(changed) * self.refresh_share))
-            lo = self._refresh_at if self._refresh_at < self._next_row else 0
-            turn = np.arange(lo, lo + min(budget, self._next_row), dtype=np.int64) % max(self._next_row, 1)
-            self._refresh_at = int(turn[-1]) + 1 if len(turn) else 0
-            turn = turn[stamps[turn] > 0]                                    # freed rows have no stamp
-            wanted = np.zeros(self._next_row, dtype=bool)                   # the union, without a sort
-            wanted[changed] = True
-            wanted[turn] = True
-            if len(self._stale):
-                stale = self._index.lookup(self._stale)
-                wanted[stale[(stale >= 0) & (stale < self._next_row)]] = True
-                self._stale = np.zeros(0, dtype=np.uint64)
-            rows = np.flatnonzero(wanted)
-            rows = rows[self._index.lookup(self.row_keys[rows]) == rows]   # live rows only
-            self.synced_version = now
-            keys = self.row_keys[rows]
-            order = np.argsort(keys)
-            rows, keys = rows[order], keys[order]
-            out = np.empty((len(rows), self.dim + 2), dtype=np.float32)
-            take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction, rows, out,
-                        np.float32(self.acc_gain))
-            return keys, out, ~self.confirmed[rows]
-
-    def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:
-        """Bring in the servers' merged values (``merged`` [n, dim + 1]), keeping local changes on top."""
-        with self._lock:
-            rows = self._index.lookup(keys)
-            live = rows >= 0
-            rows, merged = rows[live], np.ascontiguousarray(merged[live], dtype=np.float32)
-            merge_answer(self.vectors, self.accum, self.base, self.base_acc, rows, merged)
-            self.confirmed[rows] = True
-
-    def adopt(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Set rows and their base to the servers' values (``values`` [n, dim + 1]), dropping what was
-        trained here since the collect: for rows sent fresh, that started from the initial value, not
-        from the row."""
-        with self._lock:
-            rows = self._index.lookup(keys)
-            live = rows >= 0
-            rows, values = rows[live], values[live]
-            self.vectors[rows] = values[:, :self.dim]
-            self.base[rows] = values[:, :self.dim]
-            if self.accum.shape[0]:
-                self.accum[rows] = values[:, self.dim:]
-            self.base_acc[rows, 0] = values[:, self.dim]
-            self.confirmed[rows] = True
-
-    def overwrite(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """``adopt`` every row of ``keys`` (a reload after a rollback): nothing is pending after."""
-        with self._lock:
-            self.adopt(keys, values)
-            self.synced_version = self.version
-
-    def release_freed(self) -> int:
-        """Drop the rows of evicted words (their last delta has been sent)."""
-        with self._lock:
-            if not self.pending_free:
-                return 0
-            keys = np.fromiter(self.pending_free, dtype=np.uint64, count=len(self.pending_free))
-            self.pending_free.clear()
-            return super().free(keys)
 
 
 class TrainableJournal:
@@ -351,7 +147,6 @@ class ReplicaStore:
         self.dim = int(dim)
         self.timeout = timeout
         if host_replica:
-            from online.cluster.host_replica import SharedReplicaShard
             self.shard = SharedReplicaShard(dim, host_replica, host_rows, refresh_share, optimizer=optimizer,
                                             eta=eta, seed=seed)
         else:
@@ -440,10 +235,12 @@ class ReplicaStore:
             t0 = time.perf_counter()
             vocabulary = self._send_vocabulary(group)
             if self._unsent is None:
+                self._read_changed_rows()
                 self._unsent = self._parts(*self.shard.collect())
                 self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
-            sent = [(kv.pushpull(k, d.reshape(-1), cmd=cmd), cmd, k) for cmd, k, d in parts]
+            sent = [(kv.pull(k, cmd=cmd) if d is None else kv.pushpull(k, d.reshape(-1), cmd=cmd), cmd, k)
+                    for cmd, k, d in parts]
             self._await_vocabulary(vocabulary)
             rows_sent = 0
             for i, (ts, cmd, k) in enumerate(sent):
@@ -460,14 +257,34 @@ class ReplicaStore:
             self.m_seconds.observe(time.perf_counter() - t0)
             return rows_sent
 
+    def _read_changed_rows(self) -> None:
+        """Ask every server which rows changed since this worker last asked, and mark them stale, so that the
+        collect that follows refreshes the held ones (``ReplicaShard.mark_stale``). Asked right before the
+        collect, not with the vocabulary: read one sync later, a row trained here meanwhile started from a
+        value a whole interval older (one round trip per server more per sync)."""
+        kv = self.worker
+        pending = [kv.request(pc.HEAD_CHANGED_ROWS, orjson.dumps({"epoch": epoch, "since": since}), sid)
+                   for (epoch, since), sid in zip(self._seen, self._server_ids)]
+        for rank, ts in enumerate(pending):
+            epoch, version, keys = pc.decode_changed_rows(kv.wait(ts, self.timeout)[0].body)
+            self._seen[rank] = (epoch, version)
+            if len(keys):
+                self.shard.mark_stale(keys)
+                self.m_stale.inc(len(keys))
+
     @staticmethod
-    def _parts(keys, deltas, fresh) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """The collected payload as pushpulls of at most ``_SYNC_CHUNK`` keys: rows the servers already
-        answered for as ``CMD_DELTA``, rows created here since as ``CMD_DELTA_FRESH``."""
+    def _parts(keys, deltas, fresh) -> list[tuple[int, np.ndarray, np.ndarray | None]]:
+        """The collected payload as requests of at most ``_SYNC_CHUNK`` keys: rows the servers already
+        answered for as ``CMD_DELTA`` pushpulls, rows created here since as ``CMD_DELTA_FRESH`` pushpulls, and
+        rows only refreshed (nothing changed here: the delta is all zeros) as ``CMD_DELTA`` pulls (data None),
+        which carry no zeros out."""
+        unchanged = ~fresh & ~np.any(deltas != 0, axis=1)
         parts = []
-        for cmd, pick in ((pc.CMD_DELTA, ~fresh), (pc.CMD_DELTA_FRESH, fresh)):
+        for cmd, pick, pull in ((pc.CMD_DELTA, ~fresh & ~unchanged, False), (pc.CMD_DELTA_FRESH, fresh, False),
+                                (pc.CMD_DELTA, unchanged, True)):
             k, d = keys[pick], deltas[pick]
-            parts += [(cmd, k[a:a + _SYNC_CHUNK], d[a:a + _SYNC_CHUNK]) for a in range(0, len(k), _SYNC_CHUNK)]
+            parts += [(cmd, k[a:a + _SYNC_CHUNK], None if pull else d[a:a + _SYNC_CHUNK])
+                      for a in range(0, len(k), _SYNC_CHUNK)]
         return parts
 
     def _requeue(self, counts, words) -> None:
@@ -496,18 +313,16 @@ class ReplicaStore:
             pending_counts = self._send_counts(counts)
             pending_trainable = [kv.request(pc.HEAD_TRAINABLE_SINCE, self.journal.ask(rank, group), sid)
                                  for rank, sid in enumerate(self._server_ids)]
-            pending_changed = [kv.request(pc.HEAD_CHANGED_ROWS, orjson.dumps({"epoch": epoch, "since": since}), sid)
-                               for (epoch, since), sid in zip(self._seen, self._server_ids)]
         except BaseException:
             self._requeue(counts, words)
             raise
-        return counts, words, pending_words, pending_counts, pending_trainable, pending_changed
+        return counts, words, pending_words, pending_counts, pending_trainable
 
     def _await_vocabulary(self, sent) -> None:
         """The servers' answers: the cluster's totals of the words counted, and the words the cluster made
         trainable since this worker last asked (``on_totals`` / ``on_trainable``)."""
         kv = self.worker
-        counts, words, pending_words, pending_counts, pending_trainable, pending_changed = sent
+        counts, words, pending_words, pending_counts, pending_trainable = sent
         try:
             for ts in pending_words:
                 kv.wait(ts, self.timeout)
@@ -521,12 +336,6 @@ class ReplicaStore:
             if self.on_trainable is not None and self.journal.changed:
                 self.journal.changed = False
                 self.on_trainable(self.journal.known(), np.concatenate(news))
-            for rank, ts in enumerate(pending_changed):
-                epoch, version, keys = pc.decode_changed_rows(kv.wait(ts, self.timeout)[0].body)
-                self._seen[rank] = (epoch, version)
-                if len(keys):
-                    self.shard.mark_stale(keys)
-                    self.m_stale.inc(len(keys))
         except BaseException:
             self._requeue(counts, words)
             raise

@@ -120,7 +120,7 @@ class ShardService:
         self.m_requests = {name: r.counter("livevec_server_requests_total", "KV and control requests served",
                                            kind=name)
                            for name in ("pull", "push", "deltas", "counts", "word_counts", "free", "words", "trainable",
-                                        "changes", "changed_rows", "stats")}
+                                        "changes", "changed_rows", "refresh", "stats")}
         self.m_fenced = r.counter("livevec_server_fenced_total",
                                   "changes dropped unanswered: the sender is not a member of the training")
         self.m_rejected = r.counter("livevec_server_rejected_total", "requests rejected as malformed")
@@ -160,6 +160,15 @@ class ShardService:
                     self.m_keys_pulled.inc(n)
                     server.response(req, KVPairs(keys, vals.reshape(-1)))
                     return
+            elif req.cmd == pc.CMD_DELTA and req.pull and not req.push:
+                # a replica refreshing rows it did not change: the rows and their accumulators, nothing applied
+                vectors, accum = self.shard.read_rows(keys)
+                self.c.pulls += 1
+                self.c.keys_pulled += n
+                self.m_requests["refresh"].inc()
+                self.m_keys_pulled.inc(n)
+                server.response(req, KVPairs(keys, np.hstack([vectors, accum[:, None]]).reshape(-1)))
+                return
             elif req.cmd in (pc.CMD_DELTA, pc.CMD_DELTA_FRESH) and req.push and req.pull:
                 # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
                 width = dim + 2 if n and len(data.vals) == n * (dim + 2) else dim + 1

@@ -13,7 +13,27 @@ by several workers are not always additive:
   above (measured: 8 workers collapsed the model). In one process each step would have seen
   the others' and the row would have stopped at ``e``: **average**.
 
-Which case a row is in shows in its deltas themselves: redundant deltas point the same way,
+Which case a row is in, the replica measures while it trains: the **contraction rule** (the default, since
+session 12). On a quadratic, a step of rate ``eta`` along a direction of curvature ``h`` leaves ``1 - eta h`` of
+the way to the optimum; steps of total contraction ``c = sum eta h`` leave ``e^-c`` of it. So a replica whose
+steps on a row added up to ``c_i`` (``sgns_kernel.train_inplace_rows`` sums ``rate * s'(f) |x|^2`` per step)
+went ``a_i = 1 - e^-c_i`` of the way, and one process that had taken all of the round's steps would have gone
+``1 - e^-C``, ``C = sum_i c_i``. With the k replicas' deltas ``d_i = a_i (e - base)`` of a round, the row gets
+
+    g * sum_i d_i,      g = (1 - e^-C) / sum_i (1 - e^-c_i)
+
+which is the sum when every ``c_i`` is small (``g -> 1``: independent steps add up), the mean when every replica
+saturated (``g -> 1/k``), one delta exactly once, and in between what the composition of the replicas'
+contractions gives (the same formula, averaged over the orders the replicas could have trained in). The measured
+``c`` assumes every step pulls one way; a row's steps pull along its many contexts, so the contraction along its
+delta is a fraction of it, ``CONTRACTION_SCALE`` (chosen by ``bench/replica_simulation.py``). Measured there
+(8 replicas, 3M tokens, WS353 / analogy): the alignment rule below 0.303 / 1.26 %, the contraction rule 0.365 /
+1.44 %, and with the replicas' stale rows refreshed from the servers (``online.cluster.replica_shard``) 0.394 /
+2.06 %, against 0.377 / 2.92 % for one replica.
+
+The **alignment rule** (sessions 7 - 11; a delta without a contraction, from a worker that does not send one)
+reads the case from the deltas themselves:
+redundant deltas point the same way,
 independent ones do not. Per row and round (below), with ``S`` the sum of the round's n
 deltas and ``Q`` the sum of their squared norms, the alignment ``rho = |S|^2 / (n Q)`` is 1
 for n equal deltas and about 1/n for n orthogonal ones of equal norm (Cauchy-Schwarz keeps
@@ -22,12 +42,10 @@ it in [0, 1]). The row gets ``g S`` with
     n_eff = 1 + (n - 1)(1 - rho),   g = n_eff / n
 
 so n equal deltas count once (their mean), n orthogonal ones almost n times (their sum), and
-one delta exactly once. ``n_eff`` is kept at least ``min(n, floor)``, ``floor`` 2 by default:
-two workers' deltas are still summed as before (their overshoot is at most the marginal one,
-and measured they learn within about a point of one process, ``bench/README.md``), while
-many workers never move a row further than two would. (A floor of 1 is the pure rule; in a
-simulation of 8 workers it learned no better, and it cost two workers half a point.) Each arriving delta is applied at once, as the difference between the
-new and the previous ``g S`` of the round (earlier deltas are re-weighted as the round
+one delta exactly once. ``n_eff`` is kept at least ``min(n, floor)``, ``floor`` 2 by default.
+Its flaw: many replicas' deltas of a row in the linear regime also point the same way (the data's mean
+gradient dominates), so it averaged what should have been summed. Each arriving delta is applied at once, as the
+difference between the new and the previous ``g S`` of the round (earlier deltas are re-weighted as the round
 learns more). The AdaGrad accumulator increments get the same weight, so the optimizer's
 state is that of the combined trajectory.
 
@@ -91,7 +109,7 @@ def _merge(rows, deltas, acc, bit, now, window, floor, S, A, Q, n, g, mask, t0, 
 
 
 @njit(nogil=True, cache=True)
-def _merge_by_contraction(rows, deltas, acc, contraction, scale, serial, bit, now, window, S, A, Q, n, g, mask, t0,
+def _merge_by_contraction(rows, deltas, acc, contraction, scale, bit, now, window, S, A, Q, n, g, mask, t0,
                           P, C, out, out_acc):
     """The contraction rule (see the module docstring): g = (1 - e^-C) / sum_i (1 - e^-c_i) of the round."""
     dim = deltas.shape[1]
@@ -117,17 +135,6 @@ def _merge_by_contraction(rows, deltas, acc, contraction, scale, serial, bit, no
             mask[r] = 0
             t0[r] = now
         c = max(np.float64(contraction[i]) * scale, 0.0)
-        if serial:
-            # this delta as if trained after the round's earlier ones: their moves contract by its own factor
-            a = np.float32(-np.expm1(-c))
-            n[r] += 1
-            mask[r] |= bit
-            for d in range(dim):
-                o = deltas[i, d] - a * S[r, d]
-                out[i, d] = o
-                S[r, d] += o
-            out_acc[i] = acc[i]
-            continue
         n[r] += 1
         Q[r] += q
         mask[r] |= bit
@@ -157,15 +164,13 @@ CONTRACTION_SCALE = 0.3
 class ConcurrentMerge:
     """Per-row round state of a shard's delta merge (see the module docstring)."""
 
-    def __init__(self, dim: int, window: float, floor: float = 2.0, contraction_scale: float = CONTRACTION_SCALE,
-                 serial: bool = False):
+    def __init__(self, dim: int, window: float, floor: float = 2.0, contraction_scale: float = CONTRACTION_SCALE):
         if window <= 0:
             raise ValueError("the merge window must be > 0 seconds")
         self.dim = int(dim)
         self.window = float(window)
         self.floor = float(floor)
         self.contraction_scale = float(contraction_scale)
-        self.serial = bool(serial)
         self._alloc(0)
 
     def _alloc(self, cap: int) -> None:
@@ -202,7 +207,7 @@ class ConcurrentMerge:
             _merge_by_contraction(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(deltas, np.float32),
                                   np.ascontiguousarray(accum_deltas, np.float32).reshape(-1),
                                   np.ascontiguousarray(contraction, np.float32).reshape(-1), self.contraction_scale,
-                                  self.serial, bit, float(now), self.window, self.S, self.A, self.Q, self.n, self.g, self.mask,
+                                  bit, float(now), self.window, self.S, self.A, self.Q, self.n, self.g, self.mask,
                                   self.t0, self.P, self.C, out, out_acc)
             return out, out_acc
         _merge(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(deltas, np.float32),

@@ -352,11 +352,22 @@ class EmbeddingShard:
             self.vectors[rows] += deltas
             if self.accum.shape[0]:
                 self.accum[rows] += accum_deltas
-            if len(rows):
-                self._stamp(rows)
+            # Only rows that moved are stamped: a zero delta (a replica refreshing a row) is no change, and
+            # stamped it would be listed as changed to every other replica, whose refreshes would stamp it again.
+            moved = rows[np.any(deltas != 0, axis=1) | (accum_deltas[:, 0] != 0)]
+            if len(moved):
+                self._stamp(moved)
                 if fresh:   # still nothing but deltas from the initial value: later fresh ones add up too
-                    self.row_born[rows] = self.version
+                    self.row_born[moved] = self.version
             rows = rows_all
+            acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
+            return self.vectors[rows], acc
+
+    def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors [n, dim], row-wise accumulators [n]) of ``keys``, created at their initial value if absent,
+        changing nothing else: what a replica refreshing rows it did not train reads (``CMD_DELTA`` pulled)."""
+        with self._lock:
+            rows = self.rows_for(np.ascontiguousarray(keys, dtype=np.uint64), create=True)
             acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
             return self.vectors[rows], acc
 
