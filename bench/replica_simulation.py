@@ -98,9 +98,8 @@ class SimulatedReplica:
         if self.shared:
             return
         if self.stale_refresh:   # the rows the servers changed since the last sync, refreshed by this one
-            changes = self.server.changes_since(self.seen_version)
-            self.seen_version = changes.version
-            self.shard.mark_stale(changes.changed)
+            self.seen_version, changed = self.server.changed_keys_since(self.seen_version, asker=self.node_id)
+            self.shard.mark_stale(changed)
         keys, deltas, fresh = self.shard.collect()
         self.rows_sent += len(keys)
         for pick, is_fresh in ((~fresh, False), (fresh, True)):

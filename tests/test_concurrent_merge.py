@@ -86,3 +86,68 @@ def test_the_shard_merges_only_when_a_window_is_set_and_forgets_freed_rows():
     again = shard.pull(keys).copy()
     shard.add_deltas(keys, np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=W[4])
     np.testing.assert_allclose(shard.pull(keys), again + 1.0, rtol=1e-6)     # a new row: a new round
+
+
+def _round_with_contraction(merge, deltas, contraction, now=0.0):
+    total = np.zeros(len(deltas[0]), np.float32)
+    for delta, sender in zip(deltas, W):
+        out, _ = merge.combine(np.array([0]), np.asarray([delta], np.float32), np.array([1.0], np.float32), sender,
+                               now, np.array([contraction], np.float32))
+        total += out[0]
+    return total
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_the_contraction_rule_sums_steps_that_did_not_saturate_and_averages_ones_that_did(k):
+    """The same delta from k replicas: barely contracted (a few independent steps) it counts k times, as one
+    process taking all of them would have moved the row; fully contracted (each replica reached the optimum of
+    its data) it counts once; in between, 1 - e^-C of the way, C the round's summed contraction."""
+    delta = [[1.0, -2.0, 0.5]] * k
+    merge = ConcurrentMerge(3, 1.0, contraction_scale=1.0)
+    np.testing.assert_allclose(_round_with_contraction(merge, delta, 1e-4), np.multiply(delta[0], k), rtol=1e-3)
+    merge = ConcurrentMerge(3, 1.0, contraction_scale=1.0)
+    np.testing.assert_allclose(_round_with_contraction(merge, delta, 40.0), delta[0], rtol=1e-4)
+    c = 0.5     # each replica went 1 - e^-0.5 of the way; all k of them together: 1 - e^-(k c)
+    merge = ConcurrentMerge(3, 1.0, contraction_scale=1.0)
+    want = np.multiply(delta[0], (1 - np.exp(-k * c)) / (1 - np.exp(-c)))
+    np.testing.assert_allclose(_round_with_contraction(merge, delta, c), want, rtol=1e-4)
+
+
+def test_the_contraction_scale_weighs_the_measured_contraction():
+    """The scale multiplies what the kernel measured before the rule sees it: 0.3 of 10 is 3."""
+    delta = [[1.0, 0.0]] * 4
+    got = _round_with_contraction(ConcurrentMerge(2, 1.0, contraction_scale=0.3), delta, 10.0)
+    want = (1 - np.exp(-4 * 3.0)) / (1 - np.exp(-3.0))
+    np.testing.assert_allclose(got, [want, 0.0], rtol=1e-4)
+
+
+def test_a_zero_delta_refresh_changes_and_stamps_nothing():
+    """A replica refreshing a row it did not train sends nothing to combine and must not mark the row changed:
+    every other replica reads the changed rows and refreshes them (a stamped refresh fed more refreshes)."""
+    shard = EmbeddingShard(4, optimizer="rowadagrad", seed=3)
+    shard.merge_window = 1.0
+    keys = np.array([5, 7], dtype=np.uint64)
+    shard.add_deltas(keys, np.ones((2, 4), np.float32), np.ones(2, np.float32), sender=9, now=0.0,
+                     contraction=np.zeros(2, np.float32))
+    version, changed = shard.changed_keys_since(0)
+    assert sorted(changed.tolist()) == [5, 7]
+    before = shard.pull(keys).copy()
+    shard.add_deltas(keys, np.zeros((2, 4), np.float32), np.zeros(2, np.float32), sender=11, now=0.1,
+                     contraction=np.zeros(2, np.float32))
+    vectors, acc = shard.read_rows(keys)
+    np.testing.assert_array_equal(vectors, before)
+    assert shard.changed_keys_since(version)[1].tolist() == []
+    shard.add_deltas(keys[:1], np.ones((1, 4), np.float32), np.zeros(1, np.float32), sender=11, now=0.2)
+    assert shard.changed_keys_since(version)[1].tolist() == [5]
+
+
+def test_the_changed_rows_leave_out_the_ones_the_asker_moved_last():
+    """A replica's own sync already brought back the merged row: listing it again would refresh it for nothing
+    (with one host replica, every synced row twice)."""
+    shard = EmbeddingShard(4, optimizer="rowadagrad", seed=3)
+    keys = np.array([5, 7, 9], dtype=np.uint64)
+    shard.add_deltas(keys[:2], np.ones((2, 4), np.float32), np.zeros(2, np.float32), sender=9)
+    shard.add_deltas(keys[1:], np.ones((2, 4), np.float32), np.zeros(2, np.float32), sender=11)
+    assert sorted(shard.changed_keys_since(0, asker=9)[1].tolist()) == [7, 9]   # 7: 11 moved it after 9
+    assert shard.changed_keys_since(0, asker=11)[1].tolist() == [5]
+    assert sorted(shard.changed_keys_since(0)[1].tolist()) == [5, 7, 9]

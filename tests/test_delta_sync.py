@@ -425,3 +425,33 @@ def test_the_compiled_row_passes_equal_the_arithmetic_they_replace(acc_cols):
                                    atol=1e-6)
     untouched = np.setdiff1d(np.arange(n), rows)
     np.testing.assert_array_equal(vectors[untouched], v0[untouched])
+
+
+def test_a_replica_refreshes_the_rows_the_servers_changed_before_it_trains_them_again():
+    """r2 holds a row that r1 keeps training. Without the changed rows it waits for the refresh turn (and trains
+    from an old value meanwhile); marked stale, its next collect brings the row to the servers' value."""
+    server = EmbeddingShard(4, optimizer="rowadagrad", seed=5)
+    r1, r2 = ReplicaShard(4, seed=5), ReplicaShard(4, seed=5)
+    r2.REFRESH_MIN = 0          # no turn: only the changed rows can refresh it
+    r2.refresh_share = 0.0
+    keys = np.arange(100, 400, dtype=np.uint64)
+    for r in (r1, r2):
+        r.rows_for(keys)
+        _sync_by_hand(r, server)
+    version, _ = server.changed_keys_since(0)
+    rows1 = r1.rows_for(keys[:3])
+    r1.vectors[rows1] += 1.0
+    r1.mark_changed(rows1)
+    _sync_by_hand(r1, server)
+    target = server.pull(keys[:3]).copy()
+    _sync_by_hand(r2, server)                     # nothing changed in r2, nothing marked: still the old value
+    rows2 = r2.rows_for(keys[:3], create=False)
+    assert not np.allclose(r2.vectors[rows2], target)
+    version, changed = server.changed_keys_since(version)
+    assert sorted(changed.tolist()) == keys[:3].tolist()
+    r2.mark_stale(changed)
+    keys2, deltas2, _ = r2.collect()
+    assert keys2.tolist() == keys[:3].tolist() and not deltas2[:, :4].any()   # a refresh: zero deltas
+    vectors, acc = server.read_rows(keys2)
+    r2.apply(keys2, np.hstack([vectors, acc[:, None]]))
+    np.testing.assert_allclose(r2.vectors[rows2], target, rtol=1e-6)

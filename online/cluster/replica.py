@@ -21,6 +21,28 @@ first). The replica keeps, per row, ``base``: the value the servers last confirm
    trained since step 1 stays on top), ``base = S``. Same for the accumulator, so the
    optimizer's state is the cluster's, as it would be in one process.
 
+**Many replicas (session 12): what was chosen, and why.** Eight workers with a replica each (one per agent, as
+Marathon places them) learnt 1.45 % analogy where one host's replica learnt 20 %. Of the designs in issue #26,
+each was measured in ``bench/replica_simulation.py`` (8 replicas, 3M tokens of wiki17m, the cluster training 80k
+tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
+
+* the deltas combined by alignment (sessions 7 - 11): 1.26 % / 0.303;
+* per-row means over the replicas that touched a row (Spark's rule; our contraction rule with every row taken as
+  saturated): 1.05 % / 0.241; plain sums diverge;
+* learning-rate scaling (each replica's AdaGrad accumulators counting its gradients 3 - 8 times): WS353 up to
+  0.342, analogy 0.9 - 1.0 %;
+* row ownership, to find which rows need it: making the replicas' updates of the input rows of the 10,000 most
+  frequent words (and the output rows of the top 1,000) sequential, as one owner would, gave 3.21 % / 0.408, and
+  sequential output rows alone 2.15 % / 0.333. So the loss is in the *input* rows of mid-frequency words, which
+  saturate within one occurrence (AdaGrad's early steps are large) and which a replica trains from a copy several
+  syncs old. One owner per input row would need every record at every owner, or a shuffle of pairs;
+* so, instead: **each row's deltas weighted by how far the replicas went** (the kernel measures the contraction,
+  ``online.learner.concurrent_merge``): 1.44 % / 0.365; **plus the held rows the servers changed refreshed at every
+  sync** (``HEAD_CHANGED_ROWS``, ``ReplicaShard.mark_stale``): 2.06 % / 0.394; and in the cluster, where 8 workers
+  on two cores synced once a second and so trained 4x the tokens between merges, **a bound in tokens**
+  (``LIVEVEC_SYNC_TOKENS``, 80,000 / workers; the worker waits at twice that). On wiki17m, 8 workers with a replica
+  each: 20.59 % / 0.588 (``bench/README.md``).
+
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
 (``bench/README.md``); the servers only add. A row first touched here starts from the
 deterministic initial value every node agrees on (``embedding_shard.init_rows``), with

@@ -244,7 +244,8 @@ class ShardService:
                 if not isinstance(ask, dict):
                     raise ValueError("changed-rows request must be a JSON object")
                 if ask.get("epoch") == self.epoch:
-                    version, keys = self.shard.changed_keys_since(int(ask.get("since", 0)))
+                    version, keys = self.shard.changed_keys_since(
+                        int(ask.get("since", 0)), asker=self.merge_groups.get(req.sender, req.sender))
                 else:   # a new shard for this worker (restart, rollback): from now on
                     version, keys = self.shard.version, np.zeros(0, dtype=np.uint64)
                 self.m_requests["changed_rows"].inc()

@@ -187,6 +187,7 @@ class EmbeddingShard:
         self.row_keys = np.zeros(cap, dtype=np.uint64)
         self.row_version = np.zeros(cap, dtype=np.int64)
         self.row_born = np.zeros(cap, dtype=np.int64)      # the version a row was created at
+        self._last_mover = np.zeros(0, dtype=np.int64)      # the sender whose delta last moved a row (servers)
         self.counts = np.zeros(cap, dtype=np.int64)
         self._index = KeyIndex(cap)
         self._free_rows = np.zeros(0, dtype=np.int64)
@@ -357,6 +358,7 @@ class EmbeddingShard:
             moved = rows[np.any(deltas != 0, axis=1) | (accum_deltas[:, 0] != 0)]
             if len(moved):
                 self._stamp(moved)
+                self._note_writer(moved, sender)
                 if fresh:   # still nothing but deltas from the initial value: later fresh ones add up too
                     self.row_born[moved] = self.version
             rows = rows_all
@@ -517,11 +519,26 @@ class EmbeddingShard:
         return shard
 
     # --------------------------------------------------------------- versions
-    def changed_keys_since(self, version: int) -> tuple[int, np.ndarray]:
+    def _note_writer(self, rows: np.ndarray, sender: int) -> None:
+        """Who last moved each row by a delta (``changed_keys_since`` leaves a replica's own changes out)."""
+        need = int(rows.max()) + 1
+        if need > len(self._last_mover):
+            grown = np.zeros(max(need, 2 * len(self._last_mover), 1024), dtype=np.int64)
+            grown[:len(self._last_mover)] = self._last_mover
+            self._last_mover = grown
+        self._last_mover[rows] = sender
+
+    def changed_keys_since(self, version: int, asker: int = -1) -> tuple[int, np.ndarray]:
         """(the version now, the keys of the live rows changed after ``version``): what a worker's replica
-        refreshes (``online.cluster.replica``); one pass over the stamps, no removal log."""
+        refreshes (``online.cluster.replica``); one pass over the stamps, no removal log. Rows ``asker`` moved
+        last are left out: the answer to its own sync already brought what others did before it."""
         with self._lock:
             rows = np.flatnonzero(self.row_version[:self._next_row] > version)
+            if asker >= 0 and len(rows):
+                writer = np.full(len(rows), -1, dtype=np.int64)
+                known = rows < len(self._last_mover)
+                writer[known] = self._last_mover[rows[known]]
+                rows = rows[writer != asker]
             return self.version, self.row_keys[rows]
 
     def changes_since(self, version: int) -> ShardChanges:
