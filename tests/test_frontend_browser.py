@@ -2,8 +2,8 @@
 
 A real ``livevec frontend`` process serves a model that keeps changing, with training
 statistics (the synthetic source). The test types a word letter by letter and sees the
-suggestions and the neighbours appear, clicks a neighbour, and watches the live stats and
-the chart update. The page must load nothing from outside the front end.
+suggestions and the neighbours appear, clicks a neighbour, and watches the live stats (the
+workers' training signal among them) and the chart update. The page must load nothing from outside the front end.
 """
 from __future__ import annotations
 
@@ -87,8 +87,13 @@ async def test_page_shows_neighbours_as_you_type_and_live_stats(live_frontend, t
             before_trained, before_version = await trained.inner_text(), await version.inner_text()
             await expect(trained).not_to_have_text(before_trained, timeout=10_000)
             await expect(version).not_to_have_text(before_version, timeout=10_000)
-            for stat in ("#stat-wps", "#stat-vocab", "#stat-lag", "#stat-fresh"):
+            for stat in ("#stat-wps", "#stat-vocab", "#stat-lag", "#stat-fresh", "#stat-loss", "#stat-norm",
+                         "#stat-norm-max"):
                 await expect(page.locator(stat)).not_to_have_text("–", timeout=10_000)
+            # the workers' training signal: a healthy model's loss per pair and hot rows, not in red
+            assert 1.0 < float(await page.locator("#stat-loss").inner_text()) < 5.0
+            assert 0.5 < float(await page.locator("#stat-norm").inner_text()) < 10.0
+            assert "alarm" not in (await page.locator("#stat-norm").get_attribute("class"))
             await expect(page.locator("#chart-line")).to_have_attribute("d", re.compile(r"^M.+L"),
                                                                         timeout=10_000)
             await page.locator("#q").fill("paris")

@@ -305,6 +305,7 @@ class ShardService:
         live = [r for t, r in self.worker_reports.values() if now - t < self.REPORT_TTL]
         return {"workers_reporting": len(live), "kafka_lag": sum(int(r.get("lag", 0)) for r in live),
                 "workers_words_per_second": sum(float(r.get("words_per_second", 0.0)) for r in live),
+                "worker_reports": live,   # as each worker sent it: the front end shows their training signal
                 "epoch": self.epoch, "version": self.shard.version, "rows": len(self.shard),
                 "words": len(self.shard.words), "pulls": c.pulls, "pushes": c.pushes,
                 "keys_pulled": c.keys_pulled, "keys_pushed": c.keys_pushed,

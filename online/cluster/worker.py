@@ -16,6 +16,10 @@ exchanges with the servers (``LIVEVEC_EXCHANGE``):
 At most ``max_inflight`` batches are being trained at once: a slow server therefore slows
 consumption instead of growing memory (backpressure).
 
+Every trained batch's sampled loss, and every few seconds the norms of the hot rows, make the
+worker's training signal (``online.cluster.training_signal``): ``/metrics``, and the report to
+server 0 that the front end shows, so a diverging model does not go unnoticed.
+
 Failures: a batch whose pull or push is not acknowledged (a server died) is retried with
 backoff until the servers answer again; its offsets stay uncommitted meanwhile, so if
 this worker dies too, the records are redelivered to the partition's next owner. Kafka
@@ -40,6 +44,7 @@ from online.cluster import ps_commands as pc
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.ps_param_store import PSParamStore
 from online.cluster.replica import REPLICA, SYNC, ReplicaStore
+from online.cluster.training_signal import TrainingSignal
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
 from online.learner.trainer import BatchStats, LearnerConfig, Trainer
 from online.stream.batches import Batch
@@ -60,8 +65,11 @@ WORKER = SettingGroup("worker", (
             help="seconds to wait for the servers before retrying a batch"),
     Setting("exchange", "LIVEVEC_EXCHANGE", default="replica", choices=("replica", "pullpush"),
             help="replica: train a local replica and sync deltas; pullpush: pull and push every mini-batch"),
-    Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 200_000, minimum=1,
-            help="replica: sync sooner once this many tokens were trained since the last sync"),
+    Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 0, minimum=0,
+            help="replica: sync sooner once this many tokens were trained since the last sync, and train no "
+                 "further before a sync once twice as many are (the replica's staleness, in tokens); 0: "
+                 "80,000 / DMLC_NUM_WORKER, at least 2,000, so the cluster trains about as many tokens between "
+                 "two syncs of a replica whatever its size"),
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
@@ -108,7 +116,7 @@ class WorkerSettings:
     request_timeout: float = 30.0
     exchange: str = "replica"
     sync_ms: int = 250
-    sync_tokens: int = 200_000
+    sync_tokens: int = 0
     refresh_share: float = 0.1
     host_replica: str = ""
     host_replica_rows: int = 0
@@ -121,9 +129,19 @@ class WorkerSettings:
         node = node_settings(args, env, "worker")
         stream = StreamSettings.from_args(args, env)
         learner = {**WORKER_MODEL.read(args, env), **LEARNER.read(args, env)}
+        worker = WORKER.read(args, env)
+        if not worker["sync_tokens"]:
+            worker["sync_tokens"] = max(cls.SYNC_TOKENS_MIN, cls.ROUND_TOKENS // max(node.num_worker, 1))
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
-                   metrics_port=METRICS_PORT.read(args, env), **WORKER.read(args, env),
+                   metrics_port=METRICS_PORT.read(args, env), **worker,
                    **SYNC.read(args, env), **REPLICA.read(args, env))
+
+    # The tokens the whole cluster trains between two syncs of one replica: how far the replicas' rows drift
+    # apart before they merge. The simulation and the cluster both lose quality as it grows with the replicas
+    # at a fixed sync period (8 replicas, 6M tokens: 40k tokens per replica per sync 3.25 % analogy, 10k 5.67 %;
+    # bench/README.md, session 12); 2 workers at 250 ms syncs train about 100k.
+    ROUND_TOKENS = 80_000
+    SYNC_TOKENS_MIN = 2_000
 
 
 def mini_batches(texts: list[str], max_words: int):
@@ -193,6 +211,7 @@ class StreamingWorker:
         else:
             self.replica = None
             self.trainer = Trainer(cfg, PSParamStore(kv, cfg.dim, settings.request_timeout, registry))
+        self.signal = TrainingSignal(registry, self.trainer.vocab, self.replica.shard if self.replica else None)
         self._awaiting: list[tuple[Batch, BatchStats]] = []   # trained into the replica, not yet synced
         self._awaiting_tokens = 0
         self._completed = 0   # batches trained into the replica and then committed or dropped
@@ -228,7 +247,10 @@ class StreamingWorker:
         """
         total = BatchStats()
         for chunk in mini_batches(texts, self.settings.batch_words):
-            total.add(self._train_with_retry(chunk))
+            stats = self._train_with_retry(chunk)
+            if stats.loss is not None and not stats.loss_pairs:   # pull/push: every pair's loss, not a sample
+                stats.loss_sampled, stats.loss_pairs = stats.loss, stats.pairs
+            total.add(stats)
         return total
 
     def _train_with_retry(self, texts: list[str]) -> BatchStats:
@@ -281,6 +303,7 @@ class StreamingWorker:
             if await self.extension.batch_done(batch, BatchStats()):
                 await self.stream.mark_processed(batch)
             return
+        self.signal.record(stats)   # what was trained, whether or not a rollback drops it later
         if len(batch) and stats.tokens:
             seen = stats.tokens / len(batch)
             self._words_per_record = seen if self._words_per_record <= 0 else 0.8 * self._words_per_record + 0.2 * seen
@@ -441,6 +464,13 @@ class StreamingWorker:
                     await asyncio.sleep(0.05)
                     continue
                 self.idle.clear()
+                if self.replica is not None and self._awaiting_tokens >= self.UNSYNCED_BOUND * self.settings.sync_tokens:
+                    # The replica's staleness is bounded in tokens, not only in time: where syncs are slow (many
+                    # replicas on few cores) training would otherwise run ahead, and every replica would walk its
+                    # rows further from the cluster's between two merges (bench/README.md, session 12).
+                    self._sync_soon.set()
+                    await asyncio.sleep(0.002)
+                    continue
                 # a short poll: a checkpoint's pause is noticed within it when the stream is quiet
                 batch = await self.stream.next_batch(self._records_per_batch(), timeout=0.1)
                 if batch is not None and batch.ranges:
@@ -467,6 +497,8 @@ class StreamingWorker:
             if self.replica is not None:
                 self.replica.shard.close()   # a host's shared replica: the last process removes it
 
+    UNSYNCED_BOUND = 2   # trained tokens no sync has carried yet: at most this many LIVEVEC_SYNC_TOKENS
+
     # ------------------------------------------------------------ reporting
     RATE_WINDOW = 10.0   # seconds of batches that words/s is averaged over
 
@@ -477,7 +509,8 @@ class StreamingWorker:
         return sum(recent) / self.RATE_WINDOW
 
     async def _report_loop(self) -> None:
-        """Tell server 0 this worker's lag and rate, so the front end can show them."""
+        """Tell server 0 this worker's lag, rate and training signal, so the front end can show them. The hot
+        rows are measured here, every report, in a thread (``online.cluster.training_signal``)."""
         server0 = self.kv.po.server_ids()[0]
         while True:
             await asyncio.sleep(self.settings.report_interval)
@@ -485,8 +518,13 @@ class StreamingWorker:
             wps = self.words_per_second()
             self.metrics.lag.set(lag)
             self.metrics.words_per_second.set(wps)
+            try:
+                await asyncio.to_thread(self.signal.measure)
+            except Exception as exc:   # a figure missing from one report; training goes on
+                log_event(log, "training_signal_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
             body = orjson.dumps({"node": self.kv.po.node_id, "lag": lag, "words_per_second": wps,
-                                 "tokens": self.trainer.totals.tokens, "time": time.time()})
+                                 "tokens": self.trainer.totals.tokens, "time": time.time(),
+                                 "training": self.signal.report()})
             try:
                 ts = self.kv.request(pc.HEAD_WORKER_REPORT, body, server0)
                 await self.kv.wait_async(ts, 5.0)

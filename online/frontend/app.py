@@ -253,6 +253,7 @@ async def stats(request: web.Request) -> web.Response:
         "words_trained": num("words_trained"),
         "words_per_second": num("words_per_second"),
         "kafka_lag": num("kafka_lag"),
+        "training": source_stats.get("training") if isinstance(source_stats.get("training"), dict) else None,
         "sync": sync.report(),
         "source": source_stats,
         "queries": app[HTTP_METRICS].summary(),

@@ -227,7 +227,8 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                                                                     "count": {"type": "integer"}}}}}},
             "Stats": {"type": "object",
                       "required": ["ready", "version", "vocab_size", "dim", "model_time", "freshness_seconds",
-                                   "words_trained", "words_per_second", "kafka_lag", "sync", "source", "history"],
+                                   "words_trained", "words_per_second", "kafka_lag", "training", "sync", "source",
+                                   "history"],
                       "properties": {
                 "ready": {"type": "boolean"},
                 "version": {"type": "integer"},
@@ -239,6 +240,21 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                 "words_trained": number_or_null,
                 "words_per_second": number_or_null,
                 "kafka_lag": number_or_null,
+                "training": {"type": "object", "nullable": True,
+                             "description": "the workers' training signal (null: the source has none): loss is "
+                                            "the SGNS loss per sampled pair over the workers' last 30 s, "
+                                            "hot_row_norm the worst worker's mean and max L2 norm of the input "
+                                            "and output rows of its 100 most frequent words (healthy 1 - 5), "
+                                            "diverging whether some worker's mean is beyond hot_row_norm_bound "
+                                            "or overflowed (nonfinite_rows, nonfinite_batches), workers each "
+                                            "worker's figures",
+                             "properties": {
+                                 "loss": number_or_null, "loss_pairs": {"type": "integer"},
+                                 "hot_row_norm": {"type": "object", "nullable": True},
+                                 "hot_row_norm_bound": {"type": "number"},
+                                 "nonfinite_batches": {"type": "integer"}, "nonfinite_rows": {"type": "integer"},
+                                 "diverging": {"type": "boolean"},
+                                 "workers": {"type": "array", "items": {"type": "object"}}}},
                 "sync": {"type": "object"},
                 "source": {"type": "object", "description": "what the model source reports"},
                 "queries": {"type": "object"},

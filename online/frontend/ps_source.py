@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
+from online.cluster.training_signal import summarise_reports
 from online.frontend.settings import ps_node_settings
 from online.frontend.sources import ModelDelta
 from ps_bridge.structured_logging import log_event
@@ -139,12 +140,14 @@ class ParameterServerSource:
         if self._rate is None or now - self._rate[0] > 1.0:
             self._rate = (now, tokens)
         reported = sum(s.get("workers_words_per_second", 0.0) for s in stats)
+        # The workers' training signal: server 0 passes on the reports they send it (each worker's last one).
+        reports = [r for s in stats for r in (s.get("worker_reports") or ()) if isinstance(r, dict)]
         return {"source": "ps", "servers": len(stats), "workers": max(s.get("workers_reporting", 0) for s in stats),
                 "vocab_size": sum(s.get("words", 0) for s in stats), "words_trained": tokens,
                 "words_per_second": reported or wps, "kafka_lag": sum(s.get("kafka_lag", 0) for s in stats),
                 "rows": sum(s.get("rows", 0) for s in stats),
                 "recovering": bool(unreachable) or any(s.get("recovering") for s in stats),
-                "servers_unreachable": unreachable,
+                "servers_unreachable": unreachable, "training": summarise_reports(reports),
                 "checkpoint_loaded": max((s.get("checkpoint_loaded") or 0 for s in stats), default=None)}
 
     async def close(self) -> None:

@@ -24,7 +24,8 @@ exported file, an in-process trainer or a parameter-server cluster the same way:
     Training statistics shown on ``/v1/stats`` and the page. Conventional keys (all
     optional; anything else is passed through): ``words_trained`` (int),
     ``words_per_second`` (float), ``vocab_size`` (int), ``kafka_lag`` (int, records),
-    ``updated_at`` (unix seconds of the last model change), ``workers``, ``servers``.
+    ``updated_at`` (unix seconds of the last model change), ``workers``, ``servers``,
+    ``training`` (the workers' training signal: ``online.cluster.training_signal.summarise_reports``).
 
 A source used from the CLI is named by ``--source``: a short name from ``SOURCES`` or
 ``module:function``; the function is called as ``function(settings, env)`` with the

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from online.cluster.training_signal import summarise_reports
 from online.frontend.sources import ModelDelta
 from online.stream.sample_corpus import PLANTED_PAIRS, TOPICS
 from online.learner.keys import word_keys
@@ -149,7 +150,18 @@ class SyntheticSource:
         self._stats_elapsed = elapsed
         return {"source": "synthetic", "words_trained": int(self.words_trained), "words_per_second": round(wps, 1),
                 "vocab_size": len(self.words), "kafka_lag": int(5000 + 4000 * math.sin(elapsed / 7.0)),
-                "updated_at": time.time(), "synthetic": True}
+                "updated_at": time.time(), "synthetic": True, "training": self._training(elapsed, wps)}
+
+    def _training(self, elapsed: float, wps: float) -> dict[str, Any] | None:
+        """A healthy worker's training signal (``online.cluster.training_signal``): the loss falls from
+        about 4 towards 2, the hot rows grow from about 1 towards 3."""
+        learnt = 1.0 - math.exp(-elapsed / 120.0)
+        noise = 0.03 * float(self.rng.standard_normal())
+        hot = {kind: {"mean": round(base * (0.4 + 0.6 * learnt), 4), "max": round(1.7 * base * (0.4 + 0.6 * learnt), 4)}
+               for kind, base in (("input", 2.4), ("output", 3.1))}
+        report = {"loss": round(4.0 - 1.9 * learnt + noise, 4), "loss_pairs": int(wps * 5 * 30 / 32),
+                  "nonfinite_batches": 0, "window_seconds": 30.0, "hot_rows": {"words": 100, "nonfinite": 0, **hot}}
+        return summarise_reports([{"node": 9, "training": report}])
 
 
 SYNTHETIC = SettingGroup("synthetic model source", (

@@ -171,6 +171,26 @@ function drawChart(history) {
   $("chart-max").textContent = `peak ${fmt(max)} words/s · last ${fmtAge(span)}`;
 }
 
+// The workers' training signal (GET /v1/stats "training"): red when some worker's hot rows are beyond the
+// bound the LivevecTrainingDiverging alert uses, or overflowed (a garbage model still answers queries).
+function renderTraining(t) {
+  const tiles = ["stat-loss", "stat-norm", "stat-norm-max"].map($);
+  const h = t && t.hot_row_norm;
+  const worst = (stat) => {
+    const values = h ? ["input", "output"].map((k) => h[k] && h[k][stat]).filter((v) => typeof v === "number") : [];
+    return values.length ? Math.max(...values) : null;
+  };
+  const loss = t && typeof t.loss === "number" ? (t.loss < 100 ? t.loss.toFixed(2) : fmt(t.loss)) : "–";
+  tiles[0].textContent = t && t.nonfinite_batches ? "overflow" : loss;
+  tiles[1].textContent = t && t.nonfinite_rows ? "overflow" : fmt(worst("mean"));
+  tiles[2].textContent = t && t.nonfinite_rows ? "overflow" : fmt(worst("max"));
+  tiles.forEach((e) => e.classList.toggle("alarm", Boolean(t && t.diverging)));
+  tiles[1].parentElement.title = h
+    ? `mean row length of the 100 most frequent words, worst worker: input ${fmt(h.input && h.input.mean)}, ` +
+      `output ${fmt(h.output && h.output.mean)}; healthy 1 to 5, diverging beyond ${t.hot_row_norm_bound}`
+    : "no worker reports its hot rows";
+}
+
 async function refreshStats() {
   try {
     const r = await getJSON("/v1/stats");
@@ -183,6 +203,7 @@ async function refreshStats() {
     $("stat-fresh").textContent = fmtAge(s.freshness_seconds);
     $("stat-trained").textContent = fmt(s.words_trained);
     $("stat-version").textContent = String(s.version);
+    renderTraining(s.training);
     const stale = !s.sync.source_reachable;
     $("stat-fresh").classList.toggle("stale", stale && s.ready);
     const status = $("status");
@@ -190,6 +211,8 @@ async function refreshStats() {
       status.className = "pill pill-wait"; status.textContent = "waiting for a model";
     } else if (stale) {
       status.className = "pill pill-bad"; status.textContent = "source unreachable · serving last copy";
+    } else if (s.training && s.training.diverging) {
+      status.className = "pill pill-bad"; status.textContent = `live · v${s.version} · training diverges`;
     } else {
       status.className = "pill pill-ok"; status.textContent = `live · v${s.version}`;
     }
