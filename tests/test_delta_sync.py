@@ -455,25 +455,3 @@ def test_a_replica_refreshes_the_rows_the_servers_changed_before_it_trains_them_
     vectors, acc = server.read_rows(keys2)
     r2.apply(keys2, np.hstack([vectors, acc[:, None]]))
     np.testing.assert_allclose(r2.vectors[rows2], target, rtol=1e-6)
-
-
-def test_a_fresh_delta_to_a_row_trained_meanwhile_is_moved_onto_it_by_its_contraction():
-    """A replica met a word the cluster already trains and trained its rows from the initial value. Its delta
-    is no longer dropped: saturated (it went all the way to where its data pull the row) the row goes there;
-    barely contracted (a few independent steps) it is added as it is."""
-    server = EmbeddingShard(4, optimizer="rowadagrad", seed=3)
-    server.merge_window = 1.0
-    keys = np.array([5, 7], dtype=np.uint64)
-    x0 = server.pull(keys).copy()
-    server.add_deltas(keys, np.ones((2, 4), np.float32), np.zeros(2, np.float32), sender=9, now=0.0,
-                      contraction=np.zeros(2, np.float32))
-    saturated, _ = server.add_deltas(keys, np.full((2, 4), 5.0, np.float32), np.zeros(2, np.float32), fresh=True,
-                                     sender=11, now=5.0, contraction=np.full(2, 100.0, np.float32))
-    np.testing.assert_allclose(saturated, x0 + 5.0, rtol=1e-5)
-    linear, _ = server.add_deltas(keys, np.full((2, 4), 0.5, np.float32), np.zeros(2, np.float32), fresh=True,
-                                  sender=13, now=10.0, contraction=np.full(2, 1e-6, np.float32))
-    np.testing.assert_allclose(linear, x0 + 5.5, rtol=1e-5)
-    # without a contraction (an older worker) it is dropped, as before
-    same, _ = server.add_deltas(keys, np.full((2, 4), 9.0, np.float32), np.zeros(2, np.float32), fresh=True,
-                                sender=15, now=15.0)
-    np.testing.assert_allclose(same, x0 + 5.5, rtol=1e-5)

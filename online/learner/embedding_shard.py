@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from online.learner.concurrent_merge import CONTRACTION_SCALE, ConcurrentMerge
+from online.learner.concurrent_merge import ConcurrentMerge
 from online.learner.key_index import KeyIndex
 from online.learner.keys import OUTPUT_BIT, word_rows
 from online.learner.word_counts import WordCounts
@@ -341,17 +341,11 @@ class EmbeddingShard:
         with self._lock:
             rows = self.rows_for(keys, create=True)
             rows_all = rows
-            born = rows
             if fresh:
                 keep = self.row_version[rows] == self.row_born[rows]
-                born = rows[keep]
-                if contraction is not None and not keep.all():
-                    rows, deltas, accum_deltas, contraction = self._rebased(keys, rows, deltas, accum_deltas,
-                                                                            np.asarray(contraction), keep)
-                else:
-                    rows, deltas, accum_deltas = rows[keep], deltas[keep], accum_deltas[keep]
-                    if contraction is not None:
-                        contraction = np.asarray(contraction)[keep]
+                rows, deltas, accum_deltas = rows[keep], deltas[keep], accum_deltas[keep]
+                if contraction is not None:
+                    contraction = np.asarray(contraction)[keep]
             if self._merge is not None:
                 now = time.monotonic() if now is None else now   # (a simulation passes its own clock)
                 deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now, contraction)
@@ -366,27 +360,10 @@ class EmbeddingShard:
                 self._stamp(moved)
                 self._note_writer(moved, sender)
                 if fresh:   # still nothing but deltas from the initial value: later fresh ones add up too
-                    born = np.intersect1d(born, moved)
-                    self.row_born[born] = self.version
+                    self.row_born[moved] = self.version
             rows = rows_all
             acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
             return self.vectors[rows], acc
-
-    def _rebased(self, keys, rows, deltas, accum_deltas, contraction, keep):
-        """Fresh deltas to rows trained here since they were born, moved onto the rows' values: a replica that
-        went ``a = 1 - e^-c`` of the way from the initial value ``x0`` towards its data's optimum ``t`` sent
-        ``d = a (t - x0)``; from the row ``x`` it would have sent ``a (t - x) = d - a (x - x0)``. Dropping them
-        instead lost each replica's first interval of every word new to it (with many replicas, many times a
-        word's first occurrences). The accumulator increments are the replica's squared gradients: kept."""
-        late = ~keep
-        x0 = np.empty((int(late.sum()), self.dim), dtype=np.float32)
-        init_rows(x0, np.arange(len(x0), dtype=np.int64), np.ascontiguousarray(keys[late], dtype=np.uint64),
-                  np.uint64(self.seed))
-        scale = self._merge.contraction_scale if self._merge is not None else CONTRACTION_SCALE
-        a = -np.expm1(-np.maximum(contraction[late].astype(np.float64), 0.0) * scale).astype(np.float32)
-        moved = deltas[late] - a[:, None] * (self.vectors[rows[late]] - x0)
-        order = np.concatenate([np.flatnonzero(keep), np.flatnonzero(late)])
-        return (rows[order], np.concatenate([deltas[keep], moved]), accum_deltas[order], contraction[order])
 
     def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], row-wise accumulators [n]) of ``keys``, created at their initial value if absent,
