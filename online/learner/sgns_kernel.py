@@ -238,15 +238,18 @@ def _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer):
         step = eta32 / np.sqrt(h)
         for d in range(dim):
             syn0[l1, d] += step * neu1e[d]
+        return step
     elif optimizer == OPT_ADAGRAD:
         for d in range(dim):
             gd = neu1e[d]
             h = acc0[l1, d] + gd * gd
             acc0[l1, d] = h
             syn0[l1, d] += eta32 * gd / np.sqrt(h)
+        return eta32 / np.sqrt(acc0[l1, 0])
     else:
         for d in range(dim):
             syn0[l1, d] += eta32 * neu1e[d]
+        return eta32
 
 
 @njit(inline="always")
@@ -259,11 +262,14 @@ def _update_target(syn0, syn1, acc1, l1, target, f, label, uu, eta32, inv_dim, o
     per-coordinate AdaGrad's needs only g u_d. So one pass over the row does both the neu1e term and
     the update, reading v_t[d] once, with the old value going into neu1e exactly as in word2vec.c."""
     dim = syn0.shape[1]
-    g = label - _sigmoid32(f)
+    sig = _sigmoid32(f)
+    g = label - sig
+    rate = eta32
     if optimizer == OPT_ROW_ADAGRAD:
         h = acc1[target, 0] + g * g * uu * inv_dim
         acc1[target, 0] = h
-        step = eta32 * g / np.sqrt(h)
+        rate = eta32 / np.sqrt(h)
+        step = rate * g
         for d in range(dim):
             v = syn1[target, d]
             neu1e[d] = g * v if first else neu1e[d] + g * v
@@ -276,43 +282,14 @@ def _update_target(syn0, syn1, acc1, l1, target, f, label, uu, eta32, inv_dim, o
             h = acc1[target, d] + gd * gd
             acc1[target, d] = h
             syn1[target, d] = v + eta32 * gd / np.sqrt(h)
+        rate = eta32 / np.sqrt(acc1[target, 0])
     else:
         step = eta32 * g
         for d in range(dim):
             v = syn1[target, d]
             neu1e[d] = g * v if first else neu1e[d] + g * v
             syn1[target, d] = v + step * syn0[l1, d]
-
-
-@njit(inline="always")
-def _rate(acc, row, eta32, optimizer):
-    """The step rate a row gets now: eta / sqrt(h) for the AdaGrads (h: the row's accumulator; per
-    coordinate, its first coordinate's stands for the row), eta for SGD."""
-    if optimizer == OPT_SGD:
-        return eta32
-    h = acc[row, 0]
-    return eta32 / np.sqrt(h) if h > 0 else eta32
-
-
-@njit(inline="always")
-def _contraction_uu(acc1, target, f, uu, label, eta32, inv_dim, optimizer):
-    """An output row's contraction for one term: rate * s'(f) * |u|^2, at the rate the step will use
-    (its accumulator after this term's gradient, as ``_update_target`` computes it)."""
-    s = _sigmoid32(f)
-    g = label - s
-    if optimizer == OPT_SGD:
-        rate = eta32
-    else:
-        h = acc1[target, 0] + g * g * uu * inv_dim
-        rate = eta32 / np.sqrt(h) if h > 0 else eta32
-    return rate * s * (_ONE32 - s) * uu
-
-
-@njit(inline="always")
-def _contraction(acc1, target, f, vv, eta32, optimizer):
-    """The input row's curvature term for one target, s'(f) |v_t|^2 (its rate is applied once per pair)."""
-    s = _sigmoid32(f)
-    return s * (_ONE32 - s) * vv
+    return rate, sig * (_ONE32 - sig)     # the step's rate and s'(f): the row's contraction is their product * |u|^2
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -416,10 +393,11 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
                     uu += u * u
             if sample:
                 loss[0] += _pair_loss(f, 1.0)
+            rate, ds = _update_target(syn0, syn1, acc1, l1, word_out, f, _ONE32, uu, eta32, inv_dim, optimizer,
+                                      neu1e, True)
             if track:
-                curv_in = _contraction(acc1, word_out, f, vv, eta32, optimizer)
-                curv[word_out] += _contraction_uu(acc1, word_out, f, uu, _ONE32, eta32, inv_dim, optimizer)
-            _update_target(syn0, syn1, acc1, l1, word_out, f, _ONE32, uu, eta32, inv_dim, optimizer, neu1e, True)
+                curv_in = ds * vv
+                curv[word_out] += rate * ds * uu
             touched[word_out] = 1
             for k in range(negative):
                 target = negs[cur, q, k]
@@ -432,20 +410,21 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
                         v = syn1[target, d]
                         f += syn0[l1, d] * v
                         vv += v * v
-                    curv_in += _contraction(acc1, target, f, vv, eta32, optimizer)
-                    curv[target] += _contraction_uu(acc1, target, f, uu, _ZERO32, eta32, inv_dim, optimizer)
                 else:
                     for d in range(dim):
                         f += syn0[l1, d] * syn1[target, d]
                 if sample:
                     loss[0] += _pair_loss(f, 0.0)
-                _update_target(syn0, syn1, acc1, l1, target, f, _ZERO32, uu, eta32, inv_dim, optimizer, neu1e,
-                               False)
+                rate, ds = _update_target(syn0, syn1, acc1, l1, target, f, _ZERO32, uu, eta32, inv_dim, optimizer,
+                                          neu1e, False)
+                if track:
+                    curv_in += ds * vv
+                    curv[target] += rate * ds * uu
                 touched[target] = 1
             touched[l1] = 1
-            _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer)
+            rate = _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer)
             if track:   # the input row's rate, after its accumulator took this pair's gradient
-                curv[l1] += curv_in * _rate(acc0, l1, eta32, optimizer)
+                curv[l1] += curv_in * rate
             if sample:
                 loss[1] += 1.0
             pairs += 1
