@@ -64,94 +64,84 @@ import numpy as np
 from numba import njit
 
 
+@njit(inline="always")
+def _joins_round(i, r, deltas, acc, bit, now, window, S, A, Q, P, C, n, g, mask, t0, out, out_acc):
+    """Both rules' bookkeeping for delta ``i`` of row ``r``: a zero delta (a refresh) gets a zero answer and
+    takes no part (False); otherwise a new round starts when the window expired or the sender already
+    contributed, and the delta is counted in it (its squared norm goes to ``Q``)."""
+    dim = deltas.shape[1]
+    q = np.float32(0.0)
+    for d in range(dim):
+        q += deltas[i, d] * deltas[i, d]
+    if q == 0.0 and acc[i] == 0.0:
+        for d in range(dim):
+            out[i, d] = 0.0
+        out_acc[i] = 0.0
+        return False
+    if now - t0[r] > window or (mask[r] & bit) != 0:
+        for d in range(dim):
+            S[r, d] = 0.0
+        A[r] = 0.0
+        Q[r] = 0.0
+        P[r] = 0.0
+        C[r] = 0.0
+        n[r] = 0
+        g[r] = 1.0
+        mask[r] = 0
+        t0[r] = now
+    n[r] += 1
+    Q[r] += q
+    mask[r] |= bit
+    return True
+
+
+@njit(inline="always")
+def _reweigh(i, r, g_new, deltas, acc, S, A, g, out, out_acc):
+    """Add delta ``i`` to the round's sums and answer the change of ``g * sum`` it makes: the earlier deltas
+    of the round are re-weighted from the old ``g`` to ``g_new`` at the same time."""
+    g_old = g[r]
+    for d in range(deltas.shape[1]):
+        s_old = S[r, d]
+        s_new = s_old + deltas[i, d]
+        out[i, d] = g_new * s_new - g_old * s_old
+        S[r, d] = s_new
+    a_old = A[r]
+    A[r] = a_old + acc[i]
+    out_acc[i] = g_new * A[r] - g_old * a_old
+    g[r] = g_new
+
+
 @njit(nogil=True, cache=True)
-def _merge(rows, deltas, acc, bit, now, window, floor, S, A, Q, n, g, mask, t0, out, out_acc):
+def _merge(rows, deltas, acc, bit, now, window, floor, S, A, Q, P, C, n, g, mask, t0, out, out_acc):
+    """The alignment rule (see the module docstring)."""
     dim = deltas.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
-        q = np.float32(0.0)
-        for d in range(dim):
-            q += deltas[i, d] * deltas[i, d]
-        if q == 0.0 and acc[i] == 0.0:          # a refresh: nothing to combine
-            for d in range(dim):
-                out[i, d] = 0.0
-            out_acc[i] = 0.0
+        if not _joins_round(i, r, deltas, acc, bit, now, window, S, A, Q, P, C, n, g, mask, t0, out, out_acc):
             continue
-        if now - t0[r] > window or (mask[r] & bit) != 0:     # a new round
-            for d in range(dim):
-                S[r, d] = 0.0
-            A[r] = 0.0
-            Q[r] = 0.0
-            n[r] = 0
-            g[r] = 1.0
-            mask[r] = 0
-            t0[r] = now
         ss = np.float32(0.0)                     # |S + delta|^2
         for d in range(dim):
             s = S[r, d] + deltas[i, d]
             ss += s * s
-        n[r] += 1
-        Q[r] += q
-        mask[r] |= bit
         rho = min(np.float32(1.0), ss / (n[r] * Q[r])) if Q[r] > 0 else np.float32(1.0)
         n_eff = max(1.0 + (n[r] - 1) * (1.0 - rho), min(np.float32(n[r]), floor))
-        g_new = np.float32(n_eff / n[r])
-        g_old = g[r]
-        for d in range(dim):
-            s_old = S[r, d]
-            s_new = s_old + deltas[i, d]
-            out[i, d] = g_new * s_new - g_old * s_old
-            S[r, d] = s_new
-        a_old = A[r]
-        A[r] = a_old + acc[i]
-        out_acc[i] = g_new * A[r] - g_old * a_old
-        g[r] = g_new
+        _reweigh(i, r, np.float32(n_eff / n[r]), deltas, acc, S, A, g, out, out_acc)
 
 
 @njit(nogil=True, cache=True)
-def _merge_by_contraction(rows, deltas, acc, contraction, scale, bit, now, window, S, A, Q, n, g, mask, t0,
-                          P, C, out, out_acc):
+def _merge_by_contraction(rows, deltas, acc, contraction, scale, bit, now, window, S, A, Q, P, C, n, g, mask, t0,
+                          out, out_acc):
     """The contraction rule (see the module docstring): g = (1 - e^-C) / sum_i (1 - e^-c_i) of the round."""
-    dim = deltas.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
-        q = np.float32(0.0)
-        for d in range(dim):
-            q += deltas[i, d] * deltas[i, d]
-        if q == 0.0 and acc[i] == 0.0:          # a refresh: nothing to combine
-            for d in range(dim):
-                out[i, d] = 0.0
-            out_acc[i] = 0.0
+        if not _joins_round(i, r, deltas, acc, bit, now, window, S, A, Q, P, C, n, g, mask, t0, out, out_acc):
             continue
-        if now - t0[r] > window or (mask[r] & bit) != 0:     # a new round
-            for d in range(dim):
-                S[r, d] = 0.0
-            A[r] = 0.0
-            Q[r] = 0.0
-            P[r] = 0.0
-            C[r] = 0.0
-            n[r] = 0
-            g[r] = 1.0
-            mask[r] = 0
-            t0[r] = now
         c = max(np.float64(contraction[i]) * scale, 0.0)
-        n[r] += 1
-        Q[r] += q
-        mask[r] |= bit
         P[r] += -np.expm1(-c)                  # how far this replica went towards its optimum
         C[r] += c
         covered = -np.expm1(-C[r])             # how far one process would have gone on all of it
-        g_new = np.float32(covered / P[r]) if P[r] > 1e-12 else np.float32(1.0)
-        g_old = g[r]
-        for d in range(dim):
-            s_old = S[r, d]
-            s_new = s_old + deltas[i, d]
-            out[i, d] = g_new * s_new - g_old * s_old
-            S[r, d] = s_new
-        a_old = A[r]
-        A[r] = a_old + acc[i]
-        out_acc[i] = g_new * A[r] - g_old * a_old
-        g[r] = g_new
+        _reweigh(i, r, np.float32(covered / P[r]) if P[r] > 1e-12 else np.float32(1.0), deltas, acc, S, A, g,
+                 out, out_acc)
 
 
 # The measured contraction sums rate * s' * |x|^2 over a row's steps, as if every step pulled along one direction;
@@ -207,10 +197,10 @@ class ConcurrentMerge:
             _merge_by_contraction(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(deltas, np.float32),
                                   np.ascontiguousarray(accum_deltas, np.float32).reshape(-1),
                                   np.ascontiguousarray(contraction, np.float32).reshape(-1), self.contraction_scale,
-                                  bit, float(now), self.window, self.S, self.A, self.Q, self.n, self.g, self.mask,
-                                  self.t0, self.P, self.C, out, out_acc)
+                                  bit, float(now), self.window, self.S, self.A, self.Q, self.P, self.C, self.n,
+                                  self.g, self.mask, self.t0, out, out_acc)
             return out, out_acc
         _merge(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(deltas, np.float32),
                np.ascontiguousarray(accum_deltas, np.float32).reshape(-1), bit, float(now), self.window, self.floor,
-               self.S, self.A, self.Q, self.n, self.g, self.mask, self.t0, out, out_acc)
+               self.S, self.A, self.Q, self.P, self.C, self.n, self.g, self.mask, self.t0, out, out_acc)
         return out, out_acc
