@@ -97,29 +97,35 @@ def decode_words(body: bytes) -> tuple[np.ndarray, list[str]]:
         raise PayloadError(f"word is not UTF-8: {exc}") from None
 
 
+def _encode_two_and_keys(first: int, second: int, keys: np.ndarray) -> bytes:
+    """Two unsigned 64-bit numbers, then 8-byte keys: the layout of the trainable and changed-rows answers."""
+    return struct.pack("<QQ", first, second) + np.ascontiguousarray(keys, dtype=np.uint64).tobytes()
+
+
+def _decode_two_and_keys(body: bytes, what: str) -> tuple[int, int, np.ndarray]:
+    if len(body) < 16 or (len(body) - 16) % 8:
+        raise PayloadError(f"{what} body of {len(body)} bytes is not a 16-byte header and 8-byte keys")
+    first, second = struct.unpack_from("<QQ", body)
+    return first, second, np.frombuffer(body, dtype=np.uint64, offset=16)
+
+
 def encode_trainable(generation: int, position: int, keys: np.ndarray) -> bytes:
     """The answer to ``HEAD_TRAINABLE_SINCE``: the journal's generation, the next position, the keys."""
-    return struct.pack("<QQ", generation, position) + np.ascontiguousarray(keys, dtype=np.uint64).tobytes()
+    return _encode_two_and_keys(generation, position, keys)
 
 
 def decode_trainable(body: bytes) -> tuple[int, int, np.ndarray]:
-    if len(body) < 16 or (len(body) - 16) % 8:
-        raise PayloadError(f"trainable body of {len(body)} bytes is not a 16-byte header and 8-byte keys")
-    generation, position = struct.unpack_from("<QQ", body)
-    return generation, position, np.frombuffer(body, dtype=np.uint64, offset=16)
+    return _decode_two_and_keys(body, "trainable")
 
 
 def encode_changed_rows(epoch: int, version: int, keys: np.ndarray) -> bytes:
     """The answer to ``HEAD_CHANGED_ROWS``: the shard's epoch and version, then the keys changed since the version
     asked (none when the epoch asked is not the shard's: after a restart or a rollback the worker reloads anyway)."""
-    return struct.pack("<QQ", epoch, version) + np.ascontiguousarray(keys, dtype=np.uint64).tobytes()
+    return _encode_two_and_keys(epoch, version, keys)
 
 
 def decode_changed_rows(body: bytes) -> tuple[int, int, np.ndarray]:
-    if len(body) < 16 or (len(body) - 16) % 8:
-        raise PayloadError(f"changed-rows body of {len(body)} bytes is not a 16-byte header and 8-byte keys")
-    epoch, version = struct.unpack_from("<QQ", body)
-    return epoch, version, np.frombuffer(body, dtype=np.uint64, offset=16)
+    return _decode_two_and_keys(body, "changed-rows")
 
 
 def encode_changes(*, epoch: int, version: int, full: bool, keys: np.ndarray, words: list[str],

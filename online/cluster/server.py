@@ -95,6 +95,11 @@ class ServerSettings:
                    **SERVER_MODEL.read(args, env), **SYNC.read(args, env))
 
 
+def _rows_answer(keys: np.ndarray, vectors: np.ndarray, accum: np.ndarray) -> KVPairs:
+    """A replica's rows on the wire: per key its ``dim`` values, then its row-wise accumulator."""
+    return KVPairs(keys, np.hstack([vectors, accum[:, None]]).reshape(-1))
+
+
 @dataclass
 class _Counters:
     pulls: int = 0
@@ -167,7 +172,7 @@ class ShardService:
                 self.c.keys_pulled += n
                 self.m_requests["refresh"].inc()
                 self.m_keys_pulled.inc(n)
-                server.response(req, KVPairs(keys, np.hstack([vectors, accum[:, None]]).reshape(-1)))
+                server.response(req, _rows_answer(keys, vectors, accum))
                 return
             elif req.cmd in (pc.CMD_DELTA, pc.CMD_DELTA_FRESH) and req.push and req.pull:
                 # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
@@ -184,7 +189,7 @@ class ShardService:
                 self.c.keys_pushed += n
                 self.m_requests["deltas"].inc()
                 self.m_keys_pushed.inc(n)
-                server.response(req, KVPairs(keys, np.hstack([vectors, accum[:, None]]).reshape(-1)))
+                server.response(req, _rows_answer(keys, vectors, accum))
                 return
             elif req.cmd == pc.CMD_WORD_COUNTS and req.push and req.pull:
                 if len(data.vals) != n:
