@@ -141,7 +141,6 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         if not args.no_journal:
             store.on_trainable = trainer.learn_cluster_trainable
         store.contraction = args.merge == "contraction"
-        store.shard.acc_gain = args.acc_gain
         store.stale_refresh = not args.no_stale_refresh
         workers.append((trainer, store))
     t0 = time.perf_counter()
@@ -220,9 +219,6 @@ def main() -> int:
     ap.add_argument("--shared-replica", action="store_true",
                     help="diagnostic: every worker trains one shared replica (threads, no deltas); each keeps its "
                          "own vocabulary, noise table and sampling, and the servers still count the words")
-    ap.add_argument("--acc-gain", type=float, default=1.0,
-                    help="experiment: a replica's AdaGrad accumulators count its own gradients this many times "
-                         "(ReplicaShard.acc_gain)")
     ap.add_argument("--no-stale-refresh", action="store_true",
                     help="held rows the servers changed wait for the refresh turn (before session 12)")
     ap.add_argument("--min-count", type=int, default=5)

@@ -18,7 +18,7 @@ from numba import njit
 
 
 @njit(nogil=True, cache=True)
-def take_deltas(vectors, accum, base, base_acc, contraction, rows, out, acc_gain=1.0):
+def take_deltas(vectors, accum, base, base_acc, contraction, rows, out):
     """out[i] = (row - base, mean accumulator - base_acc[, contraction]) of ``rows[i]``; then base = what was
     sent and the contraction restarts, so the next collect sends only what is trained after this one. The
     contraction column is written when ``out`` has room for it (dim + 2 columns)."""
@@ -36,7 +36,7 @@ def take_deltas(vectors, accum, base, base_acc, contraction, rows, out, acc_gain
             for c in range(width):
                 a += accum[r, c]
             a /= np.float32(width)
-        out[i, dim] = (a - base_acc[r, 0]) / acc_gain   # the gradients' own squares, without the local gain
+        out[i, dim] = a - base_acc[r, 0]
         base_acc[r, 0] = a
         if out.shape[1] > dim + 1:
             out[i, dim + 1] = contraction[r]

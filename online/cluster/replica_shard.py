@@ -32,7 +32,6 @@ class ReplicaShard(EmbeddingShard):
 
     REFRESH_MIN = 256     # idle rows a sync refreshes at least: every held row within rows / that syncs
     tracks_contraction = True   # the trainer's kernel measures each row's contraction for ``collect``
-    acc_gain = 1.0        # the AdaGrad accumulators' local increments count this many times (not sent)
     shared = False        # one replica for several processes (``online.cluster.host_replica``)
     group = 0             # the id servers merge this replica's deltas under (0: the sending node's)
     rows_refused = 0      # keys a full replica had no room for (only a shared one cannot grow)
@@ -187,8 +186,7 @@ class ReplicaShard(EmbeddingShard):
             order = np.argsort(keys)
             rows, keys = rows[order], keys[order]
             out = np.empty((len(rows), self.dim + 2), dtype=np.float32)
-            take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction, rows, out,
-                        np.float32(self.acc_gain))
+            take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction, rows, out)
             return keys, out, ~self.confirmed[rows]
 
     def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:

@@ -294,7 +294,7 @@ def _update_target(syn0, syn1, acc1, l1, target, f, label, uu, eta32, inv_dim, o
 
 @njit(nogil=True, fastmath=True, cache=True)
 def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
-                       window, negative, eta, optimizer, seed, touched, curv, loss, acc_gain=1.0):
+                       window, negative, eta, optimizer, seed, touched, curv, loss):
     """Train every (context, centre) pair of the batch in place; return the pair count.
 
     syn0/syn1: float32 [rows, dim] input/output matrices (acc0/acc1: AdaGrad
@@ -340,7 +340,7 @@ def train_inplace_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_
     row_acc = optimizer == OPT_ROW_ADAGRAD
     pairs = 0
     eta32 = np.float32(eta)
-    inv_dim = np.float32(acc_gain / dim)   # the AdaGrad accumulators' increment per |g|^2 (see acc_gain)
+    inv_dim = np.float32(1.0 / dim)
     track = curv.shape[0] > 0
     sample_loss = loss.shape[0] >= 2
     curv_in = _ZERO32

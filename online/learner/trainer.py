@@ -201,22 +201,25 @@ class Trainer:
         vectors = self.store.pull(keys) if len(keys) else np.zeros((0, self.config.dim), np.float32)
         return words, vectors, counts
 
+    def _thread_buffer(self, name: str, capacity: int, dtype) -> np.ndarray:
+        """This thread's zeroed array ``name`` of at least ``capacity`` entries, kept between batches (the kernel's
+        per-row outputs: writing shared arrays from two threads costs throughput, see ``train_inplace``)."""
+        buf = getattr(self._local, name, None)
+        if buf is None or len(buf) < capacity:
+            buf = np.zeros(capacity, dtype=dtype)
+            setattr(self._local, name, buf)
+        return buf
+
     def _touched_mask(self, capacity: int) -> np.ndarray:
         """This thread's uint8 mask of rows written by its kernel (see ``train_inplace``)."""
-        mask = getattr(self._local, "touched", None)
-        if mask is None or len(mask) < capacity:
-            mask = self._local.touched = np.zeros(capacity, dtype=np.uint8)
-        return mask
+        return self._thread_buffer("touched", capacity, np.uint8)
 
     def _curvature(self, shard) -> np.ndarray:
         """This thread's float32 contraction buffer when the shard keeps the rows' contraction (a worker's
         replica, for the delta merge; ``sgns_kernel.train_inplace_rows``), else an empty one (not measured)."""
         if not getattr(shard, "tracks_contraction", False):
             return NO_CURVATURE
-        buf = getattr(self._local, "curv", None)
-        if buf is None or len(buf) < shard.capacity:
-            buf = self._local.curv = np.zeros(shard.capacity, dtype=np.float32)
-        return buf
+        return self._thread_buffer("curv", shard.capacity, np.float32)
 
     # -------------------------------------------------------------- stages
     def prepare(self, sentences: list[list[str]], update_vocab: bool = True) -> _Prepared:
@@ -348,8 +351,7 @@ class Trainer:
                     loss = np.zeros(2, dtype=np.float64)
                     stats.pairs = train_inplace_rows(shard.vectors, shard.vectors, shard.accum, shard.accum,
                                                      p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
-                                                     cfg.negative, p.eta, self._opt, p.seed, touched, curv, loss,
-                                                     getattr(shard, "acc_gain", 1.0))
+                                                     cfg.negative, p.eta, self._opt, p.seed, touched, curv, loss)
                     stats.loss_sampled, stats.loss_pairs = float(loss[0]), int(loss[1])
                     rows = np.flatnonzero(touched[:shard.rows_in_use])   # no kernel writes above it
                     touched[rows] = 0
