@@ -41,8 +41,8 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   sync** (``HEAD_CHANGED_ROWS``, ``ReplicaShard.mark_stale``): 2.06 % / 0.394; and in the cluster, where 8 workers
   on two cores synced once a second and so trained 4x the tokens between merges, **a bound in tokens**
   (``LIVEVEC_SYNC_TOKENS``, 80,000 / workers; the worker waits at twice that). On wiki17m, 8 workers with a replica
-  each: 17.3 - 20.6 % / 0.55 - 0.59 over four runs, 16: 14.1 % / 0.483, against 22.0 - 24.1 % for 2 workers sharing
-  one replica (``bench/README.md``). Past 8 replicas it still falls behind one model; what remains is not
+  each: 17.3 - 20.6 % / 0.55 - 0.59 over five runs, 16: 14.1 - 14.5 % / 0.46 - 0.48, against 22.0 - 24.1 % for 2
+  workers sharing one replica (``bench/README.md``). Past 8 replicas it still falls behind one model; what remains is not
   understood (a smaller round helps 16 replicas a little in the simulation).
 
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
