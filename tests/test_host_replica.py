@@ -214,15 +214,19 @@ def test_a_sync_carries_other_processes_batches_and_a_checkpoint_hold_stops_the_
     _, join = ps_cluster
     a, b = (ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64) for _ in range(2))
     assert a.shard.member != b.shard.member
+    a.add_counts(np.array([5], np.uint64), np.array([3], np.int64))   # a's two batches counted a word
     a.shard.batch_finished()
     a.shard.batch_finished()
     assert b.sync() is not None
+    # b's sync carried a's rows, not a's counts: committed now, a's batches would lose them with a's process
+    assert a.shard.covered_batches() == 0
+    assert a.sync(min_gap=1e9) is None   # skipped for b's, but a's counts go out
     assert a.shard.covered_batches() == 2 and b.shard.covered_batches() == 0   # a may commit both
     a.shard.batch_finished()
     a.shard.hold(True)                         # a checkpoint holds a's syncs: so every sync of the host
     assert b.sync() is None and a.shard.covered_batches() == 2
     a.shard.hold(False)
-    assert b.sync() is not None and a.shard.covered_batches() == 3
+    assert b.sync() is not None and a.sync(min_gap=1e9) is None and a.shard.covered_batches() == 3
     # a holder that dies holding does not stop the host for good
     dead = _in_another_process(_hold_and_die, segment_path)
     assert a.shard._held[dead] == 1

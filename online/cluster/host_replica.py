@@ -66,13 +66,14 @@ from online.learner.embedding_shard import OPTIMIZERS
 log = logging.getLogger("livevec.worker")
 
 _MAGIC = 0x6C69766576656331    # "livevec1"
-_LAYOUT = 1
+_LAYOUT = 2
 # Header slots (int64).
 (H_MAGIC, H_LAYOUT, H_DIM, H_ROWS, H_SLOTS, H_ACCUM, H_SEED, H_OPT, H_VERSION, H_NEXT_ROW, H_SYNCED, H_REFRESH,
  H_SIZE, H_GROUP, H_LAST_SYNC) = range(15)
 MAX_MEMBERS = 64
-# Per member process (its slot): batches finished, batches an acknowledged sync carried, syncs held.
-H_FINISHED, H_COVERED, H_HELD = 64, 64 + MAX_MEMBERS, 64 + 2 * MAX_MEMBERS
+# Per member process (its slot): batches finished, batches an acknowledged sync carried, syncs held, batches
+# whose word counts the servers acknowledged.
+H_FINISHED, H_COVERED, H_HELD, H_COUNTED = (64 + i * MAX_MEMBERS for i in range(4))
 
 
 def segment_path(directory: str | Path, root_uri: str, root_port: int, node_host: str | None) -> Path:
@@ -171,7 +172,7 @@ class HostSegment:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            for base in (H_FINISHED, H_COVERED, H_HELD):
+            for base in (H_FINISHED, H_COVERED, H_HELD, H_COUNTED):
                 self.header[base + m] = 0
             return m, fd
         raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: more than {MAX_MEMBERS} workers of one cluster share "
@@ -314,6 +315,7 @@ class SharedReplicaShard(ReplicaShard):
         self._finished = seg.header[H_FINISHED:H_FINISHED + MAX_MEMBERS]
         self._covered = seg.header[H_COVERED:H_COVERED + MAX_MEMBERS]
         self._held = seg.header[H_HELD:H_HELD + MAX_MEMBERS]
+        self._counted = seg.header[H_COUNTED:H_COUNTED + MAX_MEMBERS]
         self.collected_finished = self._finished.copy()
 
     @property

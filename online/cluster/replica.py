@@ -330,6 +330,8 @@ class ReplicaStore:
         deltas go out meanwhile); what ``_await_vocabulary`` takes."""
         kv = self.worker
         with self._buffer_lock:
+            # Read before the swap: a batch is counted finished only after its counts were buffered.
+            finished = self.shard.finished_batches()
             counts, self._counts = self._counts, []
             words, self._words = self._words, {}
         try:
@@ -340,13 +342,13 @@ class ReplicaStore:
         except BaseException:
             self._requeue(counts, words)
             raise
-        return counts, words, pending_words, pending_counts, pending_trainable
+        return counts, words, finished, pending_words, pending_counts, pending_trainable
 
     def _await_vocabulary(self, sent) -> None:
         """The servers' answers: the cluster's totals of the words counted, and the words the cluster made
         trainable since this worker last asked (``on_totals`` / ``on_trainable``)."""
         kv = self.worker
-        counts, words, pending_words, pending_counts, pending_trainable = sent
+        counts, words, finished, pending_words, pending_counts, pending_trainable = sent
         try:
             for ts in pending_words:
                 kv.wait(ts, self.timeout)
@@ -355,6 +357,7 @@ class ReplicaStore:
                 totals = np.rint(np.asarray(kv.wait(ts, self.timeout).vals, np.float64)).astype(np.int64)
                 if self.on_totals is not None:
                     self.on_totals(slots, uniq, totals)
+            self.shard.counts_sent(finished)
             news = [self.journal.answer(rank, pc.decode_trainable(kv.wait(ts, self.timeout)[0].body))
                     for rank, ts in enumerate(pending_trainable)]
             if self.on_trainable is not None and self.journal.changed:

@@ -47,10 +47,12 @@ class ReplicaShard(EmbeddingShard):
         self._refresh_at = 0
         self._stale = np.zeros(0, dtype=np.uint64)   # keys the servers changed since this replica last read them
         self.pending_free: set[int] = set()
-        # Batches finished and batches carried, per member process (one here; a host's in ``host_replica``):
-        # a batch may be committed once a sync that collected after it finished was acknowledged.
+        # Batches finished, batches whose word counts the servers acknowledged, and batches carried, per member
+        # process (one here; a host's in ``host_replica``): a batch may be committed once a sync that collected
+        # after it finished was acknowledged, and its counts were too.
         self.member = 0
         self._finished = np.zeros(1, dtype=np.int64)
+        self._counted = np.zeros(1, dtype=np.int64)
         self._covered = np.zeros(1, dtype=np.int64)
         self._held = np.zeros(1, dtype=np.int64)
         self.collected_finished = self._finished.copy()   # ``_finished`` as the last collect saw it
@@ -102,8 +104,18 @@ class ReplicaShard(EmbeddingShard):
         return int(self._finished[self.member])
 
     def covered_batches(self) -> int:
-        """This process's batches that an acknowledged sync carried (whichever process ran it)."""
-        return int(self._covered[self.member])
+        """This process's batches that an acknowledged sync carried (whichever process ran it), and whose word counts
+        the servers acknowledged. The counts go out before the collect (a round trip earlier), so a batch finished
+        in between has its deltas in one sync and its counts in the next; committed on the deltas alone, its
+        counts were lost with a worker killed before that next sync, and its records were never read again. With
+        a replica the host shares, the counts are the process's own: another's sync carries only the deltas."""
+        m = self.member
+        return int(min(self._covered[m], self._counted[m]))
+
+    def counts_sent(self, finished: int) -> None:
+        """The servers acknowledged the word counts of this process's first ``finished`` batches."""
+        with self._lock:
+            self._counted[self.member] = max(int(self._counted[self.member]), int(finished))
 
     def cover(self, finished: np.ndarray) -> None:
         """A sync whose collect saw ``finished`` was acknowledged."""
