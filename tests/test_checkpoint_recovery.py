@@ -145,6 +145,16 @@ def _ledger(stats: list[dict] | None) -> dict | None:
     return stats[0].get("ledger") if stats else None
 
 
+
+def _warnings(logs: Path, last: int = 12) -> str:
+    """The last warnings and errors of every worker's log: what a failed assertion shows of a stuck worker."""
+    out = []
+    for path in sorted(logs.glob("livevec-worker-*.log")):
+        lines = [line for line in path.read_text(errors="replace").splitlines()
+                 if "level=warning" in line or "level=error" in line]
+        out += [f"--- {path.name}"] + [line[:300] for line in lines[-last:]]
+    return "\n".join(out)
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("sync_ms,host_replica", [("250", False), ("1500", False), ("1500", True)],
@@ -264,7 +274,8 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         assert watcher.saw_recovering, "the front end's /v1/stats never said the cluster was recovering"
         # on demand, through the request file the coordinator watches; then verify and export it
         done = _cli("--dir", str(store.root), "now", "--timeout", "60")
-        assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr
+        assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr + _warnings(
+            tmp_path / "run" / "logs")
         assert _cli("--dir", str(store.root), "verify", str(json.loads(done.stdout)["id"])).returncode == 0
         exported = _cli("--dir", str(store.root), "export", "--out", str(tmp_path / "export"))
         assert exported.returncode == 0, exported.stderr
@@ -329,7 +340,8 @@ def test_a_batch_of_only_malformed_records_is_processed_like_any_other(kafka_boo
         assert ledger["offsets"] == 31 and ledger["records"] == 30, ledger
         # the checkpoint's position covers the malformed record: a rollback resumes after it
         done = _cli("--dir", str(store.root), "now", "--timeout", "60")
-        assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr
+        assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr + _warnings(
+            tmp_path / "run" / "logs")
         assert store.latest_complete(check_data=False).offsets == {topic: {"0": 31}}
     finally:
         if probe is not None:

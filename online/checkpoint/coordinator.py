@@ -322,7 +322,9 @@ class CheckpointCoordinator(SchedulerExtension):
         problem = None
         if any(a is None or not a.get("ok", True) for a in answers.values()):
             bad = sorted(n for n, a in answers.items() if a is None or not a.get("ok", True))
-            problem = f"workers {bad} did not pause"
+            why = "; ".join(f"{n}: {answers[n]['error'] if answers[n] and answers[n].get('error') else 'no answer'}"
+                            for n in bad)
+            problem = f"workers {bad} did not pause ({why})"
         elif any(a.get("dirty") for a in trainers.values()):
             problem = "partitions were rebalanced since the last rollback"
             self.request_rollback("partitions rebalanced (seen at checkpoint)")
