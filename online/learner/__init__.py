@@ -5,7 +5,7 @@ output row), the noise and subsampling distributions, the SGNS kernel, the train
 feeds it, the parameter stores it trains against (in process, or a server's shard) and the
 word2vec file format.
 
-May import: numpy, numba and ``ps_bridge.settings`` / ``ps_bridge.structured_logging``
-only. Nothing here knows about Kafka, the cluster roles, checkpoints or HTTP: it is the
+May import: numpy, numba, the word segmenters of Chinese and Japanese (``rjieba``, ``sudachipy``)
+and ``ps_bridge.settings`` / ``ps_bridge.structured_logging`` only. Nothing here knows about Kafka, the cluster roles, checkpoints or HTTP: it is the
 bottom of livevec, and every other subpackage builds on it.
 """

@@ -10,10 +10,10 @@ import argparse
 from collections.abc import Mapping
 
 from online.learner.embedding_shard import OPTIMIZERS
+from online.learner.tokenizers import TOKENIZERS
+from online.learner.tokenizers.cjk import LANGUAGES
 from online.learner.trainer import LearnerConfig
 from ps_bridge.settings import Setting, SettingError, SettingGroup
-
-TOKENIZERS = ("text8", "unicode")
 
 MODEL = SettingGroup("model (the same on every role)", (
     Setting("dim", "LIVEVEC_DIM", int, 100, minimum=1, maximum=4096, help="vector size"),
@@ -30,7 +30,11 @@ MODEL = SettingGroup("model (the same on every role)", (
 
 LEARNER = SettingGroup("learner", (
     Setting("tokenizer", "LIVEVEC_TOKENIZER", default="text8", choices=TOKENIZERS,
-            help="text8: lower-case ASCII words as word2vec's demo; unicode: any script"),
+            help="text8: lower-case ASCII words as word2vec's demo; unicode: any script, Chinese and Japanese "
+                 "cut into words; tokens: split on whitespace only, every token kept byte for byte (IDs)"),
+    Setting("language", "LIVEVEC_LANGUAGE", default="auto", choices=LANGUAGES,
+            help="unicode: how a Chinese or Japanese run is segmented: auto (Japanese where the record holds "
+                 "kana, else Chinese), zh or ja"),
     Setting("vocab_capacity", "LIVEVEC_VOCAB_CAPACITY", int, 1_000_000, minimum=1,
             help="most words counted at once"),
     Setting("local_rate", "LIVEVEC_LOCAL_RATE", float, 0.002, minimum=0.0, maximum=1.0,

@@ -1,115 +1,105 @@
-"""Turning a text record (a Kafka message, a line of a file) into sentences of tokens.
+"""Turning a record (a Kafka message, a line of a file) into sentences of tokens.
 
-Two tokenizers, chosen by name:
-
-``text8`` (default)
-    The last step of the script that made text8, which is also how the benchmark corpus
-    ``wiki17m`` was normalised: ASCII letters lower-cased, each digit spelled out as a
-    word (``"1"`` -> ``"one"``), every other character (punctuation, non-ASCII) turned into
-    a space. Training on text normalised the same way as the evaluation sets keeps
-    livevec comparable with gensim/word2vec numbers on text8-like corpora.
-
-``unicode``
-    For real multilingual streams: NFKC normalisation, case folding, and words are
-    maximal runs of Unicode letters/digits/marks (``\\w``), with inner apostrophes kept
-    (``don't``, ``l'homme``). Scripts without spaces (CJK) come out as runs, which is the
-    honest best a regex can do.
+The tokenizer families (``text8``, ``unicode``, ``tokens``) and their registry live in
+``online.learner.tokenizers``; this module applies the one a name picks to whole records.
 
 Records are split into sentences because SGNS windows must not cross sentence
-boundaries: on newlines and, for raw text, after ``. ! ?`` (and their full-width
-forms) followed by whitespace. A sentence longer than ``max_sentence_length`` tokens is cut
-into chunks, as gensim and word2vec.c do (10,000 and 1,000 tokens), so one huge record
-(a whole Wikipedia article on one line) costs no more memory than it must.
+boundaries: on newlines and, for raw text, after ``. ! ?`` followed by whitespace (``text8``,
+``unicode``) and after their full-width forms (``text8``: followed by whitespace; ``unicode``:
+always, as Chinese and Japanese put no space after them); ``tokens`` on newlines only. A sentence longer than ``max_sentence_length`` tokens is
+cut into chunks, as gensim and word2vec.c do (10,000 and 1,000 tokens), so one huge record (a whole
+Wikipedia article on one line) costs no more memory than it must. A ``TokenList`` record (the items
+of a JSON list, ``online.stream.records``) is one sentence of its items, whatever the family.
 
 ``Tokenizer.sentences`` gives lists of strings. The trainer's path is ``Tokenizer.spans`` (records)
 and ``Tokenizer.text_spans`` (a block of lines, one record each): the same tokens and sentences
-as ``online.learner.spans.TokenSpans``, which the ``text8`` tokenizer makes in one compiled pass
-over the bytes without a Python string per token (``unicode`` goes through ``sentences``).
+as ``online.learner.spans.TokenSpans``, which ``text8`` and ``tokens`` (and every ``TokenList``)
+make in one compiled pass over the bytes without a Python string per token (``unicode`` goes
+through ``sentences``).
 """
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Iterable
 
 import numpy as np
 
-from online.learner.spans import TokenSpans, spans_of_sentences, text8_spans
+from online.learner.spans import TokenSpans, empty_spans, spans_of_sentences, text8_spans
+from online.learner.tokenizers import FAMILIES, TOKENIZERS
+from online.learner.tokenizers.cjk import LANGUAGES, check_available
+from online.learner.tokenizers.text8 import DIGIT_WORDS, text8_tokens
+from online.learner.tokenizers.tokens import TokenList, tokens_spans, whitespace_tokens
+from online.learner.tokenizers.unicode import unicode_tokens
 
-DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-
-# bytes.translate table of the text8 normalisation: a-z stay, A-Z lower-cased, digits
-# kept for the second pass that spells them out, everything else becomes a space.
-_TEXT8_TABLE = bytearray(b" " * 256)
-for _c in range(ord("a"), ord("z") + 1):
-    _TEXT8_TABLE[_c] = _c
-for _c in range(ord("A"), ord("Z") + 1):
-    _TEXT8_TABLE[_c] = _c + 32
-for _c in range(ord("0"), ord("9") + 1):
-    _TEXT8_TABLE[_c] = _c
-_TEXT8_TABLE = bytes(_TEXT8_TABLE)
-_DIGIT_RE = re.compile(rb"[0-9]")
-_DIGIT_BYTES = [f" {w} ".encode() for w in DIGIT_WORDS]
-
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?\u3002\uff01\uff1f])\s+|[\r\n]+")
-_UNICODE_WORD_RE = re.compile(r"\w+(?:['\u2019]\w+)*")
+__all__ = ["DEFAULT_MAX_SENTENCE_LENGTH", "DIGIT_WORDS", "LANGUAGES", "TOKENIZERS", "TokenList", "Tokenizer",
+           "text8_tokens", "unicode_tokens", "whitespace_tokens"]
 
 DEFAULT_MAX_SENTENCE_LENGTH = 10_000
-TOKENIZERS = ("text8", "unicode")
 
 
-def text8_tokens(text: str) -> list[str]:
-    """text8 normalisation of ``text``, split into tokens."""
-    raw = text.encode("utf-8", errors="replace").translate(_TEXT8_TABLE)
-    if _DIGIT_RE.search(raw):
-        raw = _DIGIT_RE.sub(lambda m: _DIGIT_BYTES[m.group()[0] - 48], raw)
-    # Only ASCII remains, so decoding cannot fail and split() is the C fast path.
-    return raw.decode("ascii").split()
-
-
-def unicode_tokens(text: str) -> list[str]:
-    """Unicode-aware words: NFKC, case-folded, runs of word characters."""
-    return _UNICODE_WORD_RE.findall(unicodedata.normalize("NFKC", text).casefold())
+def _utf8(record: str | bytes) -> bytes:
+    """A record's bytes, invalid UTF-8 replaced as ``sentences`` decodes it (the compiled scans keep
+    bytes as they are, and a token must decode)."""
+    if isinstance(record, str):
+        return record.encode("utf-8", "surrogatepass")
+    data = bytes(record)
+    try:
+        data.decode("utf-8")
+        return data
+    except UnicodeDecodeError:
+        return data.decode("utf-8", "replace").encode("utf-8")
 
 
 class Tokenizer:
     """Splits records into sentences of tokens; picklable and thread-safe (stateless)."""
 
     def __init__(self, kind: str = "text8", max_sentence_length: int = DEFAULT_MAX_SENTENCE_LENGTH,
-                 split_sentences: bool = True):
-        if kind not in TOKENIZERS:
+                 split_sentences: bool = True, language: str = "auto"):
+        if kind not in FAMILIES:
             raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZERS)}")
+        if language not in LANGUAGES:
+            raise ValueError(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
         if max_sentence_length < 2:
             raise ValueError("max_sentence_length must be >= 2")
         self.kind = kind
+        self.family = family = FAMILIES[kind]
+        self.language = language
         self.max_sentence_length = max_sentence_length
         self.split_sentences = split_sentences
-        self._tokens = text8_tokens if kind == "text8" else unicode_tokens
+        if family.takes_language:
+            check_available()
 
     def tokens(self, text: str) -> list[str]:
-        return self._tokens(text)
+        if self.family.takes_language:
+            return self.family.tokens(text, self.language)
+        return self.family.tokens(text)
+
+    def _chunks(self, toks: list[str], out: list[list[str]]) -> None:
+        limit = self.max_sentence_length
+        if len(toks) <= limit:
+            out.append(toks)
+        else:
+            out.extend(toks[i:i + limit] for i in range(0, len(toks), limit))
 
     def sentences(self, record: str | bytes | None) -> list[list[str]]:
         """The sentences of one record; empty sentences are dropped. Undecodable bytes
-        become U+FFFD (a token boundary) and a None record (a Kafka tombstone) is empty,
-        so no record can stop a worker."""
+        become U+FFFD (a token boundary but for ``tokens``) and a None record (a Kafka tombstone)
+        is empty, so no record can stop a worker."""
         if record is None:
             return []
+        out: list[list[str]] = []
+        if type(record) is TokenList:
+            toks = record.items()
+            if toks:
+                self._chunks(toks, out)
+            return out
         if isinstance(record, (bytes, bytearray, memoryview)):
             record = bytes(record).decode("utf-8", errors="replace")
-        pieces = _SENTENCE_END_RE.split(record) if self.split_sentences else [record]
-        out: list[list[str]] = []
-        limit = self.max_sentence_length
+        pieces = self.family.sentence_end.split(record) if self.split_sentences else [record]
         for piece in pieces:
-            if not piece:
-                continue
-            toks = self._tokens(piece)
-            if not toks:
-                continue
-            if len(toks) <= limit:
-                out.append(toks)
-            else:
-                out.extend(toks[i:i + limit] for i in range(0, len(toks), limit))
+            if piece:
+                toks = self.tokens(piece)
+                if toks:
+                    self._chunks(toks, out)
         return out
 
     def sentences_of(self, records: Iterable[str | bytes]) -> list[list[str]]:
@@ -119,15 +109,33 @@ class Tokenizer:
         return out
 
     def spans(self, records: Iterable[str | bytes | None]) -> TokenSpans:
-        """``sentences_of(records)`` as ``TokenSpans`` (compiled for ``text8``)."""
-        if self.kind != "text8":
+        """``sentences_of(records)`` as ``TokenSpans`` (compiled for ``text8``, ``tokens`` and
+        ``TokenList`` records); token lists come after the batch's text records."""
+        texts: list[str | bytes] = []
+        lists: list[TokenList] = []
+        for record in records:
+            if record is None:
+                continue
+            (lists if type(record) is TokenList else texts).append(record)
+        parts = []
+        if texts:
+            parts.append(self._text_records_spans(texts))
+        if lists:
+            parts.append(self._scan_tokens(lists, listed=True))
+        if not parts:
+            return empty_spans()
+        return parts[0] if len(parts) == 1 else TokenSpans.concat(parts)
+
+    def _text_records_spans(self, records: list[str | bytes]) -> TokenSpans:
+        compiled = self.family.compiled
+        if compiled == "tokens":
+            return self._scan_tokens(records, listed=False)
+        if compiled is None:
             return spans_of_sentences(self.sentences_of(records))
         parts: list[bytes] = []
         bounds: list[int] = []
         end = 0
         for record in records:
-            if record is None:
-                continue
             data = record.encode("utf-8", "surrogatepass") if isinstance(record, str) else bytes(record)
             parts.append(data)
             end += len(data)
@@ -136,11 +144,24 @@ class Tokenizer:
         return text8_spans(b"\n".join(parts), self.max_sentence_length, self.split_sentences,
                            np.array(bounds, dtype=np.int64))
 
+    def _scan_tokens(self, records, listed: bool) -> TokenSpans:
+        parts = [_utf8(r) for r in records]
+        ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)) + 1) - 1
+        return tokens_spans(b"\n".join(parts), ends, np.full(len(parts), listed), self.max_sentence_length,
+                            self.split_sentences)
+
     def text_spans(self, block: bytes) -> TokenSpans:
         """The sentences of a block of UTF-8 text whose lines are records (``livevec train``'s
         file), as ``TokenSpans``: the same as ``spans(block.split(b"\\n"))``."""
-        if self.kind != "text8":
+        if self.family.compiled is None:
             return spans_of_sentences(self.sentences_of(block.split(b"\n")))
+        if self.family.compiled == "tokens":
+            data = _utf8(block)
+            raw = np.frombuffer(data, dtype=np.uint8)
+            ends = np.append(np.flatnonzero(raw == 10), len(data)) if not self.split_sentences \
+                else np.array([len(data)], dtype=np.int64)
+            return tokens_spans(raw, ends, np.zeros(len(ends), dtype=np.bool_), self.max_sentence_length,
+                                self.split_sentences)
         raw = np.frombuffer(block, dtype=np.uint8)
         bounds = None if self.split_sentences else np.flatnonzero(raw == 10)
         return text8_spans(raw, self.max_sentence_length, self.split_sentences, bounds)

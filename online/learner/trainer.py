@@ -65,6 +65,7 @@ class LearnerConfig:
     sgd_decay_words: int = 0            # SGD only: decay eta linearly to 0 over this many tokens (needs a corpus length)
     local_rate: float = 0.002           # pull/push path: SGD rate of the walk over a batch (0: one snapshot step)
     tokenizer: str = "text8"
+    language: str = "auto"              # unicode: how CJK runs are segmented (auto, zh, ja)
     max_sentence_length: int = 10_000
     seed: int = 1
 
@@ -144,7 +145,7 @@ class Trainer:
         if inplace and shard is None:
             raise ValueError("in-place training needs a store with one local shard")
         self.shard = shard if inplace in (None, True) else None
-        self.tokenizer = Tokenizer(config.tokenizer, config.max_sentence_length)
+        self.tokenizer = Tokenizer(config.tokenizer, config.max_sentence_length, language=config.language)
         self.vocab = OnlineVocab(config.vocab_capacity, config.min_count)
         self.noise = NoiseTable(config.noise_table_size, seed=config.seed)
         self._rng = np.random.default_rng(config.seed)

@@ -1,0 +1,122 @@
+"""The ``tokens`` tokenizer and token-list records: words kept byte for byte.
+
+Item2vec streams (sessions of product, video or ad IDs) and text tokenised upstream must reach the
+vocabulary as they were sent: ``sku-123``, ``user:42``, ``C++`` and ``#hashtag`` are four words, not
+pieces of words. ``tokens`` therefore splits on whitespace only (exactly what ``str.split()`` calls
+whitespace, Unicode spaces included) and on NUL, which no word may hold because the servers' messages
+separate words with it. Case, punctuation and every script are kept. Sentences end at newlines and at
+a record's end only: a ``.`` is a word of its own here, not a sentence boundary.
+
+A ``TokenList`` is a record that already is one sentence of tokens (a JSON list, ``online.stream.records``):
+its items joined by U+001F, which marks it apart from text without a second channel through the
+worker. Each item is a token however many spaces it holds; only U+001F and NUL split an item.
+
+Both run as one compiled pass over the records' UTF-8 bytes (``tokens_spans``), like the ``text8``
+scan of ``online.learner.spans``: no Python string per token.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from online.learner.spans import _SPACE, TokenSpans, _high_kind, span_hash
+
+LIST_SEPARATOR = "\x1f"
+
+# ASCII bytes that end a token in text (str.split()'s ASCII whitespace, newlines apart, and NUL)
+_ASCII_SPACE = np.zeros(128, dtype=np.bool_)
+_ASCII_SPACE[[0x00, 0x09, 0x0B, 0x0C, 0x20, 0x1C, 0x1D, 0x1E, 0x1F]] = True
+
+
+class TokenList(str):
+    """A record that is one sentence of tokens: the items joined by U+001F (see the module docstring).
+
+    A ``str`` so that everything that carries records (batches, the worker's mini-batches, which
+    size them with ``split()``) carries it unchanged; the tokenizer tells it apart by its type."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, items) -> "TokenList":
+        return cls(LIST_SEPARATOR.join(items))
+
+    def items(self) -> list[str]:
+        return [t for t in self.replace("\x00", LIST_SEPARATOR).split(LIST_SEPARATOR) if t]
+
+
+def whitespace_tokens(text: str) -> list[str]:
+    """The ``tokens`` tokenizer on one piece of text (the reference of the compiled scan)."""
+    return text.replace("\x00", " ").split()
+
+
+@njit(inline="always")
+def _separator(data, i, end, is_list):
+    """(bytes of the separator at ``i``, 0 if none; whether it is a newline)."""
+    b = data[i]
+    if is_list:
+        return (1 if b == 0x1F or b == 0x00 else 0), False
+    if b == 0x0A or b == 0x0D:
+        return 1, True
+    if b < 0x80:
+        return (1 if _ASCII_SPACE[b] else 0), False
+    kind, step = _high_kind(data, i, end)
+    return (step if kind == _SPACE else 0), False
+
+
+@njit(nogil=True, cache=True)
+def _tokens_scan(data, ends, is_list, split_sentences, limit, start, length, hashes, sentences):
+    """Tokens of records ``data[a:ends[r]]`` (each record followed by one joining byte); returns
+    (tokens, sentences)."""
+    n_tok = 0
+    n_sent = 0
+    a = 0
+    for r in range(ends.shape[0]):
+        end = ends[r]
+        listed = is_list[r]
+        pending = True
+        cur = 0
+        i = a
+        while i < end:
+            w, newline = _separator(data, i, end, listed)
+            if w:
+                if newline and split_sentences:
+                    pending = True
+                i += w
+                continue
+            if pending or cur == limit:
+                sentences[n_sent] = n_tok
+                n_sent += 1
+                cur = 0
+                pending = False
+            j = i + 1
+            while j < end:
+                w, newline = _separator(data, j, end, listed)
+                if w:
+                    break
+                j += 1
+            start[n_tok] = i
+            length[n_tok] = j - i
+            hashes[n_tok] = span_hash(data, i, j - i)
+            n_tok += 1
+            cur += 1
+            i = j
+        a = end + 1
+    sentences[n_sent] = n_tok
+    return n_tok, n_sent
+
+
+def tokens_spans(data, ends: np.ndarray, is_list: np.ndarray, max_sentence_length: int,
+                 split_sentences: bool = True) -> TokenSpans:
+    """``TokenSpans`` of records laid end to end in ``data`` (valid UTF-8), record ``r`` ending at
+    ``ends[r]`` and followed by one joining byte; ``is_list[r]``: record ``r`` is a ``TokenList``."""
+    raw = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+    n = raw.shape[0]
+    start = np.empty(n // 2 + 1, dtype=np.int64)
+    length = np.empty(n // 2 + 1, dtype=np.int64)
+    hashes = np.empty(n // 2 + 1, dtype=np.uint64)
+    sentences = np.empty(n // 2 + 2, dtype=np.int64)
+    n_tok, n_sent = _tokens_scan(raw, np.ascontiguousarray(ends, dtype=np.int64),
+                                 np.ascontiguousarray(is_list, dtype=np.bool_), bool(split_sentences),
+                                 int(max_sentence_length), start, length, hashes, sentences)
+    return TokenSpans(raw, start[:n_tok].copy(), length[:n_tok].copy(), hashes[:n_tok].copy(),
+                      sentences[:n_sent + 1].copy())
