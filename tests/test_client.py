@@ -116,10 +116,10 @@ def test_most_similar_agrees_with_gensim(kv, reference, model):
     assert_same_neighbours(kv.most_similar("paris", topn=1500), reference.most_similar("paris", topn=1500))
     assert_same_neighbours(kv.similar_by_word("x,y", topn=3), reference.similar_by_word("x,y", topn=3))
     assert kv.most_similar("paris", topn=0) == reference.most_similar("paris", topn=0) == []
-    with pytest.raises(NotImplementedError):        # gensim's custom weights are not served: no approximation
-        kv.most_similar(positive=[("king", 0.5)])
-    with pytest.raises(NotImplementedError):
-        kv.most_similar(positive=[np.ones(DIM, np.float32)])
+    weighted = dict(positive=[("king", 0.5), "woman"], negative=[("man", -2.0)], topn=5)   # gensim's weights
+    assert_same_neighbours(kv.most_similar(**weighted), reference.most_similar(**weighted))
+    with pytest.raises(NotImplementedError):        # gensim's restriction of the search is not served either
+        kv.most_similar("paris", restrict_vocab=100)
     with pytest.raises(ValueError):
         kv.most_similar(positive=[])
     with pytest.raises(RequestError, match="bad_k"):  # beyond the front end's --max-k, its own message

@@ -23,7 +23,7 @@ import aiohttp
 import numpy as np
 from yarl import URL
 
-from online.client import operations as ops
+from online.client import evaluation, operations as ops
 from online.client.errors import IncompleteExport, RequestTimeout, ServiceUnavailable, error_for
 from online.client.protocol import RETRY_STATUSES, Call, Endpoint, Operation, Reply, RetryPolicy, request_headers
 from online.client.word2vec_stream import require_gensim, to_gensim
@@ -132,12 +132,56 @@ class AsyncLiveKeyedVectors:
             raise RequestTimeout(f"{self.endpoint.url + call.path}: no answer within {self.timeout:g} s") from exc
 
     # ---------------------------------------------------- KeyedVectors reads
-    async def most_similar(self, positive: Any = None, negative: Any = None,
-                           topn: int | None = 10) -> list[tuple[str, float]]:
-        return await self._run(ops.most_similar(positive, negative, topn))
+    async def most_similar(self, positive: Any = None, negative: Any = None, topn: int | None = 10,
+                           clip_start: int = 0, clip_end: int | None = None, restrict_vocab: int | None = None,
+                           indexer: Any = None) -> list[tuple[str, float]]:
+        return await self._run(ops.most_similar(positive, negative, topn, clip_start, clip_end, restrict_vocab,
+                                                indexer))
 
-    async def similar_by_word(self, word: str, topn: int = 10) -> list[tuple[str, float]]:
-        return await self.most_similar(word, topn=topn)
+    async def similar_by_word(self, word: str, topn: int = 10,
+                              restrict_vocab: int | None = None) -> list[tuple[str, float]]:
+        return await self.most_similar(word, topn=topn, restrict_vocab=restrict_vocab)
+
+    similar_by_key = similar_by_word
+
+    async def similar_by_vector(self, vector: np.ndarray, topn: int = 10,
+                                restrict_vocab: int | None = None) -> list[tuple[str, float]]:
+        return await self.most_similar(positive=[vector], topn=topn, restrict_vocab=restrict_vocab)
+
+    async def most_similar_cosmul(self, positive: Any = None, negative: Any = None, topn: int | None = 10,
+                                  restrict_vocab: int | None = None) -> list[tuple[str, float]]:
+        return await self._run(ops.most_similar_cosmul(positive, negative, topn, restrict_vocab))
+
+    async def closer_than(self, key1: str, key2: str) -> list[str]:
+        return await self._run(ops.closer_than(key1, key2))
+
+    async def words_closer_than(self, word1: str, word2: str) -> list[str]:
+        return await self.closer_than(word1, word2)
+
+    async def rank(self, key1: str, key2: str) -> int:
+        return len(await self.closer_than(key1, key2)) + 1
+
+    async def n_similarity(self, ws1: list[str], ws2: list[str]) -> np.float32:
+        return await self._run(ops.n_similarity(ws1, ws2))
+
+    async def distance(self, w1: str, w2: str) -> np.float32:
+        return await self._run(ops.distance(w1, w2))
+
+    async def distances(self, word_or_vector: Any, other_words: Any = ()) -> np.ndarray:
+        return await self._run(ops.distances(word_or_vector, other_words))
+
+    async def evaluate_word_analogies(self, analogies: str, restrict_vocab: int = 300000,
+                                      case_insensitive: bool = True, dummy4unknown: bool = False,
+                                      similarity_function: str = "most_similar") -> tuple:
+        return await self._run(evaluation.evaluate_word_analogies(
+            await self._vocabulary(), analogies, restrict_vocab, case_insensitive, dummy4unknown,
+            similarity_function))
+
+    async def evaluate_word_pairs(self, pairs: str, delimiter: str = "\t", encoding: str = "utf8",
+                                  restrict_vocab: int = 300000, case_insensitive: bool = True,
+                                  dummy4unknown: bool = False) -> tuple:
+        return await self._run(evaluation.evaluate_word_pairs(await self._vocabulary(), pairs, delimiter, encoding,
+                                                              restrict_vocab, case_insensitive, dummy4unknown))
 
     async def most_similar_many(self, words: list[str], topn: int = 10, strict: bool = True) -> list:
         return await self._run(ops.most_similar_many(words, topn, self.batch_words, strict))

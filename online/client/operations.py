@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import numpy as np
 import orjson
@@ -135,59 +135,154 @@ def doesnt_match(words: list[str]) -> Operation[str]:
 
 
 # ------------------------------------------------------------------ neighbours
-def _terms(items: Any, sign: float) -> list[tuple[str, float]]:
-    if items is None:
+def _ensure_list(value: Any) -> list:
+    """gensim's: one key or 1-d vector becomes a list of it, a 2-d array a list of its rows."""
+    if value is None:
         return []
-    if isinstance(items, (str, np.ndarray)):           # as gensim's _ensure_list
-        items = [items]
-    out = []
-    for item in items:
-        word, weight = (item, sign) if not isinstance(item, tuple) else item
-        if isinstance(word, np.ndarray):
-            raise NotImplementedError("most_similar on a vector is not served; use to_keyed_vectors()")
-        if float(weight) not in (1.0, -1.0):
-            raise NotImplementedError(f"the front end sums unit vectors with weights +1 and -1; got weight "
-                                      f"{weight} for {word!r} (use to_keyed_vectors() for other weights)")
-        out.append((_check_key(word, " in vocabulary"), float(weight)))
-    return out
+    if isinstance(value, str) or (isinstance(value, np.ndarray) and value.ndim == 1):
+        return [value]
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        return list(value)
+    return list(value)
+
+
+def _vector_item(vector: np.ndarray) -> list[float]:
+    return np.asarray(vector, dtype=np.float32).ravel().tolist()
+
+
+def _term(item: Any, weighted: bool) -> tuple[Any, str | None]:
+    """The JSON item of one gensim term, and the word it names (None for a vector)."""
+    if isinstance(item, np.ndarray):
+        return _vector_item(item), None
+    if isinstance(item, tuple) and weighted:        # gensim's (key or vector, weight)
+        key, weight = item
+        if isinstance(key, np.ndarray):
+            return {"vector": _vector_item(key), "weight": float(weight)}, None
+        return {"word": _check_key(key, " in vocabulary"), "weight": float(weight)}, key
+    return _check_key(item, " in vocabulary"), item
+
+
+def _unknown_key(missing: list[str], asked: list[str]) -> KeyError:
+    return KeyError(f"Key '{(missing or asked or ['?'])[0]}' not present in vocabulary")
+
+
+def _term_query(positive: Any, negative: Any, topn: int, method: str) -> Operation[list]:
+    """One POST /v1/similar of gensim's terms; the words it names must match exactly."""
+    weighted = method == "add"
+    pos = [_term(item, weighted) for item in _ensure_list(positive)]
+    neg = [_term(item, weighted) for item in _ensure_list(negative)]
+    if not pos and not neg:
+        raise ValueError("cannot compute mean with no input")
+    if method == "mul" and not pos:
+        raise ValueError("cannot compute similarity with no input")
+    body = {"positive": [item for item, _ in pos], "negative": [item for item, _ in neg], "k": int(topn),
+            "method": method}
+    reply = yield Call("POST", "/v1/similar", orjson.dumps(body), accept=_VECTOR)
+    asked = [word for _, word in pos + neg]
+    if reply.status == 404:
+        raise _unknown_key(_unknown(reply), [w for w in asked if w is not None])
+    answer = reply.json()
+    for word, got in zip(asked, answer["positive"] + answer["negative"]):
+        if word is not None and word != got:           # the front end's lower-case fallback: another key
+            raise KeyError(f"Key '{word}' not present in vocabulary")
+    return _neighbours(answer, int(topn))
+
+
+def _not_served(**options: Any) -> None:
+    given = [name for name, (value, default) in options.items() if value != default]
+    if given:
+        raise NotImplementedError(f"{', '.join(given)} is not served (the front end searches the whole live "
+                                  "vocabulary); use to_keyed_vectors() for it")
 
 
 def _neighbours(body: Mapping[str, Any], topn: int) -> list[tuple[str, float]]:
     return [(n["word"], float(n["score"])) for n in body["neighbours"][:topn]]
 
 
-def most_similar(positive: Any = None, negative: Any = None, topn: int | None = 10) -> Operation[list]:
+def most_similar(positive: Any = None, negative: Any = None, topn: int | None = 10, clip_start: int = 0,
+                 clip_end: int | None = None, restrict_vocab: int | None = None,
+                 indexer: Any = None) -> Operation[list]:
     if topn is None:
         raise NotImplementedError("topn=None (every similarity) is not served; use to_keyed_vectors()")
+    _not_served(clip_start=(clip_start, 0), clip_end=(clip_end, None), restrict_vocab=(restrict_vocab, None),
+                indexer=(indexer, None))
     if isinstance(topn, Integral) and topn < 1:
         return []
-    terms = _terms(positive, 1.0) + _terms(negative, -1.0)
-    if not terms:
-        raise ValueError("cannot compute mean with no input")
-    pos = [w for w, s in terms if s > 0]
-    neg = [w for w, s in terms if s < 0]
-    if not pos:
-        raise NotImplementedError("a query without a positive word is not served; use to_keyed_vectors()")
-    if len(pos) == 1 and not neg:
-        call = Call("GET", "/v1/similar?" + urlencode({"word": pos[0], "k": int(topn)}), accept=_VECTOR)
-    else:
-        if any("," in w for w in pos + neg):
-            raise ValueError("words containing ',' cannot be combined in one query (the API separates them "
-                             "with commas)")
-        query = {"positive": ",".join(pos), "k": int(topn)}
-        if neg:
-            query["negative"] = ",".join(neg)
-        call = Call("GET", "/v1/analogy?" + urlencode(query), accept=_VECTOR)
-    reply = yield call
+    return (yield from _term_query(positive, negative, topn, "add"))
+
+
+def most_similar_cosmul(positive: Any = None, negative: Any = None, topn: int | None = 10,
+                        restrict_vocab: int | None = None) -> Operation[list]:
+    if topn is None:
+        raise NotImplementedError("topn=None (every similarity) is not served; use to_keyed_vectors()")
+    _not_served(restrict_vocab=(restrict_vocab, None))
+    if isinstance(topn, Integral) and topn < 1:
+        return []
+    return (yield from _term_query(positive, negative, topn, "mul"))
+
+
+def closer_than(key1: str, key2: str) -> Operation[list[str]]:
+    """gensim's ``closer_than`` answered by the front end's full scan (GET /v1/closer), in index order."""
+    _check_key(key1, " in vocabulary"), _check_key(key2, " in vocabulary")
+    query = f"word={quote(key1, safe='')}&than={quote(key2, safe='')}"
+    reply = yield Call("GET", "/v1/closer?" + query, accept=_VECTOR)
     if reply.status == 404:
-        missing = _unknown(reply) or pos + neg
-        raise KeyError(f"Key '{missing[0]}' not present in vocabulary")
+        raise _unknown_key(_unknown(reply), [key1, key2])
     body = reply.json()
-    resolved = [body["word"]] if "word" in body else body["positive"] + body["negative"]
-    for asked, got in zip(pos + neg, resolved):
+    for asked, got in ((key1, body["word"]), (key2, body["than"])):
         if asked != got:
             raise KeyError(f"Key '{asked}' not present in vocabulary")
-    return _neighbours(body, int(topn))
+    return [n["word"] for n in body["words"]]
+
+
+# ------------------------------------------------------------ vector arithmetic
+def _mean(vectors: list[np.ndarray], dim: int) -> np.ndarray:
+    """gensim's ``get_mean_vector(pre_normalize=False)``: the plain mean, in float32."""
+    mean = np.zeros(dim, np.float32)
+    for v in vectors:
+        mean += np.float32(1.0) * v
+    return mean / len(vectors) if vectors else mean
+
+
+def n_similarity(ws1: list[str], ws2: list[str]) -> Operation[np.float32]:
+    if not (len(ws1) and len(ws2)):
+        raise ZeroDivisionError("At least one of the passed list is empty.")
+    asked = list(dict.fromkeys(w for w in list(ws1) + list(ws2) if isinstance(w, str) and w))
+    replies = yield [_vector_call(w) for w in asked]
+    found = {w: v for w, r in zip(asked, replies) if (v := _vector_of(r, w)) is not None}
+    if not found:                                  # gensim: two zero means, a similarity of 0
+        return np.float32(0.0)
+    dim = len(next(iter(found.values())))
+    mean1 = _mean([found[w] for w in ws1 if w in found], dim)
+    mean2 = _mean([found[w] for w in ws2 if w in found], dim)
+    return np.dot(_unit(mean1), _unit(mean2))
+
+
+def distance(w1: str, w2: str) -> Operation[np.float32]:
+    return 1 - (yield from similarity(w1, w2))
+
+
+def distances(word_or_vector: Any, other_words: Any = ()) -> Operation[np.ndarray]:
+    """Cosine distances to ``other_words``; without them, to every word of one snapshot (streamed
+    from /v1/export: the whole model, in ``index_to_key`` order, as gensim's)."""
+    other_words = list(other_words or ())
+    if not other_words:
+        snap = yield from snapshot()
+        if isinstance(word_or_vector, str):
+            if word_or_vector not in snap.words:
+                raise KeyError(f"Key '{word_or_vector}' not present")
+            vector = snap.vectors[snap.words.index(word_or_vector)]
+        else:
+            vector = np.asarray(word_or_vector, dtype=np.float32)
+        return 1 - _cosines(vector, snap.vectors)
+    vector = (yield from get_vector(word_or_vector)) if isinstance(word_or_vector, str) \
+        else np.asarray(word_or_vector, dtype=np.float32)
+    return 1 - _cosines(vector, (yield from get_vectors(other_words)))
+
+
+def _cosines(vector: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """gensim's ``cosine_similarities``."""
+    return (others @ vector) / (np.linalg.norm(vector) * np.linalg.norm(others, axis=1))
 
 
 def most_similar_many(words: list[str], topn: int = 10, batch_words: int = 500,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from online.client import operations as ops
+from online.client import evaluation, operations as ops
 from online.client.errors import RequestTimeout, ServiceUnavailable, error_for
 from online.client.protocol import RETRY_STATUSES, Call, Endpoint, Operation, Reply, RetryPolicy, request_headers
 from online.client.word2vec_stream import require_gensim, to_gensim
@@ -177,13 +177,58 @@ class LiveKeyedVectors:
         return Reply(response.status, headers, body)
 
     # ---------------------------------------------------- KeyedVectors reads
-    def most_similar(self, positive: Any = None, negative: Any = None, topn: int | None = 10) -> list[tuple[str, float]]:
-        """Words nearest to the sum of the positive unit vectors minus the negative ones, inputs left
-        out, as gensim's (3CosAdd); the front end answers it exactly, over the whole vocabulary."""
-        return self._run(ops.most_similar(positive, negative, topn))
+    def most_similar(self, positive: Any = None, negative: Any = None, topn: int | None = 10, clip_start: int = 0,
+                     clip_end: int | None = None, restrict_vocab: int | None = None,
+                     indexer: Any = None) -> list[tuple[str, float]]:
+        """gensim's: words nearest to the weighted sum of the positive terms minus the negative ones
+        (words as unit vectors, numpy vectors as given, ``(term, weight)`` tuples), inputs left out
+        (3CosAdd). The terms travel in a JSON body, so a word may hold any character."""
+        return self._run(ops.most_similar(positive, negative, topn, clip_start, clip_end, restrict_vocab, indexer))
 
-    def similar_by_word(self, word: str, topn: int = 10) -> list[tuple[str, float]]:
-        return self.most_similar(word, topn=topn)
+    def similar_by_word(self, word: str, topn: int = 10, restrict_vocab: int | None = None) -> list[tuple[str, float]]:
+        return self.most_similar(word, topn=topn, restrict_vocab=restrict_vocab)
+
+    similar_by_key = similar_by_word
+
+    def similar_by_vector(self, vector: np.ndarray, topn: int = 10,
+                          restrict_vocab: int | None = None) -> list[tuple[str, float]]:
+        return self.most_similar(positive=[vector], topn=topn, restrict_vocab=restrict_vocab)
+
+    def most_similar_cosmul(self, positive: Any = None, negative: Any = None, topn: int | None = 10,
+                            restrict_vocab: int | None = None) -> list[tuple[str, float]]:
+        """gensim's 3CosMul (Levy and Goldberg), computed exactly over the live vocabulary."""
+        return self._run(ops.most_similar_cosmul(positive, negative, topn, restrict_vocab))
+
+    def closer_than(self, key1: str, key2: str) -> list[str]:
+        return self._run(ops.closer_than(key1, key2))
+
+    def words_closer_than(self, word1: str, word2: str) -> list[str]:
+        return self.closer_than(word1, word2)
+
+    def rank(self, key1: str, key2: str) -> int:
+        return len(self.closer_than(key1, key2)) + 1
+
+    def n_similarity(self, ws1: list[str], ws2: list[str]) -> np.float32:
+        return self._run(ops.n_similarity(ws1, ws2))
+
+    def distance(self, w1: str, w2: str) -> np.float32:
+        return self._run(ops.distance(w1, w2))
+
+    def distances(self, word_or_vector: Any, other_words: Any = ()) -> np.ndarray:
+        """gensim's; without ``other_words`` it streams the whole model (/v1/export) to have every distance."""
+        return self._run(ops.distances(word_or_vector, other_words))
+
+    def evaluate_word_analogies(self, analogies: str, restrict_vocab: int = 300000, case_insensitive: bool = True,
+                                dummy4unknown: bool = False, similarity_function: str = "most_similar") -> tuple:
+        """gensim's, on the live model (``online.client.evaluation`` says how it is kept to gensim's rules)."""
+        return self._run(evaluation.evaluate_word_analogies(self._vocabulary(), analogies, restrict_vocab,
+                                                            case_insensitive, dummy4unknown, similarity_function))
+
+    def evaluate_word_pairs(self, pairs: str, delimiter: str = "\t", encoding: str = "utf8",
+                            restrict_vocab: int = 300000, case_insensitive: bool = True,
+                            dummy4unknown: bool = False) -> tuple:
+        return self._run(evaluation.evaluate_word_pairs(self._vocabulary(), pairs, delimiter, encoding,
+                                                        restrict_vocab, case_insensitive, dummy4unknown))
 
     def most_similar_many(self, words: list[str], topn: int = 10, strict: bool = True) -> list:
         """``[most_similar(w, topn=topn) for w in words]`` in one POST per ``batch_words`` words, which

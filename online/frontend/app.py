@@ -30,6 +30,7 @@ from online.frontend.ivf_build import IvfMaintainer
 from online.frontend.model_index import ModelHolder, SearchConfig, warm_up
 from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_CHECKPOINT_LENGTH, MAX_PREFIX_LENGTH, MAX_SINCE,
                                      MAX_VOCAB_LIMIT, MAX_WORD_LENGTH, build_openapi)
+from online.frontend import query_body, vector_queries
 from online.frontend.query_engine import Overloaded, QueryEngine
 from online.frontend.settings import FrontendSettings
 from online.frontend.sources import ModelSource, resolve_source_factory
@@ -147,14 +148,12 @@ async def similar_get(request: web.Request) -> web.Response:
     word = _param_word(request.query.get("word"), "word")
     k = _param_int(request, "k", 10, request.app[SETTINGS].max_k)
     _ready_index(request)
-    result = await request.app[ENGINE].query([word], [], k)
-    if result.unknown:
-        raise _unknown(result)
+    result = _answered(await request.app[ENGINE].query([word], [], k))
     return json_response({"word": result.resolved[0], "version": result.version, "k": k,
                           "search": result.search, "neighbours": _neighbours(result)})
 
 
-async def similar_post(request: web.Request) -> web.Response:
+async def _json_body(request: web.Request) -> dict:
     settings = request.app[SETTINGS]
     if (request.content_length or 0) > settings.max_body_bytes:   # refused before a byte of it is read
         raise ApiError(413, "body_too_large", f"the body may hold at most {settings.max_body_bytes} bytes")
@@ -168,10 +167,20 @@ async def similar_post(request: web.Request) -> web.Response:
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ApiError(400, "bad_body", 'the body must be a JSON object like {"words": ["paris"], "k": 10}')
+        raise ApiError(400, "bad_body", 'the body must be a JSON object like {"words": ["paris"], "k": 10} or '
+                                        '{"positive": ["king", "woman"], "negative": ["man"]}')
+    return data
+
+
+async def similar_post(request: web.Request) -> web.Response:
+    data = await _json_body(request)
+    if "words" not in data and {"positive", "negative", "vector"} & set(data):
+        return await _term_query(request, data, require_positive=False)
+    settings = request.app[SETTINGS]
     words = data.get("words")
     if not isinstance(words, list) or not words:
-        raise ApiError(400, "bad_words", '"words" must be a non-empty list of strings', parameter="words")
+        raise ApiError(400, "bad_words", '"words" must be a non-empty list of strings (or query with "positive", '
+                                         '"negative" or "vector")', parameter="words")
     if len(words) > settings.max_batch_words:
         raise ApiError(400, "bad_words", f'"words" may hold at most {settings.max_batch_words} words, '
                                          f"got {len(words)}", parameter="words")
@@ -179,10 +188,7 @@ async def similar_post(request: web.Request) -> web.Response:
         if not isinstance(w, str) or not w or len(w) > MAX_WORD_LENGTH:
             raise ApiError(400, "bad_words", f'every word must be a string of 1 to {MAX_WORD_LENGTH} '
                                              f"characters, got {str(w)[:40]!r}", parameter="words")
-    k = data.get("k", 10)
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= settings.max_k:
-        raise ApiError(400, "bad_k", f'"k" must be an integer from 1 to {settings.max_k}, got {str(k)[:40]!r}',
-                       parameter="k")
+    k = _body(query_body.parse_k, data, settings.max_k)
     _ready_index(request)
     results = await request.app[ENGINE].query_many(words, k)
     out = []
@@ -196,14 +202,53 @@ async def similar_post(request: web.Request) -> web.Response:
     return json_response({"version": results[0].version, "k": k, "results": out})
 
 
+def _body(parse, *args, **kwargs):
+    try:
+        return parse(*args, **kwargs)
+    except query_body.BodyError as exc:
+        raise ApiError(400, exc.code, exc.message, parameter=exc.parameter) from None
+
+
+def _answered(result):
+    """The result of an engine query, or the 404/400 it deserves."""
+    if result.unknown:
+        raise _unknown(result)
+    if result.rejected is not None:
+        raise ApiError(400, result.rejected.code, str(result.rejected))
+    return result
+
+
+async def _term_query(request: web.Request, data: dict, require_positive: bool) -> web.Response:
+    query = _body(query_body.parse_terms, data, request.app[SETTINGS].max_k, MAX_WORD_LENGTH,
+                  require_positive=require_positive)
+    _ready_index(request)
+    result = _answered(await request.app[ENGINE].query_terms(query.terms, query.k, query.kind))
+    n = query.n_positive
+    return json_response({"positive": result.resolved[:n], "negative": result.resolved[n:],
+                          "method": query.kind, "version": result.version, "k": query.k, "search": result.search,
+                          "neighbours": _neighbours(result)})
+
+
+async def analogy_post(request: web.Request) -> web.Response:
+    return await _term_query(request, await _json_body(request), require_positive=True)
+
+
+async def closer(request: web.Request) -> web.Response:
+    word = _param_word(request.query.get("word"), "word")
+    than = _param_word(request.query.get("than"), "than")
+    _ready_index(request)
+    terms = [vector_queries.Term(word, 1.0), vector_queries.Term(than, 1.0)]
+    result = _answered(await request.app[ENGINE].query_terms(terms, 1, "closer"))
+    return json_response({"word": result.resolved[0], "than": result.resolved[1], "version": result.version,
+                          "count": len(result.neighbours), "words": _neighbours(result)})
+
+
 async def analogy(request: web.Request) -> web.Response:
     positive = _param_word_list(request, "positive", required=True)
     negative = _param_word_list(request, "negative", required=False)
     k = _param_int(request, "k", 10, request.app[SETTINGS].max_k)
     _ready_index(request)
-    result = await request.app[ENGINE].query(positive, negative, k)
-    if result.unknown:
-        raise _unknown(result)
+    result = _answered(await request.app[ENGINE].query(positive, negative, k))
     return json_response({"positive": result.resolved[:len(positive)], "negative": result.resolved[len(positive):],
                           "version": result.version, "k": k, "search": result.search,
                           "neighbours": _neighbours(result)})
@@ -431,6 +476,8 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
     app.router.add_get("/v1/similar", similar_get)
     app.router.add_post("/v1/similar", similar_post)
     app.router.add_get("/v1/analogy", analogy)
+    app.router.add_post("/v1/analogy", analogy_post)
+    app.router.add_get("/v1/closer", closer)
     app.router.add_get("/v1/vector/{word}", vector)
     app.router.add_get("/v1/vocab", vocab)
     app.router.add_get("/v1/export", Export(holder, error_response).handle)

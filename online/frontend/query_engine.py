@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from online.frontend.model_index import ModelHolder, Neighbour
+from online.frontend import vector_queries
+from online.frontend.vector_queries import QueryRejected, Term
 from ps_bridge.metrics import Registry
 from ps_bridge.structured_logging import log_event
 
@@ -60,16 +62,17 @@ class QueryResult:
     version: int
     neighbours: list[Neighbour] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)      # words not in this version's vocabulary
-    resolved: list[str] = field(default_factory=list)     # the vocabulary words the inputs matched
+    resolved: list[str | None] = field(default_factory=list)   # the words the inputs matched (None: a vector)
     search: str = "exact"                                 # how it was answered: exact or ivf
+    rejected: QueryRejected | None = None                 # not answerable on this snapshot as asked (a 400)
 
 
 @dataclass
 class _Job:
-    positive: list[str]
-    negative: list[str]
+    terms: list[Term]
     k: int
     future: asyncio.Future
+    kind: str = "add"                                     # vector_queries.KINDS
     deadline: float = float("inf")                        # perf_counter time its computation must start by
     result: QueryResult | None = None
     error: BaseException | None = None
@@ -128,15 +131,24 @@ class QueryEngine:
     async def query(self, positive: list[str], negative: list[str], k: int) -> QueryResult:
         """Top ``k`` words by cosine to sum(positive) - sum(negative), excluding the inputs.
         Raises ``Overloaded`` when shed."""
+        terms = [Term(w, 1.0) for w in positive] + [Term(w, -1.0) for w in negative]
+        return await self.query_terms(terms, k)
+
+    async def query_terms(self, terms: list[Term], k: int, kind: str = "add") -> QueryResult:
+        """Words and vectors with weights (``vector_queries``): ``add`` (3CosAdd), ``mul`` (3CosMul)
+        or ``closer`` (two words: the rows nearer the first than the second is; ``k`` unused).
+        A query the snapshot cannot answer comes back with ``rejected``; shed: ``Overloaded``."""
+        if kind not in vector_queries.KINDS:
+            raise ValueError(f"kind must be one of {vector_queries.KINDS}, got {kind!r}")
         future = asyncio.get_running_loop().create_future()
-        self._submit([_Job(list(positive), list(negative), int(k), future)])
+        self._submit([_Job(list(terms), int(k), future, kind)])
         return await future
 
     async def query_many(self, words: list[str], k: int) -> list[QueryResult]:
         """Neighbours of each word; queued together so they share matrix products (admitted or
         shed together)."""
         loop = asyncio.get_running_loop()
-        jobs = [_Job([w], [], int(k), loop.create_future()) for w in words]
+        jobs = [_Job([Term(w, 1.0)], int(k), loop.create_future()) for w in words]
         self._submit(jobs)
         return list(await asyncio.gather(*(job.future for job in jobs)))
 
@@ -243,16 +255,26 @@ class QueryEngine:
         active, exclude, ks = [], [], []
         queries = np.empty((len(batch), dim), dtype=np.float32)
         for job in batch:
-            pos = [index.row(w) for w in job.positive]
-            neg = [index.row(w) for w in job.negative]
-            unknown = [w for w, r in zip(job.positive + job.negative, pos + neg) if r < 0]
-            job.result = QueryResult(index.version, unknown=unknown)
-            if unknown:
+            job.result = QueryResult(index.version)
+            try:
+                resolved = vector_queries.resolve(index, job.terms)
+                job.result.unknown, job.result.resolved = resolved.unknown, resolved.words
+                if resolved.unknown:
+                    continue
+                rows = resolved.rows
+                if job.kind == "mul":
+                    job.result.neighbours = vector_queries.cosmul_top_k(index, job.terms, rows, job.k)
+                    self._answered["exact"].inc()
+                    continue
+                if job.kind == "closer":
+                    job.result.neighbours = vector_queries.closer_than(index, rows[0], rows[1])
+                    continue
+                queries[len(active)] = vector_queries.direction(index, job.terms, rows)
+            except QueryRejected as exc:
+                job.result.rejected = exc
                 continue
-            job.result.resolved = [index.words[r] for r in pos + neg]
-            queries[len(active)] = index.query_vector(pos, neg)
             active.append(job)
-            exclude.append(pos + neg)
+            exclude.append([r for r in rows if r >= 0])
             ks.append(job.k)
         if not active:
             return
