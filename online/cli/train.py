@@ -2,7 +2,8 @@
 
     livevec train --input corpus.txt.xz --out model/ [--epochs N] [--workers N]
 
-Reads plain, .gz or .xz text (one record per line), runs the same ``Trainer`` the Kafka
+Reads plain, .gz or .xz text (one record per line: text, or JSON with ``LIVEVEC_RECORD_FORMAT=json``,
+read as the workers read a topic's records, ``online.stream.records``), runs the same ``Trainer`` the Kafka
 workers run, against an in-process ``EmbeddingShard`` updated in place by ``--workers``
 threads (the compiled kernels run without the GIL; one reader thread reads blocks of lines,
 tokenises them into mini-batches of token spans, compiled too, and feeds them), and writes
@@ -34,6 +35,7 @@ from ps_bridge.structured_logging import log_event
 from online.learner.trainer import LearnerConfig, Trainer
 from online.learner.word2vec_format import write_binary, write_text
 from online.learner.settings import LEARNER, MODEL, learner_config
+from online.stream.records import RECORDS, RecordFormat
 from ps_bridge.settings import Setting, SettingError, SettingGroup, add_groups
 
 logger = logging.getLogger("livevec.train")
@@ -52,6 +54,7 @@ class TrainSettings:
     shards: int = 1                         # >1: the pull/push path over that many in-process shards
     progress: bool = True
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    records: RecordFormat = field(default_factory=RecordFormat)
 
     def validate(self) -> None:
         if not Path(self.input).is_file():
@@ -69,6 +72,7 @@ class TrainResult:
     words_per_second: float             # raw words / s (every token read, as gensim's raw_word_count)
     effective_words_per_second: float   # kept after min_count and subsampling (gensim's "effective words/s")
     files: dict[str, str]
+    malformed: dict[str, int] = field(default_factory=dict)   # JSON records skipped, by reason (every pass)
 
 
 TRAIN = SettingGroup("offline training", (
@@ -85,7 +89,7 @@ TRAIN = SettingGroup("offline training", (
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_groups(parser, (TRAIN, MODEL, LEARNER))
+    add_groups(parser, (TRAIN, MODEL, LEARNER, RECORDS))
 
 
 def read_settings(args: argparse.Namespace, env=None) -> TrainSettings:
@@ -93,7 +97,8 @@ def read_settings(args: argparse.Namespace, env=None) -> TrainSettings:
     values = TRAIN.read(args, env)
     model = {**MODEL.read(args, env), **LEARNER.read(args, env)}
     batch_words = model.pop("batch_words")
-    settings = TrainSettings(**values, batch_words=batch_words, learner=learner_config(model))
+    settings = TrainSettings(**values, batch_words=batch_words, learner=learner_config(model),
+                             records=RecordFormat.from_args(args, env))
     settings.validate()
     return settings
 
@@ -173,13 +178,15 @@ def train_file(settings: TrainSettings, trainer: Trainer | None = None) -> tuple
     trainer = trainer or make_trainer(settings)
     progress = _Progress(settings.progress, settings.epochs)
     t0 = time.perf_counter()
+    malformed: dict[str, int] = {}
     for pass_no in range(1, settings.epochs + 1):
-        train_pass(settings, trainer, pass_no, progress)
+        train_pass(settings, trainer, pass_no, progress, malformed)
     seconds = time.perf_counter() - t0
-    return trainer, write_outputs(settings, trainer, seconds)
+    return trainer, write_outputs(settings, trainer, seconds, malformed)
 
 
-def write_outputs(settings: TrainSettings, trainer: Trainer, seconds: float) -> TrainResult:
+def write_outputs(settings: TrainSettings, trainer: Trainer, seconds: float,
+                  malformed: dict[str, int] | None = None) -> TrainResult:
     """vectors.txt, vectors.bin, vocab.txt and train_stats.json in ``settings.out``."""
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,19 +201,22 @@ def write_outputs(settings: TrainSettings, trainer: Trainer, seconds: float) -> 
     seconds = max(seconds, 1e-9)
     result = TrainResult(seconds=seconds, passes=settings.epochs, raw_words=t.tokens, effective_words=t.kept,
                          pairs=t.pairs, vocabulary=len(words), words_per_second=t.tokens / seconds,
-                         effective_words_per_second=t.kept / seconds, files=files)
+                         effective_words_per_second=t.kept / seconds, files=files, malformed=dict(malformed or {}))
     with open(files["stats"], "w") as f:
-        json.dump({**asdict(result), "learner": asdict(settings.learner), "workers": settings.workers,
+        json.dump({**asdict(result), "learner": asdict(settings.learner), "records": settings.records.describe(),
+                   "workers": settings.workers,
                    "batch_words": settings.batch_words, "shards": settings.shards}, f, indent=2)
     log_event(logger, "train_done", seconds=round(seconds, 2), words=t.tokens, effective=t.kept,
               vocabulary=len(words), words_per_s=round(result.words_per_second))
     return result
 
 
-def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress: _Progress | None = None) -> None:
+def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress: _Progress | None = None,
+               malformed: dict[str, int] | None = None) -> None:
     """One pass over the file: a reader thread (this one) reads blocks of lines and tokenises them
     into mini-batches of token spans (compiled, without the GIL), ``settings.workers`` threads
-    train them. A batch closes with the sentence that brings it to ``batch_words`` tokens."""
+    train them. A batch closes with the sentence that brings it to ``batch_words`` tokens. JSON
+    records that are malformed are counted into ``malformed`` by reason, logged (rate limited) and skipped."""
     progress = progress or _Progress(False, settings.epochs)
     update_vocab = pass_no == 1
     work: queue.Queue = queue.Queue(maxsize=2 * settings.workers)
@@ -234,7 +244,12 @@ def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress
     pending: TokenSpans | None = None     # the sentences of the batch still being filled
     try:
         for block in source.blocks():
-            spans = tokenizer.text_spans(block)
+            if settings.records.is_text:
+                spans = tokenizer.text_spans(block)
+            else:
+                records, skipped = settings.records.extract_lines(block)
+                _count_malformed(malformed, skipped)
+                spans = tokenizer.spans(records)
             if budget is not None:
                 spans = spans.head(budget)
                 budget -= spans.num_tokens
@@ -264,11 +279,25 @@ def train_pass(settings: TrainSettings, trainer: Trainer, pass_no: int, progress
     progress.show(pass_no, 1.0 if budget is None else source.fraction(), trainer, final=True)
 
 
+def _count_malformed(totals: dict[str, int] | None, skipped: dict[str, int]) -> None:
+    """Adds a block's malformed records to ``totals``; logs the totals at the first ten such records,
+    then at every thousandth (a corrupt file must not flood the log)."""
+    if totals is None or not skipped:
+        return
+    before = sum(totals.values())
+    for reason, n in skipped.items():
+        totals[reason] = totals.get(reason, 0) + n
+    after = sum(totals.values())
+    if before < 10 or after // 1000 > before // 1000:
+        log_event(logger, "malformed_records_skipped", level=logging.WARNING, **totals)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = read_settings(args)
     _, result = train_file(settings)
     print(json.dumps({"words_per_second": round(result.words_per_second),
                       "effective_words_per_second": round(result.effective_words_per_second),
                       "seconds": round(result.seconds, 2), "vocabulary": result.vocabulary,
+                      "malformed": result.malformed,
                       "files": result.files}))
     return 0

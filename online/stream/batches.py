@@ -10,8 +10,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from online.stream.records import JSON_REASONS
+
 TopicPartitionKey = tuple[str, int]
-MALFORMED_REASONS = ("invalid_utf8", "empty", "too_large")
+MALFORMED_REASONS = ("invalid_utf8", "empty", "too_large", *JSON_REASONS)
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class TextRecord:
     topic: str
     partition: int
     offset: int
-    text: str
+    text: str           # or a ``TokenList`` (a JSON record's list of items, ``online.stream.records``)
 
 
 @dataclass

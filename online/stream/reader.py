@@ -36,14 +36,16 @@ The interface (both classes; the streaming worker builds on it)::
     this member now are sought when they are assigned. ``stream.positions()`` returns the processed frontier
     ``{(topic, partition): next_offset}`` to store with a checkpoint.
 
-Counters (``stream.counters``): records, bytes, malformed by reason (``invalid_utf8``, ``empty``, ``too_large``),
+Counters (``stream.counters``): records, bytes, malformed by reason (``invalid_utf8``, ``empty``, ``too_large``,
+``invalid_json``, ``missing_field``, ``wrong_type``),
 batches, commits, commit_failures, rebalances, stale_batches, redelivered (records handed out but revoked
 before completion), fetch_errors. ``stream.lag()`` is ``{(topic, partition): high watermark - processed
 frontier}``. A topic that does not exist yet is picked up within seconds of its creation. Pass a
 ``ps_bridge.metrics.Registry`` as ``metrics=`` to export all of them (``livevec_stream_*``).
 
-Malformed records (not UTF-8, empty or blank, over ``max_record_bytes``) are counted, logged (rate limited)
-and skipped; never fatal. Their offsets count as processed so they are not read again and again.
+Malformed records (not UTF-8, empty or blank, over ``max_record_bytes``; with JSON records
+(``online.stream.records``) also not JSON, without the field, or of the wrong type) are counted, logged
+(rate limited) and skipped; never fatal. Their offsets count as processed so they are not read again and again.
 
 Rebalances (a ``ConsumerRebalanceListener``): on revocation the stream waits up to ``revoke_grace`` seconds
 for batches in flight to be marked processed and commits them, so a normal rebalance redelivers nothing; what
@@ -65,6 +67,7 @@ from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStat
 from online.stream.batches import (MALFORMED_REASONS, Batch, OffsetTracker, StreamCounters, TextRecord,
                                    TopicPartitionKey, decode_record)
 from online.stream.producer import DEFAULT_WORDS_PER_RECORD, RecordBuilder, TextSource
+from online.stream.records import RecordFormat
 from online.stream.security import check_kafka, client_options
 from online.stream.settings import StreamSettings
 from ps_bridge.structured_logging import log_event
@@ -117,9 +120,11 @@ class _TextStreamBase:
 
     exhausted = False
 
-    def __init__(self, *, batch_records: int, max_record_bytes: int, metrics=None):
+    def __init__(self, *, batch_records: int, max_record_bytes: int, metrics=None,
+                 record_format: RecordFormat | None = None):
         self.batch_records = batch_records
         self.max_record_bytes = max_record_bytes
+        self.record_format = record_format or RecordFormat()
         self.counters = StreamCounters()
         self.tracker = OffsetTracker()
         self._log_malformed = _MalformedLog()
@@ -132,11 +137,14 @@ class _TextStreamBase:
         ranges: dict[TopicPartitionKey, tuple[int, int]] = {}
         malformed = 0
         nbytes = 0
+        extract = None if self.record_format.is_text else self.record_format.extract
         for topic, partition, offset, value in raw:
             tp = (topic, partition)
             start, _end = ranges.get(tp, (offset, offset))
             ranges[tp] = (start, offset + 1)
             text, reason = decode_record(value, self.max_record_bytes)
+            if extract is not None and reason is None:
+                text, reason = extract(text)
             if reason is not None:
                 malformed += 1
                 self.counters.malformed[reason] += 1
@@ -242,7 +250,7 @@ class KafkaStream(_TextStreamBase):
 
     def __init__(self, settings: StreamSettings, *, metrics=None, consumer_options: dict | None = None):
         super().__init__(batch_records=settings.batch_records, max_record_bytes=settings.max_record_bytes,
-                         metrics=metrics)
+                         metrics=metrics, record_format=settings.records)
         self.settings = settings
         self._consumer_options = dict(consumer_options or {})
         self._consumer = None
@@ -440,8 +448,12 @@ class FileStream(_TextStreamBase):
 
     def __init__(self, path: str | os.PathLike, *, batch_records: int = 500, lines_per_record: int = 1,
                  words_per_record: int = DEFAULT_WORDS_PER_RECORD, max_record_bytes: int = 1024 * 1024,
-                 topic: str | None = None, metrics=None):
-        super().__init__(batch_records=batch_records, max_record_bytes=max_record_bytes, metrics=metrics)
+                 topic: str | None = None, metrics=None, record_format: RecordFormat | None = None):
+        super().__init__(batch_records=batch_records, max_record_bytes=max_record_bytes, metrics=metrics,
+                         record_format=record_format)
+        if not self.record_format.is_text:
+            # one JSON record per line, never grouped nor cut
+            lines_per_record, words_per_record = 1, 0
         self.path = Path(path)
         self.topic = topic or self.path.name
         self.lines_per_record = lines_per_record

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from online.stream.records import RECORDS, RecordFormat
 from ps_bridge.settings import Setting, SettingError, SettingGroup, namespace
 
 DEFAULT_KAFKA_VERSION = "4.1.2"
@@ -102,7 +103,7 @@ KAFKA_SECURITY = SettingGroup("Kafka security", (
             help="https: the broker's certificate must name the host connected to; none: do not check"),
 ))
 
-STREAM = (KAFKA, KAFKA_SECURITY, CONSUMER)
+STREAM = (KAFKA, KAFKA_SECURITY, CONSUMER, RECORDS)
 
 
 class Secret:
@@ -233,11 +234,13 @@ class StreamSettings:
     revoke_grace: float = 5.0
     client_id: str = "livevec"
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    records: RecordFormat = field(default_factory=RecordFormat)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> "StreamSettings":
         env = os.environ if env is None else env
-        values = {**KAFKA.read(args, env), **CONSUMER.read(args, env), "security": KafkaSecurity.from_args(args, env)}
+        values = {**KAFKA.read(args, env), **CONSUMER.read(args, env), "security": KafkaSecurity.from_args(args, env),
+                  "records": RecordFormat.from_args(args, env)}
         validate_bootstrap(values["bootstrap"])
         values["topics"] = parse_topics(values["topics"])
         if not values["topics"]:
@@ -254,9 +257,9 @@ class StreamSettings:
         unknown = set(flags) - set(cls.__dataclass_fields__)
         if unknown:
             raise TypeError(f"unknown StreamSettings field {sorted(unknown)[0]!r}")
-        security = flags.pop("security", None)
+        objects = {k: v for k in ("security", "records") if (v := flags.pop(k, None)) is not None}
         settings = cls.from_args(namespace(**flags), env)
-        return settings if security is None else dataclasses.replace(settings, security=security)
+        return dataclasses.replace(settings, **objects) if objects else settings
 
 
 # ----------------------------------------------------------------------------- the local broker

@@ -1,0 +1,114 @@
+"""Record formats: text, or JSON events whose named field (a dotted path) holds the text or a list of
+items; malformed JSON records are counted by reason and skipped, in the stream, in ``livevec train``,
+and with the settings named when they are wrong."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from online.cli.train import TrainSettings, train_file
+from online.learner.tokenizer import Tokenizer, TokenList
+from online.learner.trainer import LearnerConfig
+from online.stream.reader import FileStream
+from online.stream.records import RecordFormat
+from online.stream.settings import StreamSettings
+from ps_bridge.settings import SettingError
+
+
+def test_a_string_field_is_text_and_a_dotted_path_reaches_into_objects():
+    fmt = RecordFormat("json", "event.text")
+    assert fmt.extract('{"event": {"text": "Hello there", "ts": 3}, "user": 1}') == ("Hello there", None)
+    assert fmt.extract(b'{"event": {"text": "\\u6771\\u4eac"}}') == ("東京", None)
+    assert RecordFormat("json", "query").extract('{"query": "red shoes", "ts": 1}') == ("red shoes", None)
+
+
+def test_a_list_of_strings_is_one_sentence_of_tokens_taken_as_they_are():
+    record, reason = RecordFormat("json", "items").extract('{"user": 7, "items": ["sku-123", "Red Shoes", "C++"]}')
+    assert reason is None and type(record) is TokenList
+    for kind in ("text8", "unicode", "tokens"):
+        assert Tokenizer(kind).sentences(record) == [["sku-123", "Red Shoes", "C++"]]
+
+
+@pytest.mark.parametrize("value, reason", [
+    (b"not json", "invalid_json"),
+    (b'{"event": {"text": "cut', "invalid_json"),
+    (b"\xff\xfe", "invalid_json"),
+    (b'{"other": 1}', "missing_field"),
+    (b'{"event": {"body": "x"}}', "missing_field"),
+    (b'{"event": "flat string"}', "missing_field"),
+    (b'{"event": {"text": null}}', "missing_field"),
+    (b'[{"event": {"text": "x"}}]', "missing_field"),
+    (b'{"event": {"text": 42}}', "wrong_type"),
+    (b'{"event": {"text": {"a": 1}}}', "wrong_type"),
+    (b'{"event": {"text": ["a", 2]}}', "wrong_type"),
+    (b'{"event": {"text": "   "}}', "empty"),
+    (b'{"event": {"text": []}}', "empty"),
+])
+def test_malformed_records_have_a_reason(value, reason):
+    assert RecordFormat("json", "event.text").extract(value) == (None, reason)
+
+
+def test_text_records_are_unchanged():
+    assert RecordFormat().extract('{"query": "x"}') == ('{"query": "x"}', None)
+
+
+def test_bad_settings_stop_at_start_naming_them():
+    with pytest.raises(SettingError, match="LIVEVEC_RECORD_FIELD"):
+        RecordFormat.from_args(None, {"LIVEVEC_RECORD_FORMAT": "json"})
+    with pytest.raises(SettingError, match="LIVEVEC_RECORD_FIELD"):
+        RecordFormat.from_args(None, {"LIVEVEC_RECORD_FORMAT": "json", "LIVEVEC_RECORD_FIELD": "event..text"})
+    with pytest.raises(SettingError, match="LIVEVEC_RECORD_FIELD"):
+        RecordFormat.from_args(None, {"LIVEVEC_RECORD_FIELD": "query"})
+    with pytest.raises(SettingError, match="LIVEVEC_RECORD_FORMAT"):
+        RecordFormat.from_args(None, {"LIVEVEC_RECORD_FORMAT": "avro"})
+    env = {"LIVEVEC_KAFKA_BOOTSTRAP": "127.0.0.1:9092", "LIVEVEC_KAFKA_TOPICS": "t",
+           "LIVEVEC_RECORD_FORMAT": "json", "LIVEVEC_RECORD_FIELD": "items"}
+    assert StreamSettings.from_args(None, env).records == RecordFormat("json", "items")
+
+
+LINES = [
+    '{"user": 1, "items": ["sku-1", "sku-2"]}',
+    'not json at all',
+    '{"user": 2, "items": ["sku-3", 4]}',
+    '',
+    '{"user": 3}',
+    '{"user": 4, "items": ["sku-1", "sku-9", "sku-2"]}',
+]
+
+
+async def test_a_file_stream_of_json_records_skips_the_malformed_in_order(tmp_path):
+    path = tmp_path / "sessions.jsonl"
+    path.write_text("\n".join(LINES) + "\n")
+    stream = FileStream(path, batch_records=2, record_format=RecordFormat("json", "items"))
+    await stream.start()
+    records, ranges = [], []
+    async for batch in stream:
+        records.extend(batch.records)
+        ranges.append(batch.ranges[(path.name, 0)])
+        await stream.mark_processed(batch)
+    await stream.stop()
+    assert [(r.offset, r.text.items()) for r in records] == [(0, ["sku-1", "sku-2"]), (4, ["sku-1", "sku-9", "sku-2"])]
+    assert ranges == [(0, 2), (2, 4), (4, 5)]    # every offset covered, the all-malformed batch too
+    assert stream.counters.malformed["invalid_json"] == 1
+    assert stream.counters.malformed["wrong_type"] == 1 and stream.counters.malformed["missing_field"] == 1
+    assert stream.positions() == {(path.name, 0): 5}
+
+
+def test_livevec_train_reads_json_records_as_the_stream_does(tmp_path):
+    """The same sessions as JSON records and as a plain file of tokens train the same vocabulary and
+    counts; the malformed JSON lines are counted by reason."""
+    sessions = [[f"sku-{(7 * i + j) % 40}" for j in range(6)] for i in range(300)]
+    json_path = tmp_path / "s.jsonl"
+    json_path.write_text("".join(json.dumps({"user": i, "items": s}) + "\n" + ("garbage\n" if i % 50 == 0 else "")
+                                 for i, s in enumerate(sessions)))
+    text_path = tmp_path / "s.txt"
+    text_path.write_text("".join(" ".join(s) + "\n" for s in sessions))
+    learner = LearnerConfig(dim=16, min_count=2, tokenizer="tokens")
+    json_trainer, json_result = train_file(TrainSettings(str(json_path), str(tmp_path / "j"), progress=False,
+                                                         learner=learner, records=RecordFormat("json", "items")))
+    text_trainer, _ = train_file(TrainSettings(str(text_path), str(tmp_path / "t"), progress=False, learner=learner))
+    assert json_result.malformed == {"invalid_json": 6}
+    assert json_trainer.totals.tokens == text_trainer.totals.tokens == 1800
+    assert (tmp_path / "j" / "vocab.txt").read_text() == (tmp_path / "t" / "vocab.txt").read_text()
+    assert "sku-7 " in (tmp_path / "j" / "vocab.txt").read_text()
