@@ -465,19 +465,23 @@ def test_export_orders_rows_by_count(tmp_path):
         np.testing.assert_allclose(copy["middle"], vectors[2], rtol=1e-6)
 
 
-def test_export_leaves_out_words_a_word2vec_file_cannot_hold():
-    # no file or tokenizer makes such words; a plug-in source might, so the index is built directly
+def test_export_escapes_whitespace_and_leaves_out_words_a_word2vec_file_cannot_hold():
+    # no file makes such words; a plug-in source or a JSON record might, so the index is built directly
     from online.frontend.export import encode_rows, exportable_rows
     from online.frontend.model_index import ModelIndex
     from online.learner.keys import word_keys
-    words = ["ok", "has space", "", "tab\tx", "fine", "nbsp\u00a0x"]
-    index = ModelIndex.from_arrays(1, word_keys(words), words, np.eye(6, 3, dtype=np.float32), np.arange(6))
-    rows = exportable_rows(index)
-    assert [index.words[r] for r in rows] == ["fine", "ok"]
-    assert encode_rows(index, rows, "vocab") == b"fine 4\nok 0\n"
-    assert encode_rows(index, rows, "text") == b"fine 0 0 0\nok 1 0 0\n"
-    assert encode_rows(index, rows, "binary") == b"fine " + np.zeros(3, "<f4").tobytes() + b"\nok " + \
-        np.array([1, 0, 0], "<f4").tobytes() + b"\n"
+    words = ["ok", "has space", "", "tab\tx", "fine", "nbsp\u00a0x", "a b", "a%20b"]
+    index = ModelIndex.from_arrays(1, word_keys(words), words, np.eye(8, 3, dtype=np.float32), np.arange(8))
+    rows = exportable_rows(index)          # "" cannot be written; "a b" would be spelled as "a%20b", a word
+    assert [index.words[r] for r in rows] == ["a%20b", "nbsp\u00a0x", "fine", "tab\tx", "has space", "ok"]
+    assert encode_rows(index, rows, "vocab") == \
+        b"a%20b 7\nnbsp%C2%A0x 5\nfine 4\ntab%09x 3\nhas%20space 1\nok 0\n"
+    assert encode_rows(index, rows[2:], "text") == b"fine 0 0 0\ntab%09x 0 0 0\nhas%20space 0 1 0\nok 1 0 0\n"
+    assert encode_rows(index, rows[-2:], "binary") == b"has%20space " + np.array([0, 1, 0], "<f4").tobytes() + \
+        b"\nok " + np.array([1, 0, 0], "<f4").tobytes() + b"\n"
+    every = exportable_rows(index, "words")                 # the exact words: every row
+    assert encode_rows(index, every[:3], "words") == b'["a%20b",7]\n["a b",6]\n["nbsp\xc2\xa0x",5]\n'
+    assert len(every) == len(words)
 
 
 def test_export_streams_one_snapshot_while_the_model_is_replaced(big_model, tmp_path):

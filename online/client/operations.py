@@ -264,20 +264,13 @@ def distance(w1: str, w2: str) -> Operation[np.float32]:
 
 def distances(word_or_vector: Any, other_words: Any = ()) -> Operation[np.ndarray]:
     """Cosine distances to ``other_words``; without them, to every word of one snapshot (streamed
-    from /v1/export: the whole model, in ``index_to_key`` order, as gensim's)."""
+    from /v1/export: the whole model, in ``index_to_key`` order, as gensim's). The word's own
+    vector comes from /v1/vector, so on a learning model it may be a version older or newer."""
     other_words = list(other_words or ())
-    if not other_words:
-        snap = yield from snapshot()
-        if isinstance(word_or_vector, str):
-            if word_or_vector not in snap.words:
-                raise KeyError(f"Key '{word_or_vector}' not present")
-            vector = snap.vectors[snap.words.index(word_or_vector)]
-        else:
-            vector = np.asarray(word_or_vector, dtype=np.float32)
-        return 1 - _cosines(vector, snap.vectors)
     vector = (yield from get_vector(word_or_vector)) if isinstance(word_or_vector, str) \
         else np.asarray(word_or_vector, dtype=np.float32)
-    return 1 - _cosines(vector, (yield from get_vectors(other_words)))
+    others = (yield from snapshot()).vectors if not other_words else (yield from get_vectors(other_words))
+    return 1 - _cosines(vector, others)
 
 
 def _cosines(vector: np.ndarray, others: np.ndarray) -> np.ndarray:
@@ -316,9 +309,9 @@ def vocabulary(cached: Vocabulary | None) -> Operation[Vocabulary]:
     version = (yield Call("GET", "/ready")).json()["version"]
     if cached is not None and cached.version == version:
         return cached
-    reply = yield Call("GET", "/v1/export?format=vocab")
-    lines = reply.body.decode("utf-8").split("\n")
-    words = [line.rsplit(" ", 1)[0] for line in lines if line]
+    reply = yield Call("GET", "/v1/export?format=words")     # the words exactly (vocab escapes whitespace)
+    lines = reply.body.rstrip(b"\n")
+    words = [w for w, _ in orjson.loads(b"[" + lines.replace(b"\n", b",") + b"]")] if lines else []
     return Vocabulary(int(reply.headers.get("x-model-version", version)), words,
                       {w: i for i, w in enumerate(words)})
 

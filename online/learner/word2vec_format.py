@@ -18,6 +18,15 @@ Writing: words go out in the order given; livevec writes the most frequent first
 is what ``restrict_vocab`` in gensim's evaluations assumes. Files are written to a
 temporary name and renamed, so a reader never sees half a file.
 
+Words with whitespace. Both formats end a word at a space, but a word may hold one (a JSON
+record's list of tokens is taken as it is). The writers, and the front end's export, write
+each whitespace character of such a word percent-escaped as its UTF-8 bytes
+(``escape_word``: ``"two words"`` -> ``two%20words``, a tab ``%09``); every other word is
+written byte for byte, ``%`` included, so IDs and punctuation read back as they were. The
+escape is one way (a reader's key is ``two%20words``), and a whitespace word whose escaped
+spelling is also a word of the file is left out (``file_spellings``). An empty word cannot
+be written at all.
+
 Reading: files ending in ``.gz`` are decompressed on the fly. Errors name the file and
 the line (text) or record (binary) that is wrong, because these files are produced by
 other people's jobs and a truncated export must be easy to diagnose.
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +87,10 @@ def sniff_format(data: bytes) -> str:
     space = data.find(b" ", pos)
     if space < 0:
         return "text"
+    line_end = data.find(b"\n", space + 1)
+    parts = data[space + 1: line_end if line_end >= 0 else len(data)].split()
+    if len(parts) == dim and all(p.lstrip(b"-+").replace(b".", b"", 1).isdigit() for p in parts):
+        return "text"           # the first record is a text line (its next word may hold any bytes: '%')
     sample = data[space + 1: space + 1 + 4 * dim]
     return "text" if all(b in _TEXT_BYTES for b in sample) else "binary"
 
@@ -189,31 +203,50 @@ def read_vocab_counts(path: str | os.PathLike) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------ writing
-def _check(words: list[str], vectors: np.ndarray) -> np.ndarray:
+WHITESPACE = re.compile(r"\s")
+
+
+def escape_word(word: str) -> str:
+    """``word`` as the word2vec formats hold it: each whitespace character percent-escaped (UTF-8)."""
+    return WHITESPACE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode("utf-8")), word)
+
+
+def file_spellings(words: list[str]) -> list[str | None]:
+    """Each word as a file spells it, None for a whitespace word escaped into another word's spelling."""
+    if any(not w for w in words):
+        raise ValueError("an empty word cannot be written in word2vec format")
+    if not WHITESPACE.search("".join(words)):
+        return list(words)
+    plain = set(words)
+    out: list[str | None] = []
+    for w in words:
+        spelling = escape_word(w) if WHITESPACE.search(w) else w
+        out.append(None if spelling != w and spelling in plain else spelling)
+    return out
+
+
+def _check(words: list[str], vectors: np.ndarray) -> tuple[np.ndarray, list[tuple[str, np.ndarray]]]:
     vectors = np.asarray(vectors, dtype=np.float32)
     if vectors.ndim != 2 or vectors.shape[0] != len(words):
         raise ValueError(f"{len(words)} words but vectors of shape {vectors.shape}")
-    for w in words:
-        if not w or any(c.isspace() for c in w):
-            raise ValueError(f"word {w!r} cannot be written in word2vec format (empty or contains whitespace)")
-    return vectors
+    return vectors, [(s, row) for s, row in zip(file_spellings(words), vectors) if s is not None]
 
 
 def write_text(path: str | os.PathLike, words: list[str], vectors: np.ndarray) -> None:
-    vectors = _check(words, vectors)
+    vectors, records = _check(words, vectors)
     tmp = Path(f"{path}.tmp")
     with open(tmp, "w", encoding="utf-8") as out:
-        out.write(f"{len(words)} {vectors.shape[1]}\n")
-        for word, row in zip(words, vectors):
+        out.write(f"{len(records)} {vectors.shape[1]}\n")
+        for word, row in records:
             out.write(word + " " + " ".join(f"{x:.6g}" for x in row.tolist()) + "\n")
     os.replace(tmp, path)
 
 
 def write_binary(path: str | os.PathLike, words: list[str], vectors: np.ndarray) -> None:
-    vectors = _check(words, vectors).astype("<f4", copy=False)
+    vectors, records = _check(words, vectors)
     tmp = Path(f"{path}.tmp")
     with open(tmp, "wb") as out:
-        out.write(f"{len(words)} {vectors.shape[1]}\n".encode())
-        for word, row in zip(words, vectors):
-            out.write(word.encode("utf-8") + b" " + row.tobytes() + b"\n")
+        out.write(f"{len(records)} {vectors.shape[1]}\n".encode())
+        for word, row in records:
+            out.write(word.encode("utf-8") + b" " + row.astype("<f4", copy=False).tobytes() + b"\n")
     os.replace(tmp, path)
