@@ -112,3 +112,23 @@ def test_livevec_train_reads_json_records_as_the_stream_does(tmp_path):
     assert json_trainer.totals.tokens == text_trainer.totals.tokens == 1800
     assert (tmp_path / "j" / "vocab.txt").read_text() == (tmp_path / "t" / "vocab.txt").read_text()
     assert "sku-7 " in (tmp_path / "j" / "vocab.txt").read_text()
+
+
+def test_the_sessions_demo_streams_json_sessions_read_as_item2vec():
+    import argparse
+    from itertools import islice
+
+    from online.cli.up import _corpus_lines, configure, read_settings, reading_env
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = read_settings(parser.parse_args(["--demo", "sessions"]), {})
+    env = reading_env(args)
+    assert env == {"LIVEVEC_RECORD_FORMAT": "json", "LIVEVEC_RECORD_FIELD": "items", "LIVEVEC_TOKENIZER": "tokens"}
+    fmt = RecordFormat(env["LIVEVEC_RECORD_FORMAT"], env["LIVEVEC_RECORD_FIELD"])
+    sessions = [fmt.extract(line)[0] for line in islice(_corpus_lines(args), 2000)]
+    assert all(type(s) is TokenList for s in sessions)
+    together = sum(1 for s in sessions if {"sku-tent-2p", "sku-sleeping-bag"} <= set(s.items()))
+    assert together > 50       # the planted co-purchases
+    # without the demo, the command passes on the reading it was given
+    args = read_settings(parser.parse_args([]), {"LIVEVEC_TOKENIZER": "unicode", "LIVEVEC_LANGUAGE": "ja"})
+    assert reading_env(args)["LIVEVEC_TOKENIZER"] == "unicode" and reading_env(args)["LIVEVEC_LANGUAGE"] == "ja"

@@ -370,6 +370,7 @@ class CheckpointCoordinator(SchedulerExtension):
                     "files": files, "reason": reason, "workers": len(trainers), "pause_seconds": round(pause, 4),
                     "write_seconds": None, "records": ledger.get("records"), "tokens": ledger.get("tokens"),
                     "batches": ledger.get("batches"),
+                    "reading": next((a["reading"] for a in trainers.values() if a.get("reading")), None),
                     "previous": self.base.id if self.base is not None else None}
         manifest["write_seconds"] = round(time.monotonic() - t1, 4)
         ckpt = self.store.write_manifest(ckpt_id, manifest)

@@ -57,6 +57,7 @@ from online.cluster.worker import WorkerExtension
 from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import SCHEDULER_ID
 from ps_bridge.postoffice import Postoffice
+from ps_bridge.settings import SettingError
 from ps_bridge.simple_app import SendError
 from ps_bridge.structured_logging import log_event
 
@@ -303,6 +304,32 @@ class ServerCheckpointing(ServerExtension):
 
 # ----------------------------------------------------------------------------- worker side
 
+# How the workers read the stream, kept in each checkpoint's manifest (``reading``): the model's words
+# are what these made of the records, so a cluster restarted with other ones would go on learning other
+# words on top of the checkpoint's, and its offsets would resume a stream it reads differently.
+READING_SETTINGS = {"tokenizer": "LIVEVEC_TOKENIZER", "language": "LIVEVEC_LANGUAGE",
+                    "record_format": "LIVEVEC_RECORD_FORMAT", "record_field": "LIVEVEC_RECORD_FIELD"}
+
+
+def worker_reading(settings) -> dict:
+    """The ``reading`` of a worker's settings (``WorkerSettings``)."""
+    return {"tokenizer": settings.learner.tokenizer, "language": settings.learner.language,
+            "record_format": settings.stream.records.kind, "record_field": settings.stream.records.field}
+
+
+def check_reading(checkpoint_dir: str, reading: dict) -> None:
+    """Stops a worker at start, naming the setting, when the latest complete checkpoint was trained
+    reading the stream another way (a checkpoint from before this was recorded is not checked)."""
+    store = CheckpointStore(checkpoint_dir)
+    ckpt = store.latest_complete(check_data=False)
+    saved = (ckpt.manifest.get("reading") if ckpt is not None else None) or {}
+    for key, setting in READING_SETTINGS.items():
+        if key in saved and saved[key] != reading.get(key):
+            raise SettingError(setting, f"is {reading.get(key)!r}, but the latest checkpoint ({ckpt.path}) was "
+                                        f"trained with {saved[key]!r}: set it back, or start the cluster on a new "
+                                        f"LIVEVEC_CHECKPOINT_DIR")
+
+
 class WorkerCheckpointing(WorkerExtension):
     """The checkpoint/rollback side of one ``livevec worker`` (its extension when
     ``LIVEVEC_CHECKPOINT_DIR`` is set).
@@ -416,7 +443,8 @@ class WorkerCheckpointing(WorkerExtension):
         drained = time.monotonic()
         answer = {"ok": True, "trainer": True, "node": self.kv.po.node_id, "drain_ms": round((drained - now) * 1e3, 1),
                   "training_paused": not hold, "dirty": self._rebalances() != self._rebalances_at_seek,
-                  "assignment": sorted([t, p] for t, p in self.stream.assignment())}
+                  "assignment": sorted([t, p] for t, p in self.stream.assignment()),
+                  "reading": worker_reading(w.settings)}
         if abandon:
             answer["fence_ok"] = await self._fence()
         else:

@@ -6,7 +6,11 @@ runner (``online.deployment.local_runner``) so that what runs here is what the c
 runs, and streams a corpus into the topic at a steady rate. The default corpus is the
 generated one of ``online.stream.sample_corpus`` (endless, with planted topics, so neighbours of
 ``king`` or ``paris`` are meaningful within seconds on any machine); ``--corpus FILE``
-streams a text file (plain, .gz or .xz) instead. Ctrl-C stops everything cleanly.
+streams a text file (plain, .gz or .xz) instead, one record per line when
+``LIVEVEC_RECORD_FORMAT=json`` (``online.stream.records``), read by the workers as ``livevec train``
+reads it. ``--demo sessions`` streams generated shopping sessions as JSON records
+(``online.stream.sample_sessions``), read as item2vec reads them: the ``items`` field, tokens kept as
+they are. Ctrl-C stops everything cleanly.
 
 ``--hosts N`` (root) runs the same group across N network-namespace hosts on one bridge
 (``online.deployment.netns_lab``), placed as Mesos would place it, with Kafka on the bridge;
@@ -30,11 +34,13 @@ from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import LocalRunner
 from online.deployment.netns_lab import NetnsLab, check_rate, lab_support_problem
 from online.deployment.topology import default_topology
-from online.learner.settings import MODEL
+from online.learner.settings import LEARNER, MODEL
 from online.stream.kafka_broker import KafkaBroker
 from online.stream.settings import BROKER, KafkaBrokerSettings
-from online.stream.producer import produce_async
+from online.stream.producer import DEFAULT_WORDS_PER_RECORD, produce_async
+from online.stream.records import RECORDS, RecordFormat
 from online.stream.sample_corpus import iter_sentences
+from online.stream.sample_sessions import iter_sessions
 from ps_bridge.structured_logging import log_event
 from ps_bridge.settings import Setting, SettingError, SettingGroup, add_groups
 
@@ -44,6 +50,9 @@ TOPIC = "livevec-text"
 
 UP = SettingGroup("local cluster", (
     Setting("corpus", (), metavar="FILE", help="text file to stream (plain/.gz/.xz); default: the generated sample corpus"),
+    Setting("demo", (), default="text", choices=("text", "sessions"),
+            help="without --corpus: the generated corpus to stream: text (English-like sentences) or sessions "
+                 "(shopping sessions as JSON records, trained as item2vec: the items field, tokens as they are)"),
     Setting("loop", (), bool, False, help="stream --corpus again and again"),
     Setting("servers", (), int, 1, minimum=1, help="parameter servers"),
     Setting("workers", (), int, 2, minimum=1, help="training workers"),
@@ -57,21 +66,42 @@ UP = SettingGroup("local cluster", (
 ))
 # The model settings the local cluster passes on to its roles (the rest keep their defaults).
 UP_MODEL = MODEL.only("dim", "min_count")
+# How the roles read the stream, passed on to them as well (``--demo sessions`` sets its own).
+UP_READING = (LEARNER.only("tokenizer", "language"), RECORDS)
+SESSIONS_READING = {"LIVEVEC_RECORD_FORMAT": "json", "LIVEVEC_RECORD_FIELD": "items", "LIVEVEC_TOKENIZER": "tokens"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_groups(parser, (UP, UP_MODEL, BROKER))
+    add_groups(parser, (UP, UP_MODEL, *UP_READING, BROKER))
 
 
 def read_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> argparse.Namespace:
     """The command's settings as one namespace, every value checked against its declaration."""
-    return argparse.Namespace(**UP.read(args, env), **UP_MODEL.read(args, env),
+    reading = {k: v for group in UP_READING for k, v in group.read(args, env).items()}
+    return argparse.Namespace(**UP.read(args, env), **UP_MODEL.read(args, env), reading=reading,
+                              records=RecordFormat(reading["record_format"], reading["record_field"] or ""),
                               broker=KafkaBrokerSettings.from_args(args, env))
+
+
+def reading_env(args: argparse.Namespace) -> dict[str, str]:
+    """The roles' settings of how to read the stream (the demo's, or the ones given to this command)."""
+    if args.demo == "sessions" and not args.corpus:
+        return dict(SESSIONS_READING)
+    r = args.reading
+    return {"LIVEVEC_TOKENIZER": r["tokenizer"], "LIVEVEC_LANGUAGE": r["language"],
+            "LIVEVEC_RECORD_FORMAT": r["record_format"], "LIVEVEC_RECORD_FIELD": r["record_field"] or ""}
+
+
+def _json_records(args: argparse.Namespace) -> bool:
+    """Whether the stream is one JSON record per line (never grouped or cut into records of several lines)."""
+    return reading_env(args)["LIVEVEC_RECORD_FORMAT"] == "json"
 
 
 def _validate(args: argparse.Namespace) -> None:
     if args.corpus and not Path(args.corpus).is_file():
         raise SettingError("--corpus", f"no such file: {args.corpus}")
+    if args.corpus and args.demo != "text":
+        raise SettingError("--demo", "streams a generated corpus; it cannot go with --corpus")
     if args.link and not args.hosts:
         raise SettingError("--link", "shapes the links of --hosts; give --hosts N as well")
     try:
@@ -85,6 +115,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _corpus_lines(args: argparse.Namespace):
+    if not args.corpus and args.demo == "sessions":
+        import orjson
+        yield from (orjson.dumps(session) for session in iter_sessions(seed=1))
+        return
     if not args.corpus:
         yield from iter_sentences(seed=1)
         return
@@ -113,9 +147,11 @@ class _Producer(threading.Thread):
 
     def run(self) -> None:
         asyncio.set_event_loop(self.loop)
+        # Text goes 10 lines to a record; JSON records are one line each, never cut.
+        per_record, cut = (1, 0) if _json_records(self.args) else (10, DEFAULT_WORDS_PER_RECORD)
         self._task = self.loop.create_task(produce_async(
             _corpus_lines(self.args), bootstrap=self.bootstrap, topic=TOPIC, partitions=self.args.partitions,
-            rate=self.args.rate / 10, lines_per_record=10, create_topic=True))
+            rate=self.args.rate / per_record, lines_per_record=per_record, words_per_record=cut, create_topic=True))
         try:
             self.stats = self.loop.run_until_complete(self._task)
         except asyncio.CancelledError:
@@ -174,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
     runner = producer = None
     try:
         runner = local_cluster(work, broker.bootstrap, TOPIC, servers=args.servers, workers=args.workers,
-                               env={"LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count)}, lab=lab)
+                               env={"LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count),
+                                    **reading_env(args)}, lab=lab)
         if lab is not None:
             for (app_id, index), host in sorted(runner.placement.items()):
                 print(f"  {app_id}#{index} on {host}", file=sys.stderr, flush=True)
@@ -184,9 +221,10 @@ def run(args: argparse.Namespace) -> int:
         producer.start()
         runner.wait_healthy(timeout=120)
         url = runner.url("frontend", "http", "/")
+        word = "sku-tent-2p" if args.demo == "sessions" and not args.corpus else "king"
         print(f"\nlivevec is up in {time.monotonic() - t0:.0f} s\n"
               f"  page:     {url}\n"
-              f"  API:      {url}v1/similar?word=king&k=10   {url}v1/stats   {url}openapi.json\n"
+              f"  API:      {url}v1/similar?word={word}&k=10   {url}v1/stats   {url}openapi.json\n"
               f"  Kafka:    {broker.bootstrap} topic {TOPIC} ({args.partitions} partitions, "
               f"{args.rate:g} lines/s)\n"
               f"  logs:     {runner.log_dir}/  (Kafka: {broker.log_path})\n"

@@ -30,8 +30,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def read_settings(args: argparse.Namespace, env=None) -> tuple[WorkerSettings, str | None]:
+    """The worker's settings; with checkpoints, checked against how the latest one read the stream."""
     env = os.environ if env is None else env
-    return WorkerSettings.from_args(args, env), checkpoint_dir(args, env)
+    settings, directory = WorkerSettings.from_args(args, env), checkpoint_dir(args, env)
+    if directory:
+        from online.checkpoint.participants import check_reading, worker_reading
+        check_reading(directory, worker_reading(settings))
+    return settings, directory
 
 
 def run(args: argparse.Namespace) -> int:
