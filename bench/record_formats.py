@@ -1,0 +1,213 @@
+"""Record formats and tokenizers against ``text8`` on the worker's path, in one run on one machine.
+
+    .venv/bin/python bench/record_formats.py [--tokens 300000] [--rounds 3] [--json]
+
+Each case streams records through what a worker does with them: the stream's record format
+(``online.stream.records``: decoding, and for JSON records the field's extraction) and the trainer
+(``Trainer.train_records``: tokenising, counting, subsampling, the SGNS kernel in place, d=100), in
+batches of about 5,000 tokens, on about ``--tokens`` tokens each. Cases:
+
+- ``text8`` on English (the generated sample corpus, 10 lines a record): the reference;
+- ``tokens`` and ``unicode`` on the same English records;
+- ``tokens`` on an ID stream (the sessions demo's items, as text: ``sku-10417 sku-tent-2p ...``);
+- JSON ID sessions (``{"user": ..., "items": [...]}``, field ``items``: one sentence of tokens);
+- JSON text (``{"user": ..., "text": "<English>"}``, field ``text``, ``text8``);
+- ``unicode`` on Chinese and on Japanese (records drawn from a pool of hand-written sentences: there
+  is no Chinese or Japanese corpus on this machine; the segmenters' speed depends on the text, not on
+  its variety).
+
+Rounds alternate the cases, and each case's figure is the median of its rounds, so that all cases meet
+the same load from other jobs. It prints words/s and the ratio to ``text8``'s, the tokenizer's own rate
+(``Tokenizer.spans`` alone), and the segmenters' MB/s on one core: the ``unicode`` tokenizer on CJK
+text (normalisation, regex, routing and segmentation), and ``rjieba`` and Sudachi (mode C) alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from online.learner.tokenizer import Tokenizer  # noqa: E402
+from online.learner.tokenizers.cjk import segment_chinese, segment_japanese  # noqa: E402
+from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
+from online.stream.records import RecordFormat  # noqa: E402
+from online.stream.sample_corpus import generate_lines  # noqa: E402
+from online.stream.sample_sessions import iter_sessions  # noqa: E402
+
+CHINESE = [
+    "分布式操作系统管理每台机器的处理器和内存。", "北京是中华人民共和国的首都，也是全国的政治和文化中心。",
+    "我昨天和朋友一起在新开的餐厅吃了晚饭。", "机器学习模型可以从大量数据中学习词语的含义。",
+    "今天天气很好，我们去公园散步吧。", "这家公司去年的销售额比前年增长了百分之二十。",
+    "上海的地铁网络是世界上最长的城市轨道交通系统之一。", "科学家们在南极洲发现了一种新的微生物。",
+    "他每天早上六点起床，然后跑步半个小时。", "这本小说讲述了一个普通家庭三代人的故事。",
+    "长江是亚洲最长的河流，全长约六千三百公里。", "学生们正在图书馆里准备下个月的期末考试。",
+    "政府宣布将在明年投资建设更多的高速铁路。", "互联网改变了人们获取信息和相互交流的方式。",
+    "我的手机电池坏了，需要去商店换一个新的。", "这座古老的寺庙已经有一千多年的历史了。",
+    "足球比赛在晚上八点开始，球迷们早早来到了体育场。", "医生建议他少吃油腻的食物，多喝水。",
+    "人工智能在医疗诊断领域的应用越来越广泛。", "春节是中国最重要的传统节日，家人会团聚在一起。",
+]
+JAPANESE = [
+    "分散型のオペレーティングシステムは、各マシンのCPUとメモリを管理する。", "東京都は日本の首都であり、人口は約千四百万人です。",
+    "私は昨日友達と一緒に新しいレストランで晩ご飯を食べました。", "機械学習のモデルは大量のデータから単語の意味を学習することができる。",
+    "今日は天気が良いので、公園まで散歩に行こうと思います。", "この会社の昨年の売上高は前年と比べて二割増加した。",
+    "新幹線は東京と大阪の間をおよそ二時間半で結んでいる。", "研究者たちは南極で新しい微生物を発見したと発表した。",
+    "彼は毎朝六時に起きて、三十分ほどジョギングをしている。", "この小説は、ある普通の家族の三世代にわたる物語を描いている。",
+    "富士山は日本で最も高い山で、標高は三千七百七十六メートルです。", "学生たちは図書館で来月の期末試験の準備をしている。",
+    "政府は来年、再生可能エネルギーへの投資を拡大すると発表した。", "インターネットは人々が情報を得て交流する方法を大きく変えた。",
+    "スマートフォンの電池が壊れたので、新しいものに交換してもらった。", "京都には千年以上の歴史を持つ古い寺がたくさんある。",
+    "サッカーの試合は午後八時に始まり、ファンは早くからスタジアムに集まった。", "医者は彼に脂っこい食べ物を控えて、水をたくさん飲むように勧めた。",
+    "人工知能は医療の診断にますます広く使われるようになっている。", "正月には家族が集まり、一緒におせち料理を食べる。",
+]
+
+
+def english(tokens: int) -> list[str]:
+    lines = generate_lines(tokens // 5 + 100, seed=3)
+    records, count = [], 0
+    for i in range(0, len(lines), 10):
+        record = "\n".join(lines[i:i + 10])
+        records.append(record)
+        count += len(record.split())
+        if count >= tokens:
+            break
+    return records
+
+
+def sessions(tokens: int) -> list[dict]:
+    out, count = [], 0
+    for session in iter_sessions(seed=3):
+        out.append(session)
+        count += len(session["items"])
+        if count >= tokens:
+            return out
+
+
+def cjk(pool: list[str], chars: int, seed: int) -> list[str]:
+    """Records of about 150 characters, sentences drawn at random from ``pool``, about ``chars`` in all."""
+    rng = random.Random(seed)
+    records, total = [], 0
+    while total < chars:
+        record = ""
+        while len(record) < 150:
+            record += rng.choice(pool)
+        records.append(record)
+        total += len(record)
+    return records
+
+
+def cases(tokens: int) -> list[tuple[str, str, RecordFormat, list[bytes]]]:
+    """(name, tokenizer, record format, record values as Kafka carries them)."""
+    en = [r.encode() for r in english(tokens)]
+    ids = sessions(tokens)
+    text = RecordFormat()
+    per_char = {}   # characters per token of each CJK language, to give each case about ``tokens`` tokens
+    for name, pool in (("zh", CHINESE), ("ja", JAPANESE)):
+        sample = cjk(pool, 20_000, seed=1)
+        per_char[name] = sum(len(s) for s in sample) / Tokenizer("unicode").spans(sample).num_tokens
+    return [
+        ("text8 English", "text8", text, en),
+        ("tokens English", "tokens", text, en),
+        ("unicode English", "unicode", text, en),
+        ("tokens ID text", "tokens", text, [" ".join(s["items"]).encode() for s in ids]),
+        ("JSON ID sessions (tokens)", "tokens", RecordFormat("json", "items"), [json.dumps(s).encode() for s in ids]),
+        ("JSON English text (text8)", "text8", RecordFormat("json", "text"),
+         [json.dumps({"user": i, "text": r.decode()}).encode() for i, r in enumerate(en)]),
+        ("unicode Chinese", "unicode", text,
+         [r.encode() for r in cjk(CHINESE, int(tokens * per_char["zh"]), seed=2)]),
+        ("unicode Japanese", "unicode", text,
+         [r.encode() for r in cjk(JAPANESE, int(tokens * per_char["ja"]), seed=2)]),
+    ]
+
+
+def batches(records: list, size: int = 5000) -> list[list]:
+    """Records in batches of about ``size`` whitespace-separated words (CJK: characters / 2)."""
+    out, cur, n = [], [], 0
+    for r in records:
+        cur.append(r)
+        n += max(len(r.split()), len(r) // 2 if r and r[:1] > "\u2e80" else 0)
+        if n >= size:
+            out.append(cur)
+            cur, n = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def run_case(tokenizer: str, fmt: RecordFormat, values: list[bytes]) -> tuple[float, int, float]:
+    """(seconds, tokens, seconds of tokenising alone) of the stream's and the worker's steps over ``values``."""
+    trainer = Trainer(LearnerConfig(tokenizer=tokenizer))
+    t0 = time.perf_counter()
+    records = []
+    for v in values:
+        record, reason = fmt.extract(v.decode("utf-8"))
+        if reason is None:
+            records.append(record)
+    for batch in batches(records):
+        trainer.train_records(batch)
+    seconds = time.perf_counter() - t0
+    tok = Tokenizer(tokenizer)
+    t1 = time.perf_counter()
+    for batch in batches(records):
+        tok.spans(batch)
+    return seconds, trainer.totals.tokens, time.perf_counter() - t1
+
+
+def segmenter_speed(rounds: int) -> dict[str, float]:
+    """MB/s on one core of the unicode tokenizer on CJK text, and of each segmenter alone."""
+    out: dict[str, list[float]] = {}
+    zh, ja = cjk(CHINESE, 300_000, seed=4), cjk(JAPANESE, 300_000, seed=4)
+    tok = Tokenizer("unicode")
+    jobs = {"unicode tokenizer, Chinese": (lambda: [tok.tokens(r) for r in zh], zh),
+            "unicode tokenizer, Japanese": (lambda: [tok.tokens(r) for r in ja], ja),
+            "rjieba alone, Chinese": (lambda: [segment_chinese(r) for r in zh], zh),
+            "Sudachi (mode C) alone, Japanese": (lambda: [segment_japanese(r) for r in ja], ja)}
+    for _ in range(rounds):
+        for name, (job, text) in jobs.items():
+            mb = sum(len(r.encode()) for r in text) / 1e6
+            t0 = time.process_time()
+            job()
+            out.setdefault(name, []).append(mb / (time.process_time() - t0))
+    return {name: statistics.median(v) for name, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=300_000, help="tokens per case (about)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = ap.parse_args()
+    all_cases = cases(args.tokens)
+    for name, tokenizer, fmt, values in all_cases:     # compile and load everything once
+        run_case(tokenizer, fmt, values[:50])
+    results: dict[str, list[tuple[float, float]]] = {}
+    for r in range(args.rounds):
+        order = all_cases if r % 2 == 0 else all_cases[::-1]
+        for name, tokenizer, fmt, values in order:
+            seconds, tokens, tokenising = run_case(tokenizer, fmt, values)
+            results.setdefault(name, []).append((tokens / seconds, tokens / tokenising, tokens))
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {args.rounds} rounds, median words/s")
+    base = statistics.median(w for w, _, _ in results["text8 English"])
+    summary = {}
+    print(f"{'case':30s} {'tokens':>8s} {'words/s':>10s} {'vs text8':>9s} {'tokenizer words/s':>18s}")
+    for name, rows in results.items():
+        wps = statistics.median(w for w, _, _ in rows)
+        tps = statistics.median(t for _, t, _ in rows)
+        summary[name] = {"tokens": rows[0][2], "words_per_second": round(wps), "ratio": round(wps / base, 3),
+                         "tokenizer_words_per_second": round(tps)}
+        print(f"{name:30s} {rows[0][2]:8d} {wps:10,.0f} {wps / base:8.2f}x {tps:18,.0f}")
+    seg = segmenter_speed(args.rounds)
+    for name, mbs in seg.items():
+        print(f"{name:34s} {mbs:6.2f} MB/s per core")
+    if args.json:
+        print(json.dumps({"load": load, "cases": summary, "segmenters_mb_per_s": seg}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
