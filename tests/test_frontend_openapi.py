@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import urllib.request
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,12 @@ def frontend(tmp_path):
     model = tmp_path / "model.bin"
     write_binary(model, words, rng.standard_normal((len(words), 8)).astype(np.float32))
     with running_frontend(["--model", str(model), "--max-k", "100", "--max-batch-words", "20"], clean_env()) as running:
+        for _ in range(200):         # the document gives query vectors the model's dimension once it is loaded
+            try:
+                with urllib.request.urlopen(running[0] + "ready", timeout=10):
+                    break
+            except urllib.error.HTTPError:
+                time.sleep(0.05)
         yield running
 
 

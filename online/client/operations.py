@@ -162,6 +162,12 @@ def _term(item: Any, weighted: bool) -> tuple[Any, str | None]:
     return _check_key(item, " in vocabulary"), item
 
 
+def _weighted(item: Any, weight: float) -> dict:
+    if isinstance(item, dict):
+        return item
+    return {"word": item, "weight": weight} if isinstance(item, str) else {"vector": item, "weight": weight}
+
+
 def _unknown_key(missing: list[str], asked: list[str]) -> KeyError:
     return KeyError(f"Key '{(missing or asked or ['?'])[0]}' not present in vocabulary")
 
@@ -175,6 +181,8 @@ def _term_query(positive: Any, negative: Any, topn: int, method: str) -> Operati
         raise ValueError("cannot compute mean with no input")
     if method == "mul" and not pos:
         raise ValueError("cannot compute similarity with no input")
+    if not pos:                  # the API wants a positive term: a negative one is one of weight -1
+        pos, neg = [(_weighted(item, -1.0), word) for item, word in neg], []
     body = {"positive": [item for item, _ in pos], "negative": [item for item, _ in neg], "k": int(topn),
             "method": method}
     reply = yield Call("POST", "/v1/similar", orjson.dumps(body), accept=_VECTOR)

@@ -51,7 +51,7 @@ ENGINE = web.AppKey("engine", QueryEngine)
 SYNC = web.AppKey("sync", ModelSync)
 REGISTRY = web.AppKey("registry", Registry)
 HTTP_METRICS = web.AppKey("http_metrics", HttpMetrics)
-OPENAPI = web.AppKey("openapi", bytes)
+OPENAPI = web.AppKey("openapi", dict)
 GUARDS = web.AppKey("guards", Guards)
 MAINTAINER = web.AppKey("ivf_maintainer", IvfMaintainer)
 WHATS_NEW = web.AppKey("whats_new", WhatsNew)
@@ -175,7 +175,7 @@ async def _json_body(request: web.Request) -> dict:
 async def similar_post(request: web.Request) -> web.Response:
     data = await _json_body(request)
     if "words" not in data and {"positive", "negative", "vector"} & set(data):
-        return await _term_query(request, data, require_positive=False)
+        return await _term_query(request, data)
     settings = request.app[SETTINGS]
     words = data.get("words")
     if not isinstance(words, list) or not words:
@@ -218,9 +218,8 @@ def _answered(result):
     return result
 
 
-async def _term_query(request: web.Request, data: dict, require_positive: bool) -> web.Response:
-    query = _body(query_body.parse_terms, data, request.app[SETTINGS].max_k, MAX_WORD_LENGTH,
-                  require_positive=require_positive)
+async def _term_query(request: web.Request, data: dict) -> web.Response:
+    query = _body(query_body.parse_terms, data, request.app[SETTINGS].max_k, MAX_WORD_LENGTH)
     _ready_index(request)
     result = _answered(await request.app[ENGINE].query_terms(query.terms, query.k, query.kind))
     n = query.n_positive
@@ -230,7 +229,7 @@ async def _term_query(request: web.Request, data: dict, require_positive: bool) 
 
 
 async def analogy_post(request: web.Request) -> web.Response:
-    return await _term_query(request, await _json_body(request), require_positive=True)
+    return await _term_query(request, await _json_body(request))
 
 
 async def closer(request: web.Request) -> web.Response:
@@ -363,7 +362,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[OPENAPI], content_type="application/json")
+    """The document for the served model's dimension (a query vector must have it), built once per dimension."""
+    holder, documents = request.app[HOLDER], request.app[OPENAPI]
+    dim = holder.current.dim if holder.loaded else None
+    if dim not in documents:
+        documents[dim] = orjson.dumps(build_openapi(request.app[SETTINGS], dim))
+    return web.Response(body=documents[dim], content_type="application/json")
 
 
 async def page(request: web.Request) -> web.StreamResponse:
@@ -471,7 +475,7 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
     app[WHATS_NEW] = WhatsNew(holder, new_words_keep=settings.new_words_keep, rising_interval=settings.rising_interval,
                               rising_samples=settings.rising_samples, drift_interval=settings.drift_interval,
                               drift_keep=settings.drift_keep)
-    app[OPENAPI] = orjson.dumps(build_openapi(settings))
+    app[OPENAPI] = {None: orjson.dumps(build_openapi(settings))}
     app.cleanup_ctx.append(_background)
     app.router.add_get("/v1/similar", similar_get)
     app.router.add_post("/v1/similar", similar_post)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from online.frontend.query_body import MAX_COORDINATE, MAX_LIST_TERMS, MAX_VECTOR_DIM, MAX_WEIGHT, METHODS
 from online.frontend.settings import FrontendSettings
 from online.frontend.whats_new import MAX_LIMIT, RANKINGS
 
@@ -19,7 +20,8 @@ MAX_SINCE = 1e11                 # unix seconds (year 5138): later is a typo, no
 MAX_CHECKPOINT_LENGTH = 40
 EXPORT_HEADERS = {"X-Model-Version": "the model version every row comes from",
                   "X-Model-Rows": "rows in the file (also its header line)", "X-Model-Dim": "vector dimension",
-                  "X-Model-Skipped": "words left out because a word2vec file cannot hold them (whitespace)"}
+                  "X-Model-Skipped": "words left out because a word2vec file cannot hold them (empty, or a "
+                                     "whitespace word whose escaped spelling is another word)"}
 
 
 def _json(schema_ref: str, description: str) -> dict[str, Any]:
@@ -36,10 +38,14 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json("Error", text[c]) for c in codes}
 
 
-def build_openapi(settings: FrontendSettings) -> dict[str, Any]:
+def build_openapi(settings: FrontendSettings, dim: int | None = None) -> dict[str, Any]:
     """The document, with the guards' answers (``online.frontend.guards``) on the operations
-    they can come from: 408 on bodies, 401 and the bearer scheme when a token is set."""
+    they can come from: 408 on bodies, 401 and the bearer scheme when a token is set. ``dim``:
+    the served model's dimension, which a query vector must have (unknown before a model)."""
     doc = _document(settings)
+    for path, item in _query_paths(settings).items():
+        doc["paths"].setdefault(path, {}).update(item)
+    doc["components"]["schemas"].update(_query_schemas(settings, dim))
     secured = settings.token() is not None
     if secured:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -87,11 +93,20 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                 "post": {
                     "operationId": "similarBatch",
                     "summary": "nearest neighbours of several words in one request",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                        "$ref": "#/components/schemas/SimilarBatchRequest"}}}},
-                    "responses": {"200": _json("SimilarBatch", "one result per word, in order; unknown words "
-                                                               "carry an error instead of neighbours"),
-                                  **_errors(400, 413, 503)},
+                    "description": 'Either {"words": [...]}: the neighbours of each word (one result each), or '
+                                   'a query of words and vectors, {"positive": [...], "negative": [...]} or '
+                                   '{"vector": [...]}, answered as in POST /v1/analogy. Words travel as JSON '
+                                   "strings, so they may hold any character, commas included.",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+                        {"$ref": "#/components/schemas/SimilarBatchRequest"},
+                        {"$ref": "#/components/schemas/TermQueryRequest"},
+                        {"$ref": "#/components/schemas/VectorQueryRequest"}]}}}},
+                    "responses": {"200": {"description": "one result per word, in order (unknown words carry an "
+                                                         "error instead of neighbours); or the query's answer",
+                                          "content": {"application/json": {"schema": {"oneOf": [
+                                              {"$ref": "#/components/schemas/SimilarBatch"},
+                                              {"$ref": "#/components/schemas/TermQuery"}]}}}},
+                                  **_errors(400, 404, 413, 503)},
                 },
             },
             "/v1/analogy": {
@@ -100,7 +115,8 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                     "summary": "3CosAdd analogy: words closest to sum(positive) - sum(negative)",
                     "parameters": [
                         {"name": "positive", "in": "query", "required": True,
-                         "description": "comma-separated words, e.g. king,woman",
+                         "description": "comma-separated words, e.g. king,woman (a word holding a comma: "
+                                        "POST /v1/analogy with a JSON body)",
                          "schema": {"type": "string", "maxLength": MAX_ANALOGY_PARAM_LENGTH,
                                     "pattern": "[^,\\s]"}},
                         {"name": "negative", "in": "query", "required": False,
@@ -142,16 +158,22 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                     "description": "Every row comes from the model version in X-Model-Version, however long the "
                                    "download takes. Rows go out most frequent first. binary and text are "
                                    "word2vec.c's formats (gensim's load_word2vec_format reads both); vocab is "
-                                   "'word count' per line, without vectors.",
+                                   "'word count' per line, without vectors. Those three end a word at a space, "
+                                   "so a word holding whitespace is written with each whitespace character "
+                                   "percent-escaped as its UTF-8 bytes ('two words' -> 'two%20words', a tab "
+                                   "%09); every other word byte for byte, '%' included (the escape is one way). "
+                                   "words is every word exactly, one JSON array [word, count] per line, in the "
+                                   "same order.",
                     "parameters": [{"name": "format", "in": "query", "required": False,
-                                    "schema": {"type": "string", "enum": ["binary", "text", "vocab"],
+                                    "schema": {"type": "string", "enum": ["binary", "text", "vocab", "words"],
                                                "default": "binary"}}],
                     "responses": {"200": {"description": "the file, chunked",
                                           "headers": {name: {"description": text, "schema": {"type": "integer"}}
                                                       for name, text in EXPORT_HEADERS.items()},
                                           "content": {"application/octet-stream": {"schema": {
                                                           "type": "string", "format": "binary"}},
-                                                      "text/plain": {"schema": {"type": "string"}}}},
+                                                      "text/plain": {"schema": {"type": "string"}},
+                                                      "application/x-ndjson": {"schema": {"type": "string"}}}},
                                   **_errors(400, 503)},
                 },
             },
@@ -397,4 +419,70 @@ def _whats_new_schemas(neighbours: dict, number_or_null: dict) -> dict[str, Any]
             "new_words": {"type": "object", "properties": {
                 "remembered": {"type": "integer"}, "keep": {"type": "integer"},
                 "forgotten_until": number_or_null}}}},
+    }
+
+
+# ------------------------------------------------- queries by words and vectors (online/frontend/query_body.py)
+def _query_paths(settings: FrontendSettings) -> dict[str, Any]:
+    word = {"type": "string", "minLength": 1, "maxLength": MAX_WORD_LENGTH}
+    return {
+        "/v1/analogy": {"post": {
+            "operationId": "analogyQuery",
+            "summary": "words nearest to a weighted sum of words and vectors (gensim's most_similar), or 3CosMul",
+            "description": "method add (default): the direction is the sum of the positive terms minus the "
+                           "negative ones, words as unit vectors and vectors as given, each times its weight, "
+                           "normalised; the answer is the k words of highest cosine to it, the query's words left "
+                           "out (gensim's most_similar). A sum of zero has no direction: every score is 0. "
+                           "method mul: 3CosMul (gensim's most_similar_cosmul), exact over the vocabulary. "
+                           "Terms travel as JSON, so a word may hold any character.",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "$ref": "#/components/schemas/TermQueryRequest"}}}},
+            "responses": {"200": _json("TermQuery", "the k best words, inputs excluded"),
+                          **_errors(400, 404, 413, 503)},
+        }},
+        "/v1/closer": {"get": {
+            "operationId": "closer",
+            "summary": "every word more similar to word than than is (gensim's closer_than; rank is count + 1)",
+            "description": "A full scan, exact; the words come most frequent first (index_to_key's order).",
+            "parameters": [{"name": "word", "in": "query", "required": True, "schema": word},
+                           {"name": "than", "in": "query", "required": True, "schema": word}],
+            "responses": {"200": _json("Closer", "the words, most frequent first"), **_errors(400, 404, 503)},
+        }},
+    }
+
+
+def _query_schemas(settings: FrontendSettings, dim: int | None) -> dict[str, Any]:
+    length = {"minItems": dim, "maxItems": dim} if dim else {"minItems": 1, "maxItems": MAX_VECTOR_DIM}
+    vector = {"type": "array", **length, "description": "a raw vector of the model's dimension"
+                                                        + (f" ({dim})" if dim else ""),
+              "items": {"type": "number", "minimum": -MAX_COORDINATE, "maximum": MAX_COORDINATE}}
+    word = {"type": "string", "minLength": 1, "maxLength": MAX_WORD_LENGTH}
+    weight = {"type": "number", "minimum": -MAX_WEIGHT, "maximum": MAX_WEIGHT}
+    term = {"oneOf": [word, vector,
+                      {"type": "object", "required": ["word"], "additionalProperties": False,
+                       "properties": {"word": word, "weight": weight}},
+                      {"type": "object", "required": ["vector"], "additionalProperties": False,
+                       "properties": {"vector": vector, "weight": weight}}],
+            "description": "a word (weight +1 in positive, -1 in negative), a vector, or either with a weight"}
+    terms = {"type": "array", "maxItems": MAX_LIST_TERMS, "items": term}
+    k = {"type": "integer", "minimum": 1, "maximum": settings.max_k, "default": 10}
+    resolved = {"type": "array", "items": {"type": "string", "nullable": True},
+                "description": "the vocabulary word each term matched; null for a vector"}
+    neighbours = {"type": "array", "items": {"$ref": "#/components/schemas/Neighbour"}}
+    return {
+        "TermQueryRequest": {"type": "object", "required": ["positive"],
+                             "properties": {"positive": {**terms, "minItems": 1}, "negative": terms, "k": k,
+                                            "method": {"type": "string", "enum": list(METHODS), "default": "add",
+                                                       "description": "add (3CosAdd) or mul (3CosMul: weights "
+                                                                      "are ignored, the list says the side)"}}},
+        "VectorQueryRequest": {"type": "object", "required": ["vector"], "properties": {"vector": vector, "k": k}},
+        "TermQuery": {"type": "object", "required": ["positive", "negative", "method", "version", "k", "neighbours"],
+                      "properties": {"positive": resolved, "negative": resolved,
+                                     "method": {"type": "string", "enum": list(METHODS)},
+                                     "version": {"type": "integer"}, "k": {"type": "integer"},
+                                     "search": {"type": "string", "enum": ["exact", "ivf"]},
+                                     "neighbours": neighbours}},
+        "Closer": {"type": "object", "required": ["word", "than", "version", "count", "words"], "properties": {
+            "word": {"type": "string"}, "than": {"type": "string"}, "version": {"type": "integer"},
+            "count": {"type": "integer"}, "words": neighbours}},
     }

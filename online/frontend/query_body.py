@@ -9,7 +9,9 @@ item of ``positive``/``negative`` is one of
 - ``{"word": "w", "weight": 0.5}`` or ``{"vector": [...], "weight": 0.5}``, gensim's
   ``(key, weight)`` tuples.
 
-``{"vector": [...]}`` alone is ``similar_by_vector``. Everything that can be checked
+``{"vector": [...]}`` alone is ``similar_by_vector``. With ``"method": "mul"`` (3CosMul)
+weights are ignored: the list a term is in says which side it is on, as in gensim's
+``most_similar_cosmul``. Everything that can be checked
 without the model is checked here and refused with a ``BodyError`` (a 400 naming the
 parameter); the vector's dimension is checked against the snapshot that answers
 (``vector_queries.resolve``).
@@ -24,8 +26,10 @@ import numpy as np
 
 from online.frontend.vector_queries import Term
 
-MAX_QUERY_TERMS = 100
+MAX_LIST_TERMS = 50             # in each of positive and negative
 MAX_VECTOR_DIM = 10_000
+MAX_COORDINATE = 1e6             # embeddings are O(1); bounded so that no weighted sum overflows float32
+MAX_WEIGHT = 1e6
 METHODS = {"add": "add", "mul": "mul"}          # 3CosAdd (most_similar), 3CosMul (most_similar_cosmul)
 
 
@@ -62,18 +66,16 @@ def parse_vector(value: Any, name: str) -> np.ndarray:
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
         raise BodyError("bad_vector", f"{name}: a vector must be a list of 1 to {MAX_VECTOR_DIM} numbers", name)
     vector = np.asarray(value, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        vector32 = vector.astype(np.float32)
-    if not np.all(np.isfinite(vector32)):
-        raise BodyError("bad_vector", f"{name}: every number of a vector must be finite in float32 "
-                                      "(no NaN, no infinity, |x| < 3.4e38)", name)
-    return vector32
+    if not np.all(np.abs(vector) <= MAX_COORDINATE):
+        raise BodyError("bad_vector", f"{name}: every number of a vector must be at most {MAX_COORDINATE:g} "
+                                      "in size", name)
+    return vector.astype(np.float32)
 
 
 def _weight(value: Any, name: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-            or abs(value) > 1e6:
-        raise BodyError("bad_weight", f"{name}: a weight must be a finite number of at most 1e6 in size, "
+            or abs(value) > MAX_WEIGHT:
+        raise BodyError("bad_weight", f"{name}: a weight must be a number of at most {MAX_WEIGHT:g} in size, "
                                       f"got {str(value)[:40]!r}", name)
     return float(value)
 
@@ -83,17 +85,19 @@ def _term(item: Any, name: str, sign: float, max_word_length: int) -> Term:
         return Term(parse_word(item, name, max_word_length), sign)
     if isinstance(item, list):
         return Term(parse_vector(item, name), sign)
-    if isinstance(item, dict) and set(item) in ({"word", "weight"}, {"vector", "weight"}, {"word"}, {"vector"}):
+    if isinstance(item, dict) and set(item) in ({"word"}, {"vector"}, {"word", "weight"}, {"vector", "weight"}):
         weight = _weight(item["weight"], name) if "weight" in item else sign
         if "word" in item:
             return Term(parse_word(item["word"], name, max_word_length), weight)
         return Term(parse_vector(item["vector"], name), weight)
-    raise BodyError(f"bad_{name}", f'every item of "{name}" must be a word, a list of numbers, or '
-                                   f'{{"word" or "vector", "weight"}}; got {str(item)[:60]!r}', name)
+    raise BodyError(f"bad_{name}", f'every item of "{name}" must be a word, a list of numbers, or an object '
+                                   f'with "word" or "vector" and optionally "weight" (nothing else); '
+                                   f'got {str(item)[:60]!r}', name)
 
 
-def parse_terms(data: dict, max_k: int, max_word_length: int, *, require_positive: bool = False) -> TermQuery:
-    """The query of a body with ``positive``/``negative`` (and ``method``), or ``vector``."""
+def parse_terms(data: dict, max_k: int, max_word_length: int) -> TermQuery:
+    """The query of a body with ``positive`` (and ``negative``, ``method``), or with ``vector``.
+    ``positive`` may not be empty (a negative-only query is a positive term of weight -1)."""
     if "vector" in data:
         extra = {"positive", "negative", "words"} & set(data)
         if extra:
@@ -104,19 +108,20 @@ def parse_terms(data: dict, max_k: int, max_word_length: int, *, require_positiv
     lists = {}
     for name in ("positive", "negative"):
         items = data.get(name, [])
-        if not isinstance(items, list):
-            raise BodyError(f"bad_{name}", f'"{name}" must be a list of words or vectors', name)
+        if not isinstance(items, list) or len(items) > MAX_LIST_TERMS:
+            raise BodyError(f"bad_{name}", f'"{name}" must be a list of at most {MAX_LIST_TERMS} words or '
+                                           "vectors", name)
         lists[name] = items
-    if not lists["positive"] and (require_positive or not lists["negative"]):
-        raise BodyError("bad_positive", '"positive" must name at least one word or vector', "positive")
-    if len(lists["positive"]) + len(lists["negative"]) > MAX_QUERY_TERMS:
-        raise BodyError("bad_body", f"a query may hold at most {MAX_QUERY_TERMS} words and vectors", "positive")
+    if not lists["positive"]:
+        raise BodyError("bad_positive", '"positive" must name at least one word or vector (a query of negative '
+                                        'terms only: give them in "positive" with a negative "weight")', "positive")
     method = data.get("method", "add")
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise BodyError("bad_method", f'"method" must be one of {", ".join(METHODS)}, got {str(method)[:40]!r}',
                         "method")
     terms = [_term(item, "positive", 1.0, max_word_length) for item in lists["positive"]]
     terms += [_term(item, "negative", -1.0, max_word_length) for item in lists["negative"]]
-    if method == "mul" and any(abs(t.weight) != 1.0 for t in terms):
-        raise BodyError("bad_weight", "3CosMul (method mul) takes no weights", "method")
-    return TermQuery(terms, len(lists["positive"]), parse_k(data, max_k), METHODS[method])
+    n_positive = len(lists["positive"])
+    if method == "mul":            # 3CosMul has no weights: the list a term is in says which side it is on
+        terms = [Term(t.item, 1.0 if i < n_positive else -1.0) for i, t in enumerate(terms)]
+    return TermQuery(terms, n_positive, parse_k(data, max_k), METHODS[method])

@@ -78,29 +78,29 @@ def resolve(index: ModelIndex, terms: list[Term]) -> Resolved:
 
 
 def direction(index: ModelIndex, terms: list[Term], rows: list[int]) -> np.ndarray:
-    """The unit direction of the weighted sum (3CosAdd); a sum of zero has none and is refused."""
-    total = np.zeros(index.dim, np.float32)
+    """The unit direction of the weighted sum (3CosAdd). A sum of zero has none: it is returned as
+    it is, so every score is 0 (gensim's ``unitvec`` leaves a zero vector unchanged too)."""
+    total = np.zeros(index.dim, np.float64)
     for term, row in zip(terms, rows):
-        total += np.float32(term.weight) * (index.unit[row] if row >= 0 else term.item)
+        total += term.weight * (index.unit[row] if row >= 0 else term.item)
     norm = float(np.linalg.norm(total))
-    if not np.isfinite(norm):
-        raise QueryRejected("bad_vector", "the weighted sum of the query overflows float32")
-    if norm == 0.0:
-        raise QueryRejected("zero_query", "the weighted sum of the query is the zero vector: it has no direction")
-    return (total / norm).astype(np.float32)
+    return (total / norm if norm > 0 else total).astype(np.float32)
 
 
 def cosmul_top_k(index: ModelIndex, terms: list[Term], rows: list[int], k: int) -> list[Neighbour]:
-    """3CosMul's top ``k`` over every row, the query's words left out (exact; gensim's formula)."""
+    """3CosMul's top ``k`` over every row, the query's words left out (exact; gensim's formula, in
+    float64 so that a few large vectors do not overflow where gensim's float32 would)."""
     positive = [index.unit[r] if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight > 0]
     negative = [index.unit[r] if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight < 0]
     if not positive:
         raise QueryRejected("bad_positive", "3CosMul needs at least one positive term")
-    scores = np.prod((1 + index.unit @ np.asarray(positive, np.float32).T) / 2, axis=1)
-    below = np.prod((1 + index.unit @ np.asarray(negative, np.float32).T) / 2, axis=1) if negative else 1.0
-    scores = (scores / (below + COSMUL_EPSILON)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = np.prod((1 + index.unit @ np.asarray(positive, np.float64).T) / 2, axis=1)
+        below = np.prod((1 + index.unit @ np.asarray(negative, np.float64).T) / 2, axis=1) if negative else 1.0
+        scores = scores / (below + COSMUL_EPSILON)
     if not np.all(np.isfinite(scores)):
-        raise QueryRejected("bad_vector", "the query's vectors overflow float32 in 3CosMul")
+        raise QueryRejected("bad_vector", "the query's vectors are too large for 3CosMul: the product of the "
+                                          "similarities overflows")
     scores[[r for r in rows if r >= 0]] = -np.inf
     k = min(k, index.n)
     best = np.argpartition(-scores, k - 1)[:k] if k < index.n else np.arange(index.n)
