@@ -23,11 +23,17 @@ function fmtAge(seconds) {
   return (seconds / 3600).toFixed(1) + " h";
 }
 
-async function getJSON(url, signal) {
-  const response = await fetch(url, { signal, headers: { Accept: "application/json" } });
+async function getJSON(url, signal, init = {}) {
+  const response = await fetch(url, { signal, ...init, headers: { Accept: "application/json", ...(init.headers || {}) } });
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   return { ok: response.ok, status: response.status, body };
+}
+
+// Lists of words go in a JSON body: a word may hold any character, commas included.
+function postJSON(url, data, signal) {
+  return getJSON(url, signal, { method: "POST", body: JSON.stringify(data),
+                                headers: { "Content-Type": "application/json" } });
 }
 
 function renderNeighbours(list, neighbours) {
@@ -132,9 +138,7 @@ async function analogy(event) {
   const a = $("an-a").value.trim(), b = $("an-b").value.trim(), c = $("an-c").value.trim();
   const out = $("analogy-result");
   if (!a || !c) { showEmpty(out, "fill in a and c"); return; }
-  const positive = encodeURIComponent(a + "," + c);
-  const negative = b ? "&negative=" + encodeURIComponent(b) : "";
-  const r = await getJSON(`/v1/analogy?positive=${positive}${negative}&k=5`);
+  const r = await postJSON("/v1/analogy", { positive: [a, c], negative: b ? [b] : [], k: 5 });
   if (r.ok) renderNeighbours(out, r.body.neighbours);
   else showEmpty(out, (r.body && r.body.message) || "no answer");
 }
