@@ -95,9 +95,11 @@ class RecordFormat:
         if type(found) is str:
             return (found, None) if found.strip() else (None, "empty")
         if type(found) is list:
-            if not all(type(item) is str for item in found):
+            try:
+                items = TokenList.of(found)     # str.join refuses a non-string: the check at C speed
+            except TypeError:
                 return None, "wrong_type"
-            return (TokenList.of(found), None) if any(found) else (None, "empty")
+            return (items, None) if any(found) else (None, "empty")
         return None, "wrong_type"
 
     def extract_lines(self, block: bytes) -> tuple[list[str], dict[str, int]]:
