@@ -4,9 +4,13 @@ gensim's rules are kept where a remote model can keep them: keys are exact (the 
 also matches a word's lower-case form; an answer for another spelling than the one asked
 is refused here with ``KeyError``), the query words are left out of ``most_similar``,
 ``doesnt_match`` ignores unknown words with a warning, and the arithmetic of
-``similarity`` and ``doesnt_match`` is gensim's, in float32, on the served vectors. What
-the API cannot answer (a vector or a weight other than +-1 in ``most_similar``,
-``topn=None``) raises ``NotImplementedError`` instead of an approximation;
+``similarity``, ``n_similarity``, ``distance(s)`` and ``doesnt_match`` is gensim's, in
+float32, on the served vectors. Neighbour queries (``most_similar`` with words, vectors and
+``(term, weight)`` tuples, ``most_similar_cosmul``, ``closer_than``) are answered by the
+front end over the whole vocabulary with gensim's formulas, and their terms travel in a JSON
+body, so a word may hold any character (a comma-joined query string would split ``a,b``).
+What the API cannot answer (``topn=None``, ``restrict_vocab``, ``clip_start``/``clip_end``,
+an ``indexer``) raises ``NotImplementedError`` instead of an approximation;
 ``to_keyed_vectors()`` has it all.
 
 Calls that need several vectors yield them as one list: the blocking client sends them one
