@@ -5,7 +5,7 @@ or Chinese stream would learn clauses (``分散型のオペレーティングシ
 words. Two dictionary segmenters from PyPI do it, chosen by measurement (``bench/record_formats.py``,
 ``bench/README.md``):
 
-- Chinese: ``rjieba`` (jieba in Rust, its dictionary built in): about 25 MB/s on one core, 4.6 MB installed.
+- Chinese: ``rjieba`` (jieba in Rust, its dictionary built in): about 30 MB/s on one core, 4.6 MB installed.
 - Japanese: SudachiPy with ``sudachidict-core``, split mode C (the longest units: ``オペレーティングシステム``
   and ``東京都`` stay one word, which suits a vocabulary of embeddings): about 2 MB/s on one core,
   200 MB installed. fugashi with unidic-lite was 2x faster but cuts into short units (``分散`` ``型``),
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import re
 import threading
+
+from ps_bridge.settings import SettingError
 
 LANGUAGES = ("auto", "zh", "ja")
 
@@ -59,10 +61,14 @@ def segment_chinese(run: str) -> list[str]:
 
 
 def check_available() -> None:
-    """Raises ImportError now rather than at the first CJK record, hours into a stream."""
-    import rjieba  # noqa: F401
-    import sudachidict_core  # noqa: F401
-    import sudachipy  # noqa: F401
+    """Stops a process at start, naming the setting, rather than at the first CJK record hours into a stream."""
+    try:
+        import rjieba  # noqa: F401
+        import sudachidict_core  # noqa: F401
+        import sudachipy  # noqa: F401
+    except ImportError as exc:
+        raise SettingError("LIVEVEC_TOKENIZER", f"unicode needs the word segmenters rjieba, sudachipy and "
+                                                f"sudachidict-core (livevec's dependencies): {exc}") from None
 
 
 def segmenter_for(text: str, language: str):
