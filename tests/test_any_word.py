@@ -22,7 +22,8 @@ import pytest
 from gensim.models import KeyedVectors
 
 from online.client import AsyncLiveKeyedVectors, LiveKeyedVectors, RequestError
-from online.learner.word2vec_format import escape_word, read_word2vec, write_binary, write_text
+from online.learner.word2vec_format import (escape_word, read_vocab_counts, read_word2vec, write_binary, write_text,
+                                            write_vocab)
 from tests.any_word_model import HOSTILE, hostile_model, save
 from tests.frontend_process import clean_env, running_frontend
 
@@ -370,5 +371,9 @@ def test_the_writers_escape_whitespace_and_leave_out_a_collision(tmp_path):
         assert got.words == expected
         np.testing.assert_allclose(got.vectors, np.delete(vectors, 5, axis=0))
         assert KeyedVectors.load_word2vec_format(str(path), binary=writer is write_binary).index_to_key == expected
+    write_vocab(tmp_path / "vocab.txt", words, range(len(words)))
+    assert read_vocab_counts(tmp_path / "vocab.txt") == {w: i for i, w in enumerate(expected[:5])} | {"a%20b": 6}
+    (tmp_path / "raw.txt").write_text("two words 7\nplain 3\n", encoding="utf-8")   # written with its space
+    assert read_vocab_counts(tmp_path / "raw.txt") == {"two%20words": 7, "plain": 3}
     with pytest.raises(ValueError, match="empty"):
         write_binary(tmp_path / "empty", ["ok", ""], vectors[:2])

@@ -185,13 +185,17 @@ def _parse_floats(joined: str) -> np.ndarray | None:
 
 
 def read_vocab_counts(path: str | os.PathLike) -> dict[str, int]:
-    """A ``word count`` per line file (word2vec.c's ``-save-vocab``, gensim's ``fvocab``)."""
+    """A ``word count`` per line file (word2vec.c's ``-save-vocab``, gensim's ``fvocab``). The count
+    is the last field, so a word written with its whitespace is read too; it is keyed by its file
+    spelling (``escape_word``), which is how the vectors file beside it names it."""
     counts: dict[str, int] = {}
     text = _open_bytes(path).decode("utf-8", errors="replace")
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        parts = line.split()
+        parts = line.rsplit(None, 1)
+        if len(parts) == 2 and WHITESPACE.search(parts[0].strip()):
+            parts = [escape_word(parts[0].strip()), parts[1]]
         if len(parts) != 2:
             raise Word2VecFormatError(f"{os.fspath(path)}: line {lineno} should be 'word count', got {line[:80]!r}")
         try:
@@ -249,4 +253,13 @@ def write_binary(path: str | os.PathLike, words: list[str], vectors: np.ndarray)
         out.write(f"{len(records)} {vectors.shape[1]}\n".encode())
         for word, row in records:
             out.write(word.encode("utf-8") + b" " + row.astype("<f4", copy=False).tobytes() + b"\n")
+    os.replace(tmp, path)
+
+
+def write_vocab(path: str | os.PathLike, words: list[str], counts) -> None:
+    """``word count`` per line (word2vec.c's ``-save-vocab``), the words spelled as the vectors files
+    spell them, so ``--vocab-counts`` matches them to their rows."""
+    tmp = Path(f"{path}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.writelines(f"{s} {int(c)}\n" for s, c in zip(file_spellings(words), counts) if s is not None)
     os.replace(tmp, path)
