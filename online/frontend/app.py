@@ -174,7 +174,7 @@ async def _json_body(request: web.Request) -> dict:
 
 async def similar_post(request: web.Request) -> web.Response:
     data = await _json_body(request)
-    if "words" not in data and {"positive", "negative", "vector"} & set(data):
+    if "words" not in data and {"positive", "negative", "vector"} & set(data):   # "words" keeps its old meaning
         return await _term_query(request, data)
     settings = request.app[SETTINGS]
     words = data.get("words")

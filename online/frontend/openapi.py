@@ -95,8 +95,9 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                     "summary": "nearest neighbours of several words in one request",
                     "description": 'Either {"words": [...]}: the neighbours of each word (one result each), or '
                                    'a query of words and vectors, {"positive": [...], "negative": [...]} or '
-                                   '{"vector": [...]}, answered as in POST /v1/analogy. Words travel as JSON '
-                                   "strings, so they may hold any character, commas included.",
+                                   '{"vector": [...]}, answered as in POST /v1/analogy (a body with "words" is '
+                                   "the first kind). Words travel as JSON strings, so they may hold any "
+                                   "character, commas included.",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
                         {"$ref": "#/components/schemas/SimilarBatchRequest"},
                         {"$ref": "#/components/schemas/TermQueryRequest"},

@@ -11,10 +11,13 @@ item of ``positive``/``negative`` is one of
 
 ``{"vector": [...]}`` alone is ``similar_by_vector``. With ``"method": "mul"`` (3CosMul)
 weights are ignored: the list a term is in says which side it is on, as in gensim's
-``most_similar_cosmul``. Everything that can be checked
-without the model is checked here and refused with a ``BodyError`` (a 400 naming the
-parameter); the vector's dimension is checked against the snapshot that answers
-(``vector_queries.resolve``).
+``most_similar_cosmul``. ``positive`` may not be empty: the OpenAPI document says so, and
+schemathesis checks that what the document refuses the server refuses too.
+
+Everything that can be checked without the model is checked here and refused with a
+``BodyError`` (a 400 naming the parameter); the vector's dimension is checked against the
+snapshot that answers (``vector_queries.resolve``). Bounds (coordinates and weights at most
+1e6 in size, 50 terms a list) keep every weighted sum finite in float32.
 """
 from __future__ import annotations
 
