@@ -88,15 +88,17 @@ def direction(index: ModelIndex, terms: list[Term], rows: list[int]) -> np.ndarr
 
 
 def cosmul_top_k(index: ModelIndex, terms: list[Term], rows: list[int], k: int) -> list[Neighbour]:
-    """3CosMul's top ``k`` over every row, the query's words left out (exact; gensim's formula, in
-    float64 so that a few large vectors do not overflow where gensim's float32 would)."""
+    """3CosMul's top ``k`` over every row, the query's words left out (exact; gensim's formula). The
+    similarities are one float32 product against the rows (no float64 copy of the model); their
+    product is taken in float64, so that a few large vectors do not overflow where gensim's would."""
     positive = [index.unit[r] if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight > 0]
     negative = [index.unit[r] if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight < 0]
     if not positive:
         raise QueryRejected("bad_positive", "3CosMul needs at least one positive term")
     with np.errstate(over="ignore", invalid="ignore"):
-        scores = np.prod((1 + index.unit @ np.asarray(positive, np.float64).T) / 2, axis=1)
-        below = np.prod((1 + index.unit @ np.asarray(negative, np.float64).T) / 2, axis=1) if negative else 1.0
+        scores = np.prod((1 + (index.unit @ np.asarray(positive, np.float32).T).astype(np.float64)) / 2, axis=1)
+        below = np.prod((1 + (index.unit @ np.asarray(negative, np.float32).T).astype(np.float64)) / 2, axis=1) \
+            if negative else 1.0
         scores = scores / (below + COSMUL_EPSILON)
     if not np.all(np.isfinite(scores)):
         raise QueryRejected("bad_vector", "the query's vectors are too large for 3CosMul: the product of the "
