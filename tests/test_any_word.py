@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import quote
@@ -115,6 +116,7 @@ def test_drift_and_history_take_any_word(served, reference):
             status, body = call(url, f"/v1/drift?word={quote(word, safe='')}&k=5")
             if status != 503:
                 break
+            time.sleep(0.05)
         assert status == 200 and body["word"] == word and body["in_checkpoint"] is True, body
         same_neighbours(body["now"], reference.most_similar(word, topn=5), word)
         assert body["overlap"] == 1.0            # the model has not changed since its checkpoint
