@@ -13,6 +13,7 @@ import pytest
 from gensim.models import KeyedVectors
 from playwright.async_api import async_playwright, expect
 
+from online.client import LiveKeyedVectors
 from tests.any_word_model import HOSTILE, hostile_model, save
 from tests.frontend_process import clean_env, running_frontend
 from tests.test_frontend_browser import CHROMIUM, CHROMIUM_ARGS
@@ -28,6 +29,8 @@ def served(tmp_path):
     reference.add_vectors(words, vectors)
     env = clean_env(LIVEVEC_MODEL_SOURCE="tests.any_word_model:source", ANY_WORD_MODEL=str(tmp_path / "model.npz"))
     with running_frontend(["--sync-interval", "0.1"], env) as (url, _proc):
+        with LiveKeyedVectors(url, retries=50, backoff=0.05, max_backoff=0.2) as kv:
+            assert kv.vector_size == reference.vector_size       # the model is served before the page asks
         yield url, reference
 
 
