@@ -3,7 +3,8 @@
     .venv/bin/python bench/record_formats.py [--tokens 300000] [--rounds 3] [--json]
 
 Each case streams records through what a worker does with them: the stream's record format
-(``online.stream.records``: decoding, and for JSON records the field's extraction) and the trainer
+(``online.stream.records``: decoding, and for JSON records the field's extraction, a batch at a time as the
+stream does it) and the trainer
 (``Trainer.train_records``: tokenising, counting, subsampling, the SGNS kernel in place, d=100), in
 batches of about 5,000 tokens, on about ``--tokens`` tokens each. Cases:
 
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from online.learner.tokenizer import Tokenizer  # noqa: E402
 from online.learner.tokenizers.cjk import segment_chinese, segment_japanese  # noqa: E402
 from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
+from online.stream.batches import decode_record  # noqa: E402
 from online.stream.records import RecordFormat  # noqa: E402
 from online.stream.sample_corpus import generate_lines  # noqa: E402
 from online.stream.sample_sessions import iter_sessions  # noqa: E402
@@ -167,12 +169,12 @@ def run_case(tokenizer: str, fmt: RecordFormat, values: list[bytes], pipelined: 
     trainer = Trainer(LearnerConfig(tokenizer=tokenizer))
 
     def read(chunk: list[bytes]) -> list:
-        out = []
-        for v in chunk:
-            record, reason = fmt.extract(v.decode("utf-8"))
-            if reason is None:
-                out.append(record)
-        return out
+        """What the stream does with a batch of values (``_build_batch``): decode, then the record format."""
+        decoded = [decode_record(v, 1 << 20) for v in chunk]
+        if fmt.is_text:
+            return [text for text, reason in decoded if reason is None]
+        valid = [v for v, (_text, reason) in zip(chunk, decoded) if reason is None]
+        return [record for record, reason in fmt.extract_many(valid, valid_utf8=True) if reason is None]
 
     # the batches of about 5,000 tokens a worker would make (every value here is a valid record)
     chunks, first = [], 0

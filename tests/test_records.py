@@ -4,12 +4,14 @@ and with the settings named when they are wrong."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from online.cli.train import TrainSettings, train_file
 from online.learner.tokenizer import Tokenizer, TokenList
 from online.learner.trainer import LearnerConfig
+from online.stream.json_scan import OK_LIST, OK_STRING, scan_records
 from online.stream.reader import FileStream
 from online.stream.records import RecordFormat
 from online.stream.settings import StreamSettings
@@ -132,3 +134,61 @@ def test_the_sessions_demo_streams_json_sessions_read_as_item2vec():
     # without the demo, the command passes on the reading it was given
     args = read_settings(parser.parse_args([]), {"LIVEVEC_TOKENIZER": "unicode", "LIVEVEC_LANGUAGE": "ja"})
     assert reading_env(args)["LIVEVEC_TOKENIZER"] == "unicode" and reading_env(args)["LIVEVEC_LANGUAGE"] == "ja"
+
+
+def _random_json(rng, depth: int = 0):
+    pick = rng.random()
+    if depth > 3 or pick < 0.45:
+        return rng.choice([
+            lambda: rng.randint(-10**6, 10**6), lambda: rng.random() * 1e3, lambda: rng.choice([True, False, None]),
+            lambda: rng.choice(["sku-1", "", "東京", "a b", "🙂", "x\"y", "tab\there", "back\\slash", "é"]),
+            lambda: 10**rng.randint(14, 20), lambda: -0.0, lambda: 1e300])()
+    if pick < 0.7:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    keys = ["items", "event", "text", "user", "ts", "Items", "item", "évent"]
+    return {rng.choice(keys): _random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def _mutate(rng, data: bytes) -> bytes:
+    kind = rng.randrange(6)
+    i = rng.randrange(len(data) + 1)
+    if kind == 0:
+        return data[:i]
+    if kind == 1:
+        return data[:i] + bytes([rng.choice(b'{}[]",:\\ \t\n0-.eE+tfnu\x00\x1f')]) + data[i:]
+    if kind == 2 and data:
+        return data[:i] + data[i + 1:]
+    if kind == 3:
+        return data + rng.choice([b" ", b"\n", b"x", b"}", b" {}"])
+    if kind == 4:
+        return data.replace(b'"items"', b'"items": 1, "items"', 1)
+    return data
+
+
+@pytest.mark.parametrize("field", ["items", "event.text", "event.items", "text"])
+def test_the_compiled_scan_gives_orjsons_verdict_on_every_record(field):
+    """Generated records (nested objects, lists, every JSON type, escapes, big numbers, duplicate keys) and
+    mutations of them (cut, a byte inserted or dropped, trailing data): the batch scan must give what
+    orjson's path gives, value, type and reason, on every one."""
+    rng = random.Random(sum(map(ord, field)))
+    fmt = RecordFormat("json", field)
+    values = []
+    for _ in range(4000):
+        doc = _random_json(rng)
+        plain = rng.choice(["sku-1", "東京 tokyo", "", "🙂", ["a", "b c"], [], [""], ["x", 3], 7, None, {"t": 1}])
+        if rng.random() < 0.3:     # what the scan reads itself: no escapes, short numbers
+            doc = {"user": "u-1", "ts": rng.randint(0, 10**9), "event": {"text": plain, "items": plain, "n": -1.5},
+                   "items": plain, "text": plain, "tags": [True, False, None, 0]}
+        elif rng.random() < 0.5:
+            doc = {"user": "u-1", "event": {"text": _random_json(rng, 3), "items": _random_json(rng, 2)},
+                   "items": rng.choice([["sku-1", "sku-2"], [], ["", "a"], ["a", 1], "s p a c e", _random_json(rng, 3)]),
+                   "text": _random_json(rng, 3)}
+        data = json.dumps(doc, ensure_ascii=rng.random() < 0.1, indent=rng.choice([None, 1])).encode()
+        values.append(_mutate(rng, data) if rng.random() < 0.3 else data)
+    values = [v for v in values if v.strip()]
+    fast = fmt.extract_many(values)
+    slow = [fmt.extract(v) for v in values]
+    assert [(type(a[0]), a) for a in fast] == [(type(b[0]), b) for b in slow]
+    statuses, _ = scan_records(values, fmt.path)
+    assert sum(1 for s in statuses if s in (OK_STRING, OK_LIST)) > 50    # the fast path had work to do
+    assert {reason for _, reason in slow} >= {None, "invalid_json", "missing_field", "wrong_type"}

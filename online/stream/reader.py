@@ -137,14 +137,17 @@ class _TextStreamBase:
         ranges: dict[TopicPartitionKey, tuple[int, int]] = {}
         malformed = 0
         nbytes = 0
-        extract = None if self.record_format.is_text else self.record_format.extract
-        for topic, partition, offset, value in raw:
+        decoded = [decode_record(value, self.max_record_bytes) for _t, _p, _o, value in raw]
+        if not self.record_format.is_text:
+            # JSON: the batch's valid values in one pass (online.stream.json_scan), then in order below
+            extracted = iter(self.record_format.extract_many([value for (_t, _p, _o, value), (_text, reason)
+                                                              in zip(raw, decoded) if reason is None],
+                                                             valid_utf8=True))
+            decoded = [next(extracted) if reason is None else (text, reason) for text, reason in decoded]
+        for (topic, partition, offset, value), (text, reason) in zip(raw, decoded):
             tp = (topic, partition)
             start, _end = ranges.get(tp, (offset, offset))
             ranges[tp] = (start, offset + 1)
-            text, reason = decode_record(value, self.max_record_bytes)
-            if extract is not None and reason is None:
-                text, reason = extract(text)
             if reason is not None:
                 malformed += 1
                 self.counters.malformed[reason] += 1

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import orjson
 
 from online.learner.tokenizer import TokenList
+from online.stream.json_scan import EMPTY, FALLBACK, OK_LIST, OK_STRING, scan_records
 from ps_bridge.settings import Setting, SettingError, SettingGroup
 
 RECORD_FORMATS = ("text", "json")
@@ -102,17 +103,48 @@ class RecordFormat:
             return (items, None) if any(found) else (None, "empty")
         return None, "wrong_type"
 
+    def extract_many(self, values: list[bytes], valid_utf8: bool = False) -> list[tuple[str | None, str | None]]:
+        """``extract`` of each of ``values``: JSON records in one compiled pass, and those it cannot vouch for
+        through ``extract`` (``online.stream.json_scan``). The scan reads bytes, so a record that is not
+        UTF-8 goes to ``extract`` too (``valid_utf8``: the caller checked them all, as the stream does)."""
+        if self.is_text or not values:
+            return [self.extract(v) for v in values]
+        statuses, fields = scan_records(values, self.path)
+        if not valid_utf8:
+            try:
+                b"".join(values).decode("utf-8")
+            except UnicodeDecodeError:
+                statuses = [st if _is_utf8(v) else FALLBACK for st, v in zip(statuses, values)]
+        out: list[tuple[str | None, str | None]] = []
+        for value, status, field in zip(values, statuses, fields):
+            if status == OK_LIST:
+                out.append((TokenList(field.decode("utf-8")), None))
+            elif status == OK_STRING:
+                text = field.decode("utf-8")
+                out.append((text, None) if text.strip() else (None, "empty"))
+            elif status == EMPTY:
+                out.append((None, "empty"))
+            else:
+                out.append(self.extract(value))
+        return out
+
     def extract_lines(self, block: bytes) -> tuple[list[str], dict[str, int]]:
         """The records of a block of lines (a file: one record per line) and the malformed ones by reason;
         blank lines are no records at all, as ``livevec produce`` skips them."""
         records: list[str] = []
         malformed: dict[str, int] = {}
-        for line in block.split(b"\n"):
-            if not line.strip():
-                continue
-            record, reason = self.extract(line)
+        lines = [line for line in block.split(b"\n") if line.strip()]
+        for record, reason in self.extract_many(lines):
             if reason is None:
                 records.append(record)
             else:
                 malformed[reason] = malformed.get(reason, 0) + 1
         return records, malformed
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
