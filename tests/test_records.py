@@ -149,6 +149,14 @@ def _random_json(rng, depth: int = 0):
     return {rng.choice(keys): _random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))}
 
 
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def _mutate(rng, data: bytes) -> bytes:
     kind = rng.randrange(6)
     i = rng.randrange(len(data) + 1)
@@ -189,6 +197,6 @@ def test_the_compiled_scan_gives_orjsons_verdict_on_every_record(field):
     fast = fmt.extract_many(values)
     slow = [fmt.extract(v) for v in values]
     assert [(type(a[0]), a) for a in fast] == [(type(b[0]), b) for b in slow]
-    statuses, _ = scan_records(values, fmt.path)
+    statuses = scan_records([v for v in values if _utf8(v)], fmt.path)[0]
     assert sum(1 for s in statuses if s in (OK_STRING, OK_LIST)) > 50    # the fast path had work to do
     assert {reason for _, reason in slow} >= {None, "invalid_json", "missing_field", "wrong_type"}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import orjson
 
 from online.learner.tokenizer import TokenList
-from online.stream.json_scan import EMPTY, FALLBACK, OK_LIST, OK_STRING, scan_records
+from online.stream.json_scan import EMPTY, OK_LIST, OK_STRING, scan_records
 from ps_bridge.settings import Setting, SettingError, SettingGroup
 
 RECORD_FORMATS = ("text", "json")
@@ -109,23 +109,26 @@ class RecordFormat:
         UTF-8 goes to ``extract`` too (``valid_utf8``: the caller checked them all, as the stream does)."""
         if self.is_text or not values:
             return [self.extract(v) for v in values]
-        statuses, fields = scan_records(values, self.path)
         if not valid_utf8:
             try:
                 b"".join(values).decode("utf-8")
-            except UnicodeDecodeError:
-                statuses = [st if _is_utf8(v) else FALLBACK for st, v in zip(statuses, values)]
+            except UnicodeDecodeError:     # orjson says what a record that is not UTF-8 is
+                utf8 = [_is_utf8(v) for v in values]
+                good = iter(self.extract_many([v for v, ok in zip(values, utf8) if ok], True))
+                return [next(good) if ok else self.extract(v) for v, ok in zip(values, utf8)]
+        statuses, text, starts, ends = scan_records(values, self.path)
         out: list[tuple[str | None, str | None]] = []
-        for value, status, field in zip(values, statuses, fields):
+        append = out.append
+        for value, status, a, b in zip(values, statuses, starts, ends):
             if status == OK_LIST:
-                out.append((TokenList(field.decode("utf-8")), None))
+                append((TokenList(text[a:b]), None))
             elif status == OK_STRING:
-                text = field.decode("utf-8")
-                out.append((text, None) if text.strip() else (None, "empty"))
+                field = text[a:b]
+                append((field, None) if field.strip() else (None, "empty"))
             elif status == EMPTY:
-                out.append((None, "empty"))
+                append((None, "empty"))
             else:
-                out.append(self.extract(value))
+                append(self.extract(value))
         return out
 
     def extract_lines(self, block: bytes) -> tuple[list[str], dict[str, int]]:
