@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from online.cluster.delta_rows import take_deltas       # noqa: E402
 from online.cluster.replica import REFRESH_SHARE, ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
 from online.learner.concurrent_merge import CONTRACTION_SCALE  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
@@ -110,6 +111,35 @@ class SimulatedReplica:
             (self.shard.adopt if is_fresh else self.shard.apply)(keys[pick], np.hstack([vectors, acc[:, None]]))
         self.shard.release_freed()
 
+    def sync_hot(self, keys: np.ndarray, now: float) -> None:
+        """Only the rows of ``keys`` held here and known to the servers: the hot tier, synced between the full syncs
+        (their stamps stay, so the next full sync sends them again, with only what was trained since)."""
+        if self.shared:
+            return
+        shard, dim = self.shard, self.dim
+        rows = shard.rows_for(keys, create=False)
+        pick = rows >= 0
+        pick[pick] = shard.confirmed[rows[pick]]
+        keys, rows = keys[pick], rows[pick]
+        if not len(rows):
+            return
+        out = np.empty((len(rows), dim + 2), dtype=np.float32)
+        take_deltas(shard.vectors, shard.accum, shard.base, shard.base_acc, shard.contraction, rows.astype(np.int64),
+                    out)
+        self.rows_sent += len(keys)
+        vectors, acc = self.server.add_deltas(keys, out[:, :dim], out[:, dim], fresh=False, sender=self.node_id,
+                                              now=now, contraction=out[:, dim + 1] if self.contraction else None)
+        shard.apply(keys, np.hstack([vectors, acc[:, None]]))
+
+
+def hot_keys(server: EmbeddingShard, words: list[str], n: int) -> np.ndarray:
+    """The input and output rows' keys of the ``n`` words the cluster counted most."""
+    if not n or not words:
+        return np.zeros(0, np.uint64)
+    keys = np.array([word_key(w) for w in words], np.uint64)
+    top = keys[np.argsort(-server.word_counts.totals(keys), kind="stable")[:n]]
+    return np.sort(word_rows(top))
+
 
 def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
     """One run: ``workers_n`` replicas, each training ``sync_tokens`` tokens between syncs."""
@@ -146,13 +176,25 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
     t0 = time.perf_counter()
     per_sync = max(1, sync_tokens // batch_tokens)
     b = rounds = 0
+    hot = np.zeros(0, np.uint64)
     while b < len(batches):
         rounds += 1
-        for trainer, _ in workers:
-            for _ in range(per_sync):
+        if args.hot_rows and rounds % 10 == 1:
+            hot = hot_keys(server, sorted({w for trainer, _ in workers for w in trainer.export()[0]}), args.hot_rows)
+        if not args.hot_rows:
+            for trainer, _ in workers:
+                for _ in range(per_sync):
+                    if b < len(batches):
+                        trainer.train_records(batches[b])
+                        b += 1
+        for j in range(per_sync if args.hot_rows else 0):   # the replicas' j-th batches, then the hot tier's sync
+            for trainer, _ in workers:
                 if b < len(batches):
                     trainer.train_records(batches[b])
                     b += 1
+            if len(hot) and j < per_sync - 1:
+                for _, store in workers:
+                    store.sync_hot(hot, rounds + (j + 1) / (per_sync + 1))
         for _, store in workers:
             store.sync(float(rounds))
         print(f"\r{workers_n} replicas, round {rounds}: {min(b, len(batches)) * batch_tokens:,} tokens", end="",
@@ -232,6 +274,9 @@ def main() -> int:
     ap.add_argument("--refresh-share", type=float, default=REFRESH_SHARE.default,
                     help="rows not changed by a worker that its sync refreshes, as a share of the changed ones "
                          f"(LIVEVEC_REFRESH_SHARE, {REFRESH_SHARE.default}; 1000: every held row)")
+    ap.add_argument("--hot-rows", type=int, default=0,
+                    help="experiment: the rows of the N most counted words also sync after every batch (a hot tier, "
+                         "as pWord2Vec's); with --batch-tokens below the tokens per sync")
     ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
     args = ap.parse_args()
 

@@ -131,17 +131,26 @@ class WorkerSettings:
         learner = {**WORKER_MODEL.read(args, env), **LEARNER.read(args, env)}
         worker = WORKER.read(args, env)
         if not worker["sync_tokens"]:
-            worker["sync_tokens"] = max(cls.SYNC_TOKENS_MIN, cls.ROUND_TOKENS // max(node.num_worker, 1))
+            worker["sync_tokens"] = cls.default_sync_tokens(node.num_worker)
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
                    metrics_port=METRICS_PORT.read(args, env), **worker,
                    **SYNC.read(args, env), **REPLICA.read(args, env))
 
-    # The tokens the whole cluster trains between two syncs of one replica: how far the replicas' rows drift
-    # apart before they merge. The simulation and the cluster both lose quality as it grows with the replicas
-    # at a fixed sync period (8 replicas, 6M tokens: 40k tokens per replica per sync 3.25 % analogy, 10k 5.67 %;
-    # bench/README.md, session 12); 2 workers at 250 ms syncs train about 100k.
-    ROUND_TOKENS = 80_000
-    SYNC_TOKENS_MIN = 2_000
+    @classmethod
+    def default_sync_tokens(cls, workers: int) -> int:
+        """``LIVEVEC_SYNC_TOKENS`` 0: the tokens a replica trains between its syncs, ``SYNC_TOKENS_K / workers^2``.
+
+        Why the square: with k replicas, a round's k deltas of a hot row all start from the same value, and the
+        simulation loses quality as k grows unless each replica's share of the round shrinks faster than 1/k
+        (3M tokens; one model 2.92 % analogy / 0.377 WS353; 8 replicas at 10,000 tokens each 1.70 % / 0.431,
+        at 2,500 tokens 2.49 % / 0.475; 4 at 20,000 2.83 % / 0.476; bench/README.md, session 13). Two workers
+        keep the 40,000 of before, so the common deployment pays no more syncs; 8 pay about 3x the rows per
+        token, which is what the quality costs."""
+        k = max(int(workers), 1)
+        return max(cls.SYNC_TOKENS_MIN, cls.SYNC_TOKENS_K // (k * k))
+
+    SYNC_TOKENS_K = 160_000
+    SYNC_TOKENS_MIN = 1_000
 
 
 def mini_batches(texts: list[str], max_words: int):
