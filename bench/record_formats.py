@@ -22,9 +22,10 @@ batches of about 5,000 tokens, on about ``--tokens`` tokens each. Cases:
 
 The kernel's work per token depends on the stream (sentence lengths, the vocabulary's distribution,
 subsampling), so each case is compared with ``text8`` on the same tokens: the ratio is what the record
-format and the tokenizer cost. Rounds alternate the cases, and each case's figure is the median of its
-rounds, so that all cases meet the same load from other jobs. It prints words/s and the ratio to its
-reference's, the tokenizer's own rate
+format and the tokenizer cost. Each case is timed in CPU seconds of its thread (what a worker's core
+spends, whatever else runs on the machine) and in wall seconds; rounds run the cases in turn, in
+alternate orders, each with a fresh model, and a figure is the median of ``--rounds`` rounds. It
+prints words/s and the ratio to its reference's, the tokenizer's own rate
 (``Tokenizer.spans`` alone), and the segmenters' MB/s on one core: the ``unicode`` tokenizer on CJK
 text (normalisation, regex, routing and segmentation), and ``rjieba`` and Sudachi (mode C) alone.
 """
@@ -34,10 +35,8 @@ import argparse
 import json
 import os
 import random
-import queue
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -161,48 +160,40 @@ def batches(records: list, size: int = 5000) -> list[list]:
     return out
 
 
-def run_case(tokenizer: str, fmt: RecordFormat, values: list[bytes], pipelined: bool) -> tuple[float, int, float]:
-    """(seconds, tokens, seconds of tokenising alone) of the stream's and the worker's steps over ``values``.
+class Case:
+    """One case's trainer and its batches of record values, a batch of about 5,000 tokens as a worker makes."""
 
-    ``pipelined``: as a worker runs them, the stream reading and extracting the next batch (its event loop)
-    while the trainer trains this one (a thread; the kernel runs without the GIL); else one after the other."""
-    trainer = Trainer(LearnerConfig(tokenizer=tokenizer))
+    def __init__(self, name: str, tokenizer: str, fmt: RecordFormat, values: list[bytes]):
+        self.name, self.tokenizer, self.fmt = name, tokenizer, fmt
+        self.trainer = Trainer(LearnerConfig(tokenizer=tokenizer))
+        self.chunks, first = [], 0
+        for batch in batches(self.read(values)):      # every value here is a valid record
+            self.chunks.append(values[first:first + len(batch)])
+            first += len(batch)
+        self.cpu = self.wall = self.tokenising = self.reading = 0.0
 
-    def read(chunk: list[bytes]) -> list:
+    def read(self, chunk: list[bytes]) -> list:
         """What the stream does with a batch of values (``_build_batch``): decode, then the record format."""
         decoded = [decode_record(v, 1 << 20) for v in chunk]
-        if fmt.is_text:
+        if self.fmt.is_text:
             return [text for text, reason in decoded if reason is None]
         valid = [v for v, (_text, reason) in zip(chunk, decoded) if reason is None]
-        return [record for record, reason in fmt.extract_many(valid, valid_utf8=True) if reason is None]
+        return [record for record, reason in self.fmt.extract_many(valid, valid_utf8=True) if reason is None]
 
-    # the batches of about 5,000 tokens a worker would make (every value here is a valid record)
-    chunks, first = [], 0
-    for batch in batches(read(values)):
-        chunks.append(values[first:first + len(batch)])
-        first += len(batch)
-
-    t0 = time.perf_counter()
-    if pipelined:
-        ready: queue.Queue = queue.Queue(maxsize=2)
-        reader = threading.Thread(target=lambda: [ready.put(read(c)) for c in chunks] + [ready.put(None)])
-        reader.start()
-        records = []
-        while (batch := ready.get()) is not None:
-            records += batch
-            trainer.train_records(batch)
-        reader.join()
-    else:
-        read_chunks = [read(c) for c in chunks]
-        records = [r for c in read_chunks for r in c]
-        for batch in read_chunks:
-            trainer.train_records(batch)
-    seconds = time.perf_counter() - t0
-    tok = Tokenizer(tokenizer)
-    t1 = time.perf_counter()
-    for batch in batches(records):
-        tok.spans(batch)
-    return seconds, trainer.totals.tokens, time.perf_counter() - t1
+    def step(self, k: int) -> None:
+        """Read and train batch ``k`` (timed), then tokenise it again alone (timed apart)."""
+        if k >= len(self.chunks):
+            return
+        w0, c0 = time.perf_counter(), time.thread_time()
+        records = self.read(self.chunks[k])
+        c1 = time.thread_time()
+        self.trainer.train_records(records)
+        self.reading += c1 - c0
+        self.cpu += time.thread_time() - c0
+        self.wall += time.perf_counter() - w0
+        t0 = time.thread_time()
+        self.trainer.tokenizer.spans(records)
+        self.tokenising += time.thread_time() - t0
 
 
 def segmenter_speed(rounds: int) -> dict[str, float]:
@@ -226,43 +217,45 @@ def segmenter_speed(rounds: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=300_000, help="tokens per case (about)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="passes over every case (each with a fresh model)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
     all_cases = cases(args.tokens)
     for name, tokenizer, fmt, values in all_cases:     # compile and load everything once
-        run_case(tokenizer, fmt, values[:50], False)
+        Case(name, tokenizer, fmt, values[:200]).step(0)
+    rates: dict[str, list[tuple[float, float, float, int]]] = {}
+    load0 = os.getloadavg()
+    for r in range(args.rounds):
+        run = []
+        for c in (all_cases if r % 2 == 0 else all_cases[::-1]):
+            case = Case(*c)
+            for k in range(len(case.chunks)):
+                case.step(k)
+            run.append(case)
+        for case in run:
+            tokens = case.trainer.totals.tokens
+            rates.setdefault(case.name, []).append((tokens / case.cpu, tokens / case.wall, tokens / case.tokenising,
+                                                    tokens))
+    load1 = os.getloadavg()
+    print(f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at the start, {load1[0]:.2f} {load1[1]:.2f} "
+          f"{load1[2]:.2f} at the end; {args.rounds} rounds, medians")
+    med = {name: [statistics.median(r[i] for r in rows) for i in range(3)] for name, rows in rates.items()}
+    print(f"{'case':27s} {'tokens':>7s} {'words/CPU-s':>11s} {'ratio':>6s} {'words/s':>9s} {'ratio':>6s} "
+          f"{'reference':24s} {'tokenizer words/CPU-s':>21s}")
     summary = {}
-    for pipelined in (True, False):
-        summary["pipelined" if pipelined else "serial"] = _compare(all_cases, args.rounds, pipelined)
+    for name, rows in rates.items():
+        ref = BASELINE.get(name, name)
+        cpu, wall, tok = med[name]
+        summary[name] = {"tokens": rows[0][3], "words_per_cpu_second": round(cpu), "words_per_second": round(wall),
+                         "reference": ref, "ratio_cpu": round(cpu / med[ref][0], 3),
+                         "ratio_wall": round(wall / med[ref][1], 3), "tokenizer_words_per_cpu_second": round(tok)}
+        print(f"{name:27s} {rows[0][3]:7d} {cpu:11,.0f} {cpu / med[ref][0]:5.2f}x {wall:9,.0f} "
+              f"{wall / med[ref][1]:5.2f}x {ref:24s} {tok:21,.0f}")
     seg = segmenter_speed(args.rounds)
     for name, mbs in seg.items():
         print(f"{name:34s} {mbs:6.2f} MB/s per core")
     if args.json:
-        print(json.dumps({"load": os.getloadavg(), "cases": summary, "segmenters_mb_per_s": seg}, indent=1))
-
-
-def _compare(all_cases, rounds: int, pipelined: bool) -> dict:
-    results: dict[str, list[tuple[float, float, int]]] = {}
-    for r in range(rounds):
-        order = all_cases if r % 2 == 0 else all_cases[::-1]
-        for name, tokenizer, fmt, values in order:
-            seconds, tokens, tokenising = run_case(tokenizer, fmt, values, pipelined)
-            results.setdefault(name, []).append((tokens / seconds, tokens / tokenising, tokens))
-    load = os.getloadavg()
-    print(f"{'pipelined (reading overlaps training, as in a worker)' if pipelined else 'serial (read, then train)'}:"
-          f" load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {rounds} rounds, median words/s")
-    median = {name: statistics.median(w for w, _, _ in rows) for name, rows in results.items()}
-    summary = {}
-    print(f"{'case':30s} {'tokens':>8s} {'words/s':>10s} {'ratio':>7s} {'reference':25s} {'tokenizer words/s':>18s}")
-    for name, rows in results.items():
-        wps = median[name]
-        ref = BASELINE.get(name, name)
-        tps = statistics.median(t for _, t, _ in rows)
-        summary[name] = {"tokens": rows[0][2], "words_per_second": round(wps), "reference": ref,
-                         "ratio": round(wps / median[ref], 3), "tokenizer_words_per_second": round(tps)}
-        print(f"{name:30s} {rows[0][2]:8d} {wps:10,.0f} {wps / median[ref]:6.2f}x {ref:25s} {tps:18,.0f}")
-    return summary
+        print(json.dumps({"load": [load0, load1], "cases": summary, "segmenters_mb_per_s": seg}, indent=1))
 
 
 if __name__ == "__main__":

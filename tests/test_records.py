@@ -27,7 +27,7 @@ def test_a_string_field_is_text_and_a_dotted_path_reaches_into_objects():
 
 def test_a_list_of_strings_is_one_sentence_of_tokens_taken_as_they_are():
     record, reason = RecordFormat("json", "items").extract('{"user": 7, "items": ["sku-123", "Red Shoes", "C++"]}')
-    assert reason is None and type(record) is TokenList
+    assert reason is None and TokenList.is_one(record)
     for kind in ("text8", "unicode", "tokens"):
         assert Tokenizer(kind).sentences(record) == [["sku-123", "Red Shoes", "C++"]]
 
@@ -90,7 +90,7 @@ async def test_a_file_stream_of_json_records_skips_the_malformed_in_order(tmp_pa
         ranges.append(batch.ranges[(path.name, 0)])
         await stream.mark_processed(batch)
     await stream.stop()
-    assert [(r.offset, r.text.items()) for r in records] == [(0, ["sku-1", "sku-2"]), (4, ["sku-1", "sku-9", "sku-2"])]
+    assert [(r.offset, TokenList.items(r.text)) for r in records] == [(0, ["sku-1", "sku-2"]), (4, ["sku-1", "sku-9", "sku-2"])]
     assert ranges == [(0, 2), (2, 4), (4, 5)]    # every offset covered, the all-malformed batch too
     assert stream.counters.malformed["invalid_json"] == 1
     assert stream.counters.malformed["wrong_type"] == 1 and stream.counters.malformed["missing_field"] == 1
@@ -128,8 +128,8 @@ def test_the_sessions_demo_streams_json_sessions_read_as_item2vec():
     assert env == {"LIVEVEC_RECORD_FORMAT": "json", "LIVEVEC_RECORD_FIELD": "items", "LIVEVEC_TOKENIZER": "tokens"}
     fmt = RecordFormat(env["LIVEVEC_RECORD_FORMAT"], env["LIVEVEC_RECORD_FIELD"])
     sessions = [fmt.extract(line)[0] for line in islice(_corpus_lines(args), 2000)]
-    assert all(type(s) is TokenList for s in sessions)
-    together = sum(1 for s in sessions if {"sku-tent-2p", "sku-sleeping-bag"} <= set(s.items()))
+    assert all(TokenList.is_one(s) for s in sessions)
+    together = sum(1 for s in sessions if {"sku-tent-2p", "sku-sleeping-bag"} <= set(TokenList.items(s)))
     assert together > 50       # the planted co-purchases
     # without the demo, the command passes on the reading it was given
     args = read_settings(parser.parse_args([]), {"LIVEVEC_TOKENIZER": "unicode", "LIVEVEC_LANGUAGE": "ja"})

@@ -8,12 +8,12 @@ boundaries: on newlines and, for raw text, after ``. ! ?`` followed by whitespac
 ``unicode``) and after their full-width forms (``text8``: followed by whitespace; ``unicode``:
 always, as Chinese and Japanese put no space after them); ``tokens`` on newlines only. A sentence longer than ``max_sentence_length`` tokens is
 cut into chunks, as gensim and word2vec.c do (10,000 and 1,000 tokens), so one huge record (a whole
-Wikipedia article on one line) costs no more memory than it must. A ``TokenList`` record (the items
+Wikipedia article on one line) costs no more memory than it must. A token-list record (the items
 of a JSON list, ``online.stream.records``) is one sentence of its items, whatever the family.
 
 ``Tokenizer.sentences`` gives lists of strings. The trainer's path is ``Tokenizer.spans`` (records)
 and ``Tokenizer.text_spans`` (a block of lines, one record each): the same tokens and sentences
-as ``online.learner.spans.TokenSpans``, which ``text8`` and ``tokens`` (and every ``TokenList``)
+as ``online.learner.spans.TokenSpans``, which ``text8`` and ``tokens`` (and every token list)
 make in one compiled pass over the bytes without a Python string per token (``unicode`` goes
 through ``sentences``).
 """
@@ -87,8 +87,8 @@ class Tokenizer:
         if record is None:
             return []
         out: list[list[str]] = []
-        if type(record) is TokenList:
-            toks = record.items()
+        if TokenList.is_one(record):
+            toks = TokenList.items(record if isinstance(record, str) else bytes(record).decode("utf-8", "replace"))
             if toks:
                 self._chunks(toks, out)
             return out
@@ -110,18 +110,21 @@ class Tokenizer:
 
     def spans(self, records: Iterable[str | bytes | None]) -> TokenSpans:
         """``sentences_of(records)`` as ``TokenSpans`` (compiled for ``text8``, ``tokens`` and
-        ``TokenList`` records); token lists come after the batch's text records."""
-        texts: list[str | bytes] = []
-        lists: list[TokenList] = []
+        token-list records), in the records' order."""
+        parts = []
+        run: list[str | bytes] = []
+        listed = False
         for record in records:
             if record is None:
                 continue
-            (lists if type(record) is TokenList else texts).append(record)
-        parts = []
-        if texts:
-            parts.append(self._text_records_spans(texts))
-        if lists:
-            parts.append(self._scan_tokens(lists, listed=True))
+            is_list = TokenList.is_one(record)
+            if is_list != listed and run:
+                parts.append(self._scan_tokens(run) if listed else self._text_records_spans(run))
+                run = []
+            listed = is_list
+            run.append(record)
+        if run:
+            parts.append(self._scan_tokens(run) if listed else self._text_records_spans(run))
         if not parts:
             return empty_spans()
         return parts[0] if len(parts) == 1 else TokenSpans.concat(parts)
@@ -129,7 +132,7 @@ class Tokenizer:
     def _text_records_spans(self, records: list[str | bytes]) -> TokenSpans:
         compiled = self.family.compiled
         if compiled == "tokens":
-            return self._scan_tokens(records, listed=False)
+            return self._scan_tokens(records)
         if compiled is None:
             return spans_of_sentences(self.sentences_of(records))
         parts: list[bytes] = []
@@ -144,11 +147,11 @@ class Tokenizer:
         return text8_spans(b"\n".join(parts), self.max_sentence_length, self.split_sentences,
                            np.array(bounds, dtype=np.int64))
 
-    def _scan_tokens(self, records, listed: bool) -> TokenSpans:
+    def _scan_tokens(self, records) -> TokenSpans:
+        """The ``tokens`` scan of text and token-list records (told apart by their first byte)."""
         parts = [_utf8(r) for r in records]
         ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)) + 1) - 1
-        return tokens_spans(b"\n".join(parts), ends, np.full(len(parts), listed), self.max_sentence_length,
-                            self.split_sentences)
+        return tokens_spans(b"\n".join(parts), ends, self.max_sentence_length, self.split_sentences)
 
     def text_spans(self, block: bytes) -> TokenSpans:
         """The sentences of a block of UTF-8 text whose lines are records (``livevec train``'s
@@ -158,10 +161,8 @@ class Tokenizer:
         if self.family.compiled == "tokens":
             data = _utf8(block)
             raw = np.frombuffer(data, dtype=np.uint8)
-            ends = np.append(np.flatnonzero(raw == 10), len(data)) if not self.split_sentences \
-                else np.array([len(data)], dtype=np.int64)
-            return tokens_spans(raw, ends, np.zeros(len(ends), dtype=np.bool_), self.max_sentence_length,
-                                self.split_sentences)
+            ends = np.append(np.flatnonzero(raw == 10), len(data))
+            return tokens_spans(raw, ends, self.max_sentence_length, self.split_sentences)
         raw = np.frombuffer(block, dtype=np.uint8)
         bounds = None if self.split_sentences else np.flatnonzero(raw == 10)
         return text8_spans(raw, self.max_sentence_length, self.split_sentences, bounds)

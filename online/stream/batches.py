@@ -21,7 +21,7 @@ class TextRecord:
     topic: str
     partition: int
     offset: int
-    text: str           # or a ``TokenList`` (a JSON record's list of items, ``online.stream.records``)
+    text: str           # or a token-list record (a JSON record's list of items, ``online.stream.records``)
 
 
 @dataclass
@@ -72,6 +72,8 @@ def decode_record(value: bytes | None, max_bytes: int) -> tuple[str | None, str 
         return None, "invalid_utf8"
     if not text.strip():
         return None, "empty"
+    if text[0] == "\x1e":      # the mark of a token-list record (online.learner.tokenizer.TokenList): text it is
+        text = " " + text[1:]
     return text, None
 
 

@@ -4,7 +4,7 @@
 this machine, where the SGNS kernel spends about 1.3 us per token): for sessions of a few IDs, parsing
 alone cost a fifth of the pipeline. ``scan_records`` validates each record of a batch and finds the
 field of ``LIVEVEC_RECORD_FIELD`` in one pass over the bytes, and copies the fields into one buffer (a
-list's items joined as a ``TokenList`` is), decoded once for the batch, so a record costs one slice.
+list's items as a token-list record, ``TokenList``), decoded once for the batch, so a record costs one slice.
 
 It decides only what it is sure of: a record is ``OK`` (the field is a string, or a list of strings, and
 the whole record is valid JSON) or ``EMPTY`` (a list whose items are all empty), and anything else is
@@ -259,8 +259,8 @@ def _scan(data, ends, path, path_ends, status, start, length, items_first, items
 @njit(nogil=True, cache=True)
 def _gather(data, status, start, length, items_first, items_count, item_start, item_len, out, char_start,
             char_end):
-    """Each record's field into ``out``: a string as it is, a list's items separated by U+001F (which no
-    item here holds: control bytes fall back); ``char_start``/``char_end``: where each one is in
+    """Each record's field into ``out``: a string as it is, a list as a token list (U+001E, then the items
+    separated by U+001F, which no item here holds: control bytes fall back); ``char_start``/``char_end``: where each one is in
     ``out`` decoded (in code points), so the batch is decoded once and sliced."""
     pos = 0
     chars = 0
@@ -275,6 +275,9 @@ def _gather(data, status, start, length, items_first, items_count, item_start, i
                     chars += 1
             pos += length[r]
         elif st == OK_LIST:
+            out[pos] = 0x1E
+            pos += 1
+            chars += 1
             for k in range(items_first[r], items_first[r] + items_count[r]):
                 if k > items_first[r]:
                     out[pos] = 0x1F
@@ -316,7 +319,7 @@ def scan_records(values: list[bytes], path: tuple[str, ...]):
     item_len = np.empty(cap, dtype=np.int64)
     _scan(raw, ends, path_bytes, path_ends, status, start, length, items_first, items_count, item_start, item_len,
           _TRUE, _FALSE, _NULL)
-    out = np.empty(len(data), dtype=np.uint8)
+    out = np.empty(len(data) + n, dtype=np.uint8)
     char_start = np.empty(n, dtype=np.int64)
     char_end = np.empty(n, dtype=np.int64)
     used = _gather(raw, status, start, length, items_first, items_count, item_start, item_len, out, char_start,

@@ -6,7 +6,8 @@ record would learn the keys and the numbers. With ``LIVEVEC_RECORD_FORMAT=json``
 
 - a string field is text for the tokenizer (``LIVEVEC_TOKENIZER``);
 - a list of strings is one sentence of tokens taken as they are, whatever the tokenizer
-  (``online.learner.tokenizer.TokenList``): an item2vec session such as ``["sku-1", "sku-7"]``.
+  (a token-list record, ``online.learner.tokenizer.TokenList``): an item2vec session such as
+  ``["sku-1", "sku-7"]``.
 
 A record that is not JSON (``invalid_json``), lacks the field or holds null there (``missing_field``),
 holds anything else there (``wrong_type``: a number, an object, a list with a non-string) or only an
@@ -80,9 +81,10 @@ class RecordFormat:
         return self.kind if self.is_text else f"json:{self.field}"
 
     def extract(self, value: str | bytes) -> tuple[str | None, str | None]:
-        """``(what the tokenizer reads, None)``, a ``str`` or a ``TokenList``, or ``(None, reason)``."""
+        """``(what the tokenizer reads, None)``, text or a token-list record, or ``(None, reason)``."""
         if self.kind == "text":
-            return (value if isinstance(value, str) else value.decode("utf-8", "replace")), None
+            text = value if isinstance(value, str) else value.decode("utf-8", "replace")
+            return (" " + text[1:] if TokenList.is_one(text) else text), None
         try:
             found = orjson.loads(value)
         except orjson.JSONDecodeError:
@@ -121,7 +123,7 @@ class RecordFormat:
         append = out.append
         for value, status, a, b in zip(values, statuses, starts, ends):
             if status == OK_LIST:
-                append((TokenList(text[a:b]), None))
+                append((text[a:b], None))
             elif status == OK_STRING:
                 field = text[a:b]
                 append((field, None) if field.strip() else (None, "empty"))

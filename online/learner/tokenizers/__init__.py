@@ -4,7 +4,7 @@
 corpus. ``unicode`` (``unicode.py``): any script, NFKC and case-folded, Chinese and Japanese cut into
 words (``cjk.py``). ``tokens`` (``tokens.py``): whitespace-separated tokens kept byte for byte, for IDs
 and text tokenised upstream. ``online.learner.tokenizer.Tokenizer`` turns records into sentences
-with the family a name picks; a record that is a ``TokenList`` (a JSON list of items) is one
+with the family a name picks; a token-list record (``tokens.TokenList``: a JSON list of items) is one
 sentence of its items whatever the family.
 
 A family says how it tokenises one piece of text (the Python path, and the reference of any
