@@ -40,10 +40,16 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   ``online.learner.concurrent_merge``): 1.44 % / 0.365; **plus the held rows the servers changed refreshed at every
   sync** (``HEAD_CHANGED_ROWS``, ``ReplicaShard.mark_stale``): 2.06 % / 0.394; and in the cluster, where 8 workers
   on two cores synced once a second and so trained 4x the tokens between merges, **a bound in tokens**
-  (``LIVEVEC_SYNC_TOKENS``, 80,000 / workers; the worker waits at twice that). On wiki17m, 8 workers with a replica
-  each: 17.3 - 20.6 % / 0.55 - 0.59 over five runs, 16: 14.1 - 14.5 % / 0.46 - 0.48, against 22.0 - 24.1 % for 2
-  workers sharing one replica (``bench/README.md``). Past 8 replicas it still falls behind one model; what remains is not
-  understood (a smaller round helps 16 replicas a little in the simulation).
+  (``LIVEVEC_SYNC_TOKENS``; the worker waits at twice that). First 80,000 / workers: on wiki17m, 8 workers with a
+  replica each learnt 17.3 - 20.6 % / 0.55 - 0.59 over five runs, 16: 14.1 - 14.5 % / 0.46 - 0.48, against 22.0 -
+  24.1 % for 2 workers sharing one replica. The simulation then showed that a round's k deltas from one base cost
+  quality unless each replica's share of the round shrinks faster than 1 / k (8 replicas at 10,000 tokens each
+  1.70 % / 0.431, at 2,500 2.49 % / 0.475; 16 at 5,000 1.39 % / 0.395, at 1,000 2.35 % / 0.397), so the default is
+  now **160,000 / workers^2 tokens, at least 1,000** (``WorkerSettings.default_sync_tokens``): 2 workers keep their
+  40,000, 8 replicas sync every 2,500 tokens and learnt 22.49 % / 0.585 (``bench/README.md``, session 13), within a
+  point of one host's replica, at about 3x the bytes per token. Past 16 replicas the simulation still falls behind
+  one model (32 replicas: 1.66 % at 625 tokens per sync, 1.68 % at 156; a hot tier synced after every batch recovers 8
+  replicas at +35 % rows, ``--hot-rows``, but not yet measured past that).
 
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
 (``bench/README.md``); the servers only add. A row first touched here starts from the
