@@ -130,7 +130,7 @@ def test_the_sessions_demo_streams_json_sessions_read_as_item2vec():
     sessions = [fmt.extract(line)[0] for line in islice(_corpus_lines(args), 2000)]
     assert all(TokenList.is_one(s) for s in sessions)
     together = sum(1 for s in sessions if {"sku-tent-2p", "sku-sleeping-bag"} <= set(TokenList.items(s)))
-    assert together > 50       # the planted co-purchases
+    assert together > 30       # the planted co-purchases (never together otherwise: the catalogue holds neither)
     # without the demo, the command passes on the reading it was given
     args = read_settings(parser.parse_args([]), {"LIVEVEC_TOKENIZER": "unicode", "LIVEVEC_LANGUAGE": "ja"})
     assert reading_env(args)["LIVEVEC_TOKENIZER"] == "unicode" and reading_env(args)["LIVEVEC_LANGUAGE"] == "ja"
