@@ -51,6 +51,14 @@ def test_malformed_records_have_a_reason(value, reason):
     assert RecordFormat("json", "event.text").extract(value) == (None, reason)
 
 
+def test_text_that_starts_with_the_token_lists_mark_stays_text():
+    fmt = RecordFormat("json", "text")
+    record, reason = fmt.extract('{"text": "\\u001esku-1 sku-2"}')
+    assert reason is None and not TokenList.is_one(record)
+    assert Tokenizer("tokens").sentences(record) == [["sku-1", "sku-2"]]
+    assert fmt.extract_many([b'{"text": "\\u001esku-1 sku-2"}']) == [(record, None)]
+
+
 def test_text_records_are_unchanged():
     assert RecordFormat().extract('{"query": "x"}') == ('{"query": "x"}', None)
 

@@ -16,7 +16,7 @@ empty string or list (``empty``) is malformed: the stream counts it by reason
 processed in order with the others (``online.stream.reader``), so nothing stalls and nothing is lost.
 
 The Kafka workers (``online.stream.reader``), ``livevec train`` and ``livevec up --corpus`` read records
-through ``RecordFormat.extract``, so a file of one JSON record per line trains as the topic would.
+through ``RecordFormat`` (a batch at a time: ``extract_many``), so a file of one JSON record per line trains as the topic would.
 """
 from __future__ import annotations
 
@@ -96,6 +96,8 @@ class RecordFormat:
         if found is None:
             return None, "missing_field"
         if type(found) is str:
+            if TokenList.is_one(found):     # text, even if it starts with the token lists' mark
+                found = " " + found[1:]
             return (found, None) if found.strip() else (None, "empty")
         if type(found) is list:
             try:
