@@ -1,7 +1,7 @@
 """A JSON stream of shopping sessions with malformed records, trained end to end: the real broker, the
 production group (scheduler, server, worker, front end) with checkpoints and the batch ledger. Every
 offset is processed exactly once, malformed records included; only the valid ones are trained, their
-items byte for byte; each malformed one is counted by its reason on the worker's /metrics."""
+items byte for byte; each malformed one is counted by its reason on the worker's /metrics and the front end's /v1/stats."""
 from __future__ import annotations
 
 import asyncio
@@ -98,6 +98,11 @@ def test_a_json_session_stream_with_malformed_records_trains_exactly_once(kafka_
         for reason, n in reasons.items():
             assert _malformed(runner, reason) == n, reason
         assert runner_metric(runner, "worker", "livevec_stream_malformed_total") == sum(reasons.values())
+        # and on the front end's /v1/stats, by reason, through the workers' reports to server 0
+        stats_url = runner.url("frontend", "http", "/v1/stats")
+        wait_until(lambda: {r: n for r, n in ((_get(stats_url) or {}).get("records_malformed") or {}).items() if n}
+                   == reasons, 30, interval=0.5,
+                   message=f"/v1/stats to count the malformed records by reason: {reasons}")
 
         # The IDs came through byte for byte, and a bundle's items (planted co-purchases) are neighbours.
         url = runner.url("frontend", "http", "/v1/similar?" + urllib.parse.urlencode({"word": "sku-tent-2p", "k": 50}))

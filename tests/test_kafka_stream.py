@@ -117,7 +117,9 @@ async def test_malformed_records_are_counted_skipped_and_committed(kafka_bootstr
 
     assert [r.text for r in collector.records] == ["good one", "good two, naïve café"]
     assert [r.offset for r in collector.records] == [0, 5]
-    assert stream.counters.malformed == {"invalid_utf8": 2, "empty": 3, "too_large": 1}
+    # a text stream never counts the JSON records' reasons
+    assert stream.counters.malformed == {"invalid_utf8": 2, "empty": 3, "too_large": 1,
+                                         "invalid_json": 0, "missing_field": 0, "wrong_type": 0}
     rendered = registry.render()
     assert 'livevec_stream_malformed_total{reason="invalid_utf8"} 2.0' in rendered
     assert "livevec_stream_records_total 2.0" in rendered

@@ -311,6 +311,7 @@ class ShardService:
         return {"workers_reporting": len(live), "kafka_lag": sum(int(r.get("lag", 0)) for r in live),
                 "workers_words_per_second": sum(float(r.get("words_per_second", 0.0)) for r in live),
                 "worker_reports": live,   # as each worker sent it: the front end shows their training signal
+                "records_malformed": summed_reasons(r.get("malformed") for r in live),
                 "epoch": self.epoch, "version": self.shard.version, "rows": len(self.shard),
                 "words": len(self.shard.words), "pulls": c.pulls, "pushes": c.pushes,
                 "keys_pulled": c.keys_pulled, "keys_pushed": c.keys_pushed,
@@ -336,3 +337,15 @@ def build(settings: ServerSettings, registry: Registry | None = None,
     server = KVServer(po, 0, service.handle_kv)
     server.set_simple_request_handle(service.handle_simple)
     return po, server, service
+
+
+def summed_reasons(counts) -> dict[str, int]:
+    """The records the live workers skipped as malformed since they started, by reason (a report without them, from
+    an older worker, or a bad one, adds nothing)."""
+    out: dict[str, int] = {}
+    for by_reason in counts:
+        if isinstance(by_reason, dict):
+            for reason, n in by_reason.items():
+                if isinstance(reason, str) and isinstance(n, int) and not isinstance(n, bool):
+                    out[reason] = out.get(reason, 0) + n
+    return out

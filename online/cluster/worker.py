@@ -533,6 +533,7 @@ class StreamingWorker:
                 log_event(log, "training_signal_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
             body = orjson.dumps({"node": self.kv.po.node_id, "lag": lag, "words_per_second": wps,
                                  "tokens": self.trainer.totals.tokens, "time": time.time(),
+                                 "malformed": dict(self.stream.counters.malformed),
                                  "training": self.signal.report()})
             try:
                 ts = self.kv.request(pc.HEAD_WORKER_REPORT, body, server0)

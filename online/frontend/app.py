@@ -297,6 +297,8 @@ async def stats(request: web.Request) -> web.Response:
         "words_trained": num("words_trained"),
         "words_per_second": num("words_per_second"),
         "kafka_lag": num("kafka_lag"),
+        "records_malformed": source_stats.get("records_malformed")
+        if isinstance(source_stats.get("records_malformed"), dict) else None,
         "training": source_stats.get("training") if isinstance(source_stats.get("training"), dict) else None,
         "sync": sync.report(),
         "source": source_stats,

@@ -263,6 +263,11 @@ def _document(settings: FrontendSettings) -> dict[str, Any]:
                 "words_trained": number_or_null,
                 "words_per_second": number_or_null,
                 "kafka_lag": number_or_null,
+                "records_malformed": {"type": "object", "nullable": True,
+                                      "additionalProperties": {"type": "integer"},
+                                      "description": "records the live workers skipped as malformed since they "
+                                                     "started, by reason (invalid_json, missing_field, ...; null: "
+                                                     "the source has none); still committed in order"},
                 "training": {"type": "object", "nullable": True,
                              "description": "the workers' training signal (null: the source has none): loss is "
                                             "the SGNS loss per sampled pair over the workers' last 30 s, "

@@ -148,6 +148,8 @@ class ParameterServerSource:
                 "rows": sum(s.get("rows", 0) for s in stats),
                 "recovering": bool(unreachable) or any(s.get("recovering") for s in stats),
                 "servers_unreachable": unreachable, "training": summarise_reports(reports),
+                "records_malformed": {r: sum(int((s.get("records_malformed") or {}).get(r, 0)) for s in stats)
+                                      for r in sorted({r for s in stats for r in (s.get("records_malformed") or {})})},
                 "checkpoint_loaded": max((s.get("checkpoint_loaded") or 0 for s in stats), default=None)}
 
     async def close(self) -> None:
