@@ -256,6 +256,19 @@ def _scan(data, ends, path, path_ends, status, start, length, items_first, items
     return n_items
 
 
+@njit(inline="always")
+def _copy(data, src, n, out, pos):
+    """``n`` bytes of ``data`` from ``src`` to ``out`` at ``pos``; returns the code points they hold (the bytes
+    that do not continue a UTF-8 sequence)."""
+    chars = 0
+    for m in range(n):
+        b = data[src + m]
+        out[pos + m] = b
+        if (b & 0xC0) != 0x80:
+            chars += 1
+    return chars
+
+
 @njit(nogil=True, cache=True)
 def _gather(data, status, start, length, items_first, items_count, item_start, item_len, out, char_start,
             char_end):
@@ -268,11 +281,7 @@ def _gather(data, status, start, length, items_first, items_count, item_start, i
         char_start[r] = chars
         st = status[r]
         if st == OK_STRING:
-            for m in range(length[r]):
-                b = data[start[r] + m]
-                out[pos + m] = b
-                if (b & 0xC0) != 0x80:
-                    chars += 1
+            chars += _copy(data, start[r], length[r], out, pos)
             pos += length[r]
         elif st == OK_LIST:
             out[pos] = 0x1E
@@ -283,11 +292,7 @@ def _gather(data, status, start, length, items_first, items_count, item_start, i
                     out[pos] = 0x1F
                     pos += 1
                     chars += 1
-                for m in range(item_len[k]):
-                    b = data[item_start[k] + m]
-                    out[pos + m] = b
-                    if (b & 0xC0) != 0x80:
-                        chars += 1
+                chars += _copy(data, item_start[k], item_len[k], out, pos)
                 pos += item_len[k]
         char_end[r] = chars
     return pos
