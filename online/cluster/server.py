@@ -22,6 +22,7 @@ import orjson
 from online.cluster import ps_commands as pc
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.replica import SYNC
+from online.cluster.training_signal import summed_reasons
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import is_input_row
 from online.learner.settings import SERVER_MODEL
@@ -337,15 +338,3 @@ def build(settings: ServerSettings, registry: Registry | None = None,
     server = KVServer(po, 0, service.handle_kv)
     server.set_simple_request_handle(service.handle_simple)
     return po, server, service
-
-
-def summed_reasons(counts) -> dict[str, int]:
-    """The records the live workers skipped as malformed since they started, by reason (a report without them, from
-    an older worker, or a bad one, adds nothing)."""
-    out: dict[str, int] = {}
-    for by_reason in counts:
-        if isinstance(by_reason, dict):
-            for reason, n in by_reason.items():
-                if isinstance(reason, str) and isinstance(n, int) and not isinstance(n, bool):
-                    out[reason] = out.get(reason, 0) + n
-    return out

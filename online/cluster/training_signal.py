@@ -227,3 +227,15 @@ def summarise_reports(reports: list[dict]) -> dict[str, Any] | None:
             "hot_row_norm_bound": HOT_ROW_NORM_BOUND, "nonfinite_batches": nonfinite_batches,
             "nonfinite_rows": nonfinite_rows, "diverging": bool(nonfinite_rows or nonfinite_batches or beyond),
             "workers": workers}
+
+
+def summed_reasons(counts) -> dict[str, int]:
+    """The records the live workers skipped as malformed since they started, by reason (a report without them, from
+    an older worker, or a bad one, adds nothing)."""
+    out: dict[str, int] = {}
+    for by_reason in counts:
+        if isinstance(by_reason, dict):
+            for reason, n in by_reason.items():
+                if isinstance(reason, str) and isinstance(n, int) and not isinstance(n, bool):
+                    out[reason] = out.get(reason, 0) + n
+    return out

@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
-from online.cluster.training_signal import summarise_reports
+from online.cluster.training_signal import summarise_reports, summed_reasons
 from online.frontend.settings import ps_node_settings
 from online.frontend.sources import ModelDelta
 from ps_bridge.structured_logging import log_event
@@ -148,8 +148,7 @@ class ParameterServerSource:
                 "rows": sum(s.get("rows", 0) for s in stats),
                 "recovering": bool(unreachable) or any(s.get("recovering") for s in stats),
                 "servers_unreachable": unreachable, "training": summarise_reports(reports),
-                "records_malformed": {r: sum(int((s.get("records_malformed") or {}).get(r, 0)) for s in stats)
-                                      for r in sorted({r for s in stats for r in (s.get("records_malformed") or {})})},
+                "records_malformed": summed_reasons(s.get("records_malformed") for s in stats),
                 "checkpoint_loaded": max((s.get("checkpoint_loaded") or 0 for s in stats), default=None)}
 
     async def close(self) -> None:
