@@ -30,7 +30,7 @@ from online.stream.security import KafkaUnreachable, check_kafka, client_options
 from online.stream.settings import (KAFKA_SECURITY, KafkaBrokerSettings, KafkaSecurity, Secret, StreamSettings,
                                     read_users_file)
 from ps_bridge.settings import SettingError
-from tests.cluster_harness import Cluster, free_port, wait_until
+from tests.cluster_harness import Cluster, free_port, read_model, wait_until
 from tests.frontend_process import running_frontend
 from tests.kafka_tls import client_env
 
@@ -421,9 +421,42 @@ def test_sasl_ssl_produce_train_serve(tmp_path, kafka_broker, kafka_tls, kafka_s
             try:
                 wait_until(lambda: seen.append(hits()) or seen[-1] >= 0.9, 60, message="planted neighbours served")
             except AssertionError as exc:
-                raise AssertionError(f"{exc}; share found {seen[-3:]}, errors {errors[-3:]}") from None
+                raise AssertionError(f"{exc}; share found {seen[-3:]}, errors {errors[-3:]}; on the servers' "
+                                     f"own model {_servers_share(cluster, planted_groups()):.3f}\n"
+                                     + _warnings(cluster, ("worker0", "server0"))) from None
         worker_log = cluster.log("worker0")
         assert "security=SASL_SSL" in worker_log.replace('"', "")
         assert kafka_tls.password not in worker_log
     finally:
         cluster.stop()
+
+
+def _servers_share(cluster: Cluster, groups: list[list[str]]) -> float:
+    """The planted neighbours' share on the model the servers hold, read directly: tells a front-end fault
+    from a training fault when the served share is low."""
+    import numpy as np
+    try:
+        model, _ = read_model(cluster)
+    except Exception as exc:   # (diagnostic only)
+        print(f"reading the servers' model failed: {exc!r}")
+        return float("nan")
+    at = {w: i for i, w in enumerate(model.words)}
+    unit = model.vectors / np.maximum(np.linalg.norm(model.vectors, axis=1, keepdims=True), 1e-12)
+    found = total = 0
+    for group in groups:
+        for word in group:
+            total += len(group) - 1
+            if word in at:
+                scores = unit @ unit[at[word]]
+                scores[at[word]] = -2.0
+                top = {model.words[i] for i in np.argsort(-scores)[:len(group) - 1]}
+                found += len(top & set(group))
+    return found / max(total, 1)
+
+
+def _warnings(cluster: Cluster, names: tuple[str, ...], last: int = 15) -> str:
+    out = []
+    for name in names:
+        lines = [line for line in cluster.log(name).splitlines() if "level=warning" in line or "level=error" in line]
+        out += [f"--- {name}"] + [line[:300] for line in lines[-last:]]
+    return "\n".join(out)
