@@ -66,6 +66,7 @@ from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStat
 
 from online.stream.batches import (MALFORMED_REASONS, Batch, OffsetTracker, StreamCounters, TextRecord,
                                    TopicPartitionKey, decode_record)
+from online.stream.client_logs import KafkaReachability, install
 from online.stream.producer import DEFAULT_WORDS_PER_RECORD, RecordBuilder, TextSource
 from online.stream.records import RecordFormat
 from online.stream.security import check_kafka, client_options
@@ -261,6 +262,8 @@ class KafkaStream(_TextStreamBase):
         self._between_generations = True   # from start or a revocation until the next assignment
         self._assignment: set[TopicPartitionKey] = set()
         self._started = False
+        self._registry = metrics
+        self.health: KafkaReachability | None = None   # the brokers answer? (online.stream.client_logs)
 
     # -- lifecycle
     async def check(self) -> None:
@@ -269,6 +272,7 @@ class KafkaStream(_TextStreamBase):
         await check_kafka(self.settings.bootstrap, self.settings.security, client_id=self.settings.client_id)
 
     async def start(self) -> None:
+        install(self.settings.client_logs)   # from the first connection on, the client's lines are summarised
         await self.check()
         options = dict(
             **client_options(self.settings.security),
@@ -289,6 +293,10 @@ class KafkaStream(_TextStreamBase):
         await self._consumer.start()
         self._consumer.subscribe(list(self.settings.topics), listener=_RebalanceListener(self))
         self._started = True
+        # aiokafka's consumer has no public accessor for its client; its metadata requests are the check
+        self.health = KafkaReachability(self._consumer._client, what="consumer", settings=self.settings.client_logs,
+                                        registry=self._registry, bootstrap=self.settings.bootstrap)
+        self.health.start()
         log_event(logger, "stream_started", bootstrap=self.settings.bootstrap, topics=",".join(self.settings.topics),
                   group=self.settings.group, security=self.settings.security.describe())
 
@@ -299,6 +307,8 @@ class KafkaStream(_TextStreamBase):
         self.exhausted = True
         with contextlib.suppress(Exception):
             await self.commit()
+        if self.health is not None:
+            await self.health.stop()
         await self._consumer.stop()
         log_event(logger, "stream_stopped", group=self.settings.group, records=self.counters.records,
                   malformed=self.counters.malformed_total, commits=self.counters.commits)
@@ -324,6 +334,8 @@ class KafkaStream(_TextStreamBase):
                 return None
             raw = [(tp.topic, tp.partition, r.offset, r.value) for tp, records in fetched.items() for r in records]
             if raw:
+                if self.health is not None:
+                    self.health.saw_records()
                 return self._build_batch(raw)   # records may be empty (all malformed): see the module docstring
             if time.monotonic() >= deadline:
                 return None

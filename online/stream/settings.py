@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from online.stream.client_logs import KAFKA_CLIENT_LOGS, ClientLogSettings
 from online.stream.records import RECORDS, RecordFormat
 from ps_bridge.settings import Setting, SettingError, SettingGroup, namespace
 
@@ -103,7 +104,7 @@ KAFKA_SECURITY = SettingGroup("Kafka security", (
             help="https: the broker's certificate must name the host connected to; none: do not check"),
 ))
 
-STREAM = (KAFKA, KAFKA_SECURITY, CONSUMER, RECORDS)
+STREAM = (KAFKA, KAFKA_SECURITY, CONSUMER, RECORDS, KAFKA_CLIENT_LOGS)
 
 
 class Secret:
@@ -235,12 +236,13 @@ class StreamSettings:
     client_id: str = "livevec"
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
     records: RecordFormat = field(default_factory=RecordFormat)
+    client_logs: ClientLogSettings = field(default_factory=ClientLogSettings)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> "StreamSettings":
         env = os.environ if env is None else env
         values = {**KAFKA.read(args, env), **CONSUMER.read(args, env), "security": KafkaSecurity.from_args(args, env),
-                  "records": RecordFormat.from_args(args, env)}
+                  "records": RecordFormat.from_args(args, env), "client_logs": ClientLogSettings.from_args(args, env)}
         validate_bootstrap(values["bootstrap"])
         values["topics"] = parse_topics(values["topics"])
         if not values["topics"]:
@@ -257,7 +259,7 @@ class StreamSettings:
         unknown = set(flags) - set(cls.__dataclass_fields__)
         if unknown:
             raise TypeError(f"unknown StreamSettings field {sorted(unknown)[0]!r}")
-        objects = {k: v for k in ("security", "records") if (v := flags.pop(k, None)) is not None}
+        objects = {k: v for k in ("security", "records", "client_logs") if (v := flags.pop(k, None)) is not None}
         settings = cls.from_args(namespace(**flags), env)
         return dataclasses.replace(settings, **objects) if objects else settings
 
