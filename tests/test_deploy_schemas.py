@@ -158,3 +158,22 @@ def test_other_topologies_render_valid_documents(marathon_validators, metronome_
     assert _errors(metronome_validator, marathon.render_metronome_job(topology)) == []
     for obj in k8s.render_objects(topology):
         assert _errors(k8s_validators[(obj["apiVersion"], obj["kind"])], obj) == []
+
+
+def test_the_secured_render_validates_on_both_platforms(marathon_validators, k8s_validators):
+    """``--secure all`` adds secret volumes, mounts, variables and HTTPS probes: still valid objects."""
+    from online.deployment.secrets import parse_secure
+
+    secured = default_topology().with_secure(parse_secure("all"))
+    group_validator, app_validator = marathon_validators
+    group = marathon.render_group(secured)
+    assert _errors(group_validator, group) == []
+    for app in group["apps"]:
+        assert _errors(app_validator, app) == [], app["id"]
+    objects = k8s.render_objects(secured)
+    assert any(v.get("secret", {}).get("secretName") == "livevec-ps-curve"
+               for o in objects if o["kind"] in ("Deployment", "StatefulSet")
+               for v in o["spec"]["template"]["spec"]["volumes"])
+    for obj in objects:
+        validator = k8s_validators[(obj["apiVersion"], obj["kind"])]
+        assert _errors(validator, obj) == [], f"{obj['kind']}/{obj['metadata']['name']}"

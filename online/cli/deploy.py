@@ -35,6 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--image", default="livevec:0.1.0", help="container image")
         p.add_argument("--kafka-bootstrap", default=None,
                        help="Kafka bootstrap for the rendered target (default: a placeholder per platform)")
+        p.add_argument("--secure", default="", metavar="curve,token,tls|all",
+                       help="also mount these secrets and point the settings at them: curve (the CurveZMQ keys of "
+                            "every ps node), token (the front end's API token), tls (its certificate and key; its "
+                            "probes use HTTPS); see the runbook, section 10")
         p.add_argument("--kafka-partitions", type=int, default=8,
                        help="partitions of the topic: the workers' autoscaling ceiling")
 
@@ -90,12 +94,19 @@ def _topology(args):
     for flag in ("servers", "workers", "frontends", "kafka_partitions", "workers_per_pod"):
         if getattr(args, flag) < (1 if flag in ("servers", "kafka_partitions", "workers_per_pod") else 0):
             raise SettingError(f"--{flag.replace('_', '-')}", f"must be positive, got {getattr(args, flag)}")
+    from online.deployment.secrets import parse_secure
+
     try:
-        return default_topology(servers=args.servers, workers=args.workers, frontends=args.frontends,
-                                image=args.image, kafka_partitions=args.kafka_partitions,
-                                workers_per_pod=args.workers_per_pod, **kwargs)
+        secure = parse_secure(args.secure)
+    except ValueError as exc:
+        raise SettingError("--secure", str(exc)) from None
+    try:
+        topology = default_topology(servers=args.servers, workers=args.workers, frontends=args.frontends,
+                                    image=args.image, kafka_partitions=args.kafka_partitions,
+                                    workers_per_pod=args.workers_per_pod, **kwargs)
     except ValueError as exc:   # the only count the topology itself refuses
         raise SettingError("--workers-per-pod", str(exc)) from None
+    return topology.with_secure(secure)
 
 
 def _render_files(target: str, topology) -> dict[str, str]:

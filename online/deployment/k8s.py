@@ -26,6 +26,7 @@ import math
 import shlex
 from dataclasses import replace
 
+from online.deployment.secrets import SecretFiles
 from online.deployment.topology import Check, Role, Topology
 
 APP_LABEL = "app.kubernetes.io/name"
@@ -60,10 +61,10 @@ def _port_name(name: str, index: int) -> str:
     return name if index == 0 else f"{name}-{index}"
 
 
-def _probe(check: Check, *, failure_threshold: int | None = None, index: int = 0) -> dict:
+def _probe(check: Check, *, failure_threshold: int | None = None, index: int = 0, https: bool = False) -> dict:
     port = _port_name(check.port_name, index)
     if check.kind == "http":
-        action = {"httpGet": {"path": check.path, "port": port}}
+        action = {"httpGet": {"path": check.path, "port": port, **({"scheme": "HTTPS"} if https else {})}}
     else:
         action = {"tcpSocket": {"port": port}}
     return {
@@ -74,10 +75,11 @@ def _probe(check: Check, *, failure_threshold: int | None = None, index: int = 0
     }
 
 
-def _startup_probe(check: Check, index: int = 0) -> dict:
+def _startup_probe(check: Check, index: int = 0, https: bool = False) -> dict:
     """Holds off liveness for the Marathon grace period (image pull + model load)."""
     period = 10
-    probe = _probe(check, failure_threshold=max(1, math.ceil(check.grace_period_seconds / period)), index=index)
+    probe = _probe(check, failure_threshold=max(1, math.ceil(check.grace_period_seconds / period)), index=index,
+                   https=https)
     probe["periodSeconds"] = period
     return probe
 
@@ -86,15 +88,14 @@ def _shared_volume(topology: Topology) -> dict:
     return {"name": "shared", "persistentVolumeClaim": {"claimName": topology.shared.claim_name}}
 
 
-def _kafka_credentials_volume(topology: Topology) -> dict:
-    """The Secret with Kafka's SASL password and CA (``kubectl create secret generic livevec-kafka
-    --from-file=password --from-file=ca.pem``). Optional: a plaintext cluster needs none. Readable by the
-    pod's group (fsGroup), not by others."""
-    credentials = topology.kafka_credentials
-    return {"name": "kafka-credentials", "secret": {
-        "secretName": credentials.secret_name, "optional": True, "defaultMode": 0o440,
-        "items": [{"key": credentials.password_file, "path": credentials.password_file},
-                  {"key": credentials.ca_file, "path": credentials.ca_file}]}}
+def _secret_volume(secret: SecretFiles, role: Role) -> dict:
+    """A Secret's files that the role reads, and only those (``items``: a worker pod holds no server key).
+    Kafka's is optional, since its variables are inert until the protocol asks for them; the others are
+    rendered only when asked for, so a missing one must stop the pod, not start it unsecured. Readable by
+    the pod's group (fsGroup), not by others."""
+    return {"name": secret.name, "secret": {
+        "secretName": secret.secret_name, **({"optional": True} if secret.always else {}), "defaultMode": 0o440,
+        "items": [{"key": name, "path": name} for name in secret.files(role.name)]}}
 
 
 def _host_replica_volume(role: Role) -> dict:
@@ -116,9 +117,8 @@ def _container(topology: Topology, role: Role, index: int = 0) -> dict:
     if role.mounts_shared:
         mounts.append({"name": "shared", "mountPath": topology.shared.container_path,
                        **({"readOnly": True} if role.shared_read_only else {})})
-    if role.kafka_client:
-        mounts.append({"name": "kafka-credentials", "mountPath": topology.kafka_credentials.mount_path,
-                       "readOnly": True})
+    mounts += [{"name": secret.name, "mountPath": secret.mount_path, "readOnly": True}
+               for secret in topology.secrets(role)]
     if role.host_replica is not None:
         mounts.append({"name": role.host_replica.volume, "mountPath": role.host_replica.pod_path})
     request = role.resources.pod_request_mib(role.per_pod)
@@ -146,13 +146,14 @@ def _container(topology: Topology, role: Role, index: int = 0) -> dict:
         },
     }
     if role.health is not None:
-        container["startupProbe"] = _startup_probe(role.health, index)
-        container["livenessProbe"] = _probe(role.health, index=index)
+        https = topology.https(role)   # (the front end's port speaks HTTPS only with its TLS secret)
+        container["startupProbe"] = _startup_probe(role.health, index, https)
+        container["livenessProbe"] = _probe(role.health, index=index, https=https)
         # Without an explicit readiness check, a role is ready when its metrics endpoint
         # says so (ps_bridge.metrics serves /ready next to /health).
         readiness = role.readiness or (replace(role.health, path="/ready") if role.health.kind == "http"
                                        else role.health)
-        container["readinessProbe"] = _probe(readiness, failure_threshold=1, index=index)
+        container["readinessProbe"] = _probe(readiness, failure_threshold=1, index=index, https=https)
     return container
 
 
@@ -165,7 +166,7 @@ def _pod_template(topology: Topology, role: Role, *, anti_affinity: bool) -> dic
         },
         "containers": [_container(topology, role, i) for i in range(role.per_pod)],
         "volumes": [{"name": "tmp", "emptyDir": {}}] + ([_shared_volume(topology)] if role.mounts_shared else [])
-        + ([_kafka_credentials_volume(topology)] if role.kafka_client else [])
+        + [_secret_volume(secret, role) for secret in topology.secrets(role)]
         + ([_host_replica_volume(role)] if role.host_replica is not None else []),
     }
     if anti_affinity:

@@ -28,9 +28,9 @@ def task_command(role: Role) -> str:
     return " ".join([*assignments, "exec", role.command])
 
 
-def _health_check(role: Role, check: Check) -> dict:
+def _health_check(role: Role, check: Check, https: bool = False) -> dict:
     hc: dict = {
-        "protocol": "MESOS_HTTP" if check.kind == "http" else "MESOS_TCP",
+        "protocol": ("MESOS_HTTPS" if https else "MESOS_HTTP") if check.kind == "http" else "MESOS_TCP",
         "portIndex": role.port_index(check.port_name),
         "gracePeriodSeconds": check.grace_period_seconds,
         "intervalSeconds": check.interval_seconds,
@@ -60,12 +60,12 @@ def render_app(topology: Topology, role: Role) -> dict:
                 "containerPath": topology.shared.container_path,
                 "hostPath": topology.shared.host_path,
                 "mode": "RO" if role.shared_read_only else "RW",
-            }] if role.mounts_shared else []) + ([{
-                # Kafka's password and CA, a directory on every agent (KafkaCredentials)
-                "containerPath": topology.kafka_credentials.mount_path,
-                "hostPath": topology.kafka_credentials.host_path,
+            }] if role.mounts_shared else []) + [{
+                # A secret directory on every agent (online.deployment.secrets)
+                "containerPath": secret.mount_path,
+                "hostPath": secret.host_path,
                 "mode": "RO",
-            }] if role.kafka_client else []) + ([{
+            } for secret in topology.secrets(role)] + ([{
                 # The agent's shared memory over the container's private one: the workers of one agent share
                 # a replica there (HostReplica)
                 "containerPath": role.host_replica.host_path,
@@ -94,11 +94,11 @@ def render_app(topology: Topology, role: Role) -> dict:
         "killSelection": "YOUNGEST_FIRST",
     }
     if role.health is not None:
-        app["healthChecks"] = [_health_check(role, role.health)]
+        app["healthChecks"] = [_health_check(role, role.health, topology.https(role))]
     if role.readiness is not None:
         app["readinessChecks"] = [{
             "name": "model-loaded",
-            "protocol": "HTTP",
+            "protocol": "HTTPS" if topology.https(role) else "HTTP",
             "path": role.readiness.path,
             "portName": role.readiness.port_name,
             "intervalSeconds": role.readiness.interval_seconds,

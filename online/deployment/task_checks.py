@@ -11,6 +11,7 @@ instead of ``intervalSeconds``, so waiting for health is quick.
 from __future__ import annotations
 
 import socket
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
@@ -87,8 +88,11 @@ def probe(hc: Mapping, *, host: str, ports: Sequence[int], port_names: Sequence[
         if protocol.endswith("TCP"):
             with socket.create_connection((host, port), timeout=timeout):
                 return True
-        url = f"http://{host}:{port}{hc.get('path', '/')}"
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        if "HTTPS" in protocol:   # like Mesos and Marathon, HTTPS checks do not verify the certificate
+            url, context = f"https://{host}:{port}{hc.get('path', '/')}", ssl._create_unverified_context()
+        else:
+            url, context = f"http://{host}:{port}{hc.get('path', '/')}", None
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
             codes = hc.get("httpStatusCodesForReady")
             return resp.status in codes if codes else 200 <= resp.status < 400
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired, urllib.error.URLError):

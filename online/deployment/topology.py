@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from online.deployment.sizing import Capacity, Resources, round_up, size_resources
+from online.deployment.secrets import SECRETS, SecretFiles
 
 Platform = Literal["marathon", "k8s"]
 Workload = Literal["singleton", "shards", "elastic", "replicated", "example"]
@@ -128,29 +129,6 @@ class HostReplica:
 
 
 @dataclass(frozen=True)
-class KafkaCredentials:
-    """Where Kafka's TLS and SASL secrets reach the roles that talk to Kafka (workers, the producer).
-
-    One directory holding ``password`` (the SASL password) and ``ca.pem`` (the CA that signs the brokers'
-    certificates), mounted read-only at ``mount_path``: on Kubernetes from the Secret ``secret_name``
-    (optional, so a plaintext cluster needs none), on Marathon from ``host_path``, a directory your
-    configuration management puts on every agent (DC/OS Enterprise can inject its secret store instead, see
-    the runbook). The environment points the settings at those files; ``LIVEVEC_KAFKA_SECURITY_PROTOCOL``
-    alone turns them on (with PLAINTEXT the client reads none of them).
-    """
-
-    secret_name: str = "livevec-kafka"
-    mount_path: str = "/etc/livevec/kafka"
-    host_path: str = "/etc/livevec/kafka"
-    password_file: str = "password"
-    ca_file: str = "ca.pem"
-
-    def env(self) -> dict[str, str]:
-        return {"LIVEVEC_KAFKA_SASL_PASSWORD_FILE": f"{self.mount_path}/{self.password_file}",
-                "LIVEVEC_KAFKA_SSL_CA_FILE": f"{self.mount_path}/{self.ca_file}"}
-
-
-@dataclass(frozen=True)
 class Upgrade:
     minimum_health_capacity: float
     maximum_over_capacity: float
@@ -213,7 +191,6 @@ class Role:
     kill_grace_seconds: int = 30
     autoscale: Autoscale | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-    kafka_client: bool = False   # mounts the Kafka credentials (KafkaCredentials)
     host_replica: HostReplica | None = None
     # Kubernetes: processes of this role in one pod, each its own container (and ps-lite node and Kafka
     # consumer) on its own ports: what shares a host replica there. Counts stay in processes.
@@ -249,7 +226,8 @@ class Topology:
     shared: SharedStorage = SharedStorage()
     export: ExportJob = ExportJob()
     capacity: Capacity = Capacity()
-    kafka_credentials: KafkaCredentials = KafkaCredentials()
+    # The optional secrets rendered (online.deployment.secrets: "curve", "token", "tls"); Kafka's always are.
+    secure: frozenset[str] = frozenset()
     kafka_partitions: int = 8
     cluster_domain: str = "cluster.local"
     # Values that differ by platform, e.g. the Kafka bootstrap address of each cluster.
@@ -307,11 +285,22 @@ class Topology:
 
     def role_env(self, r: Role, platform: Platform) -> dict[str, str]:
         """What one role adds to the cluster's environment (on Kubernetes, the container's own env)."""
-        env = dict(self.kafka_credentials.env()) if r.kafka_client else {}
+        env: dict[str, str] = {}
+        for secret in self.secrets(r):
+            env.update(secret.role_env(r.name))
         if r.host_replica is not None:
             env["LIVEVEC_HOST_REPLICA"] = r.host_replica.path(platform)
         env.update(r.env)
         return dict(sorted(env.items()))
+
+    def secrets(self, r: Role) -> list[SecretFiles]:
+        """The secret directories mounted into role ``r`` (online.deployment.secrets)."""
+        return [secret for key, secret in SECRETS.items()
+                if r.name in secret.roles and (secret.always or key in self.secure)]
+
+    def https(self, r: Role) -> bool:
+        """Whether the role's HTTP port speaks HTTPS only (its probes must too)."""
+        return any(secret.https for secret in self.secrets(r))
 
     def env(self, role: str, platform: Platform) -> dict[str, str]:
         """The static environment of one role (without the per-task host and ports)."""
@@ -344,6 +333,13 @@ class Topology:
                     r.autoscale, min_replicas=n, max_replicas=max(r.autoscale.max_replicas, n))
             roles.append(dataclasses.replace(r, **changes))
         return dataclasses.replace(self, roles=tuple(roles))
+
+    def with_secure(self, secure: frozenset[str]) -> Topology:
+        """Render the optional secrets in ``secure`` ("curve", "token", "tls"): their mounts and variables."""
+        unknown = set(secure) - (set(SECRETS) - {key for key, s in SECRETS.items() if s.always})
+        if unknown:
+            raise ValueError(f"no optional secret named {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, secure=frozenset(secure))
 
     def with_per_pod(self, role: str, n: int) -> Topology:
         """Kubernetes: put ``n`` of the role's processes in each pod (they share its host replica)."""
@@ -410,7 +406,7 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         "LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "LIVEVEC_KAFKA_TOPICS": kafka_topic,
         "LIVEVEC_KAFKA_GROUP": kafka_group,
-        # Kafka's TLS and SASL: SASL_SSL turns on what the workers' mounted credentials hold (KafkaCredentials);
+        # Kafka's TLS and SASL: SASL_SSL turns on what the workers' mounted credentials hold (secrets.KAFKA);
         # the mechanism and user are read only then.
         "LIVEVEC_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT",
         "LIVEVEC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
@@ -494,7 +490,6 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         kill_grace_seconds=30,  # finish in-flight batches and commit offsets
         autoscale=Autoscale(min_replicas=workers, max_replicas=max(kafka_partitions, workers)),
         labels={"livevec.role": "worker"},
-        kafka_client=True,
         host_replica=HostReplica(capacity.host_replica_mib),
     )
     frontend = Role(
@@ -535,7 +530,6 @@ def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
         constraints=(moosefs,),
         backoff=Backoff(10, 1.0, 10),
         labels={"livevec.role": "producer-example"},
-        kafka_client=True,
     )
     return Topology(
         roles=(scheduler, server, worker, frontend, producer),
