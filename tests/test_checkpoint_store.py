@@ -214,6 +214,7 @@ def test_cli_list_verify_export(tmp_path):
 class _Node:
     """The little of a server's Postoffice that its checkpoint side asks for."""
     rank, num_servers = 0, 1
+    registry = Registry()
 
     def ready(self) -> bool:
         return False

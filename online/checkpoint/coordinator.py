@@ -18,6 +18,17 @@ Rollbacks always win over checkpoints: no checkpoint is taken while one is pendi
 checkpoint whose workers report a rebalance since their last rollback (``dirty``) is
 abandoned in favour of a rollback, so a checkpoint can never capture a state that is not
 exactly "records before its offsets, each once".
+
+**Storage faults** (the directory is a shared file system: a MooseFS master or chunkserver
+down, a mount gone or read-only, a full disk) never stop training. Every call on the store has
+a deadline (``LIVEVEC_CHECKPOINT_IO_TIMEOUT``), so the coordinator cannot hang with a dead
+mount. Before pausing the workers it probes the directory (a small write); a checkpoint whose
+probe, shard writes or manifest fail is aborted without a manifest and its directory removed,
+so it is never taken as the latest. While storage is failing, a probe every
+``STORAGE_RETRY`` seconds (no pause) finds it back and a checkpoint is taken at once; a server
+that could not write is retried with a backoff up to the interval. A rollback whose store
+cannot be read waits (the workers stay paused) rather than restore an empty model.
+``online.checkpoint.storage_health`` turns the outage into a metric and rate-limited log lines.
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ from pathlib import Path
 import orjson
 
 from online.checkpoint.settings import CoordinatorSettings
+from online.checkpoint.storage_health import StorageHealth, describe
 from online.checkpoint.store import Checkpoint, CheckpointStore, offsets_from_json, offsets_to_json
 from online.cluster import ps_commands as pc
 from online.cluster.scheduler import SchedulerExtension
@@ -64,12 +76,17 @@ class CheckpointCoordinator(SchedulerExtension):
     ROLLBACK_DELAY = 0.5      # seconds to gather rollback requests into one
     RETRY_DELAY = 1.0         # seconds between attempts of a rollback that could not complete
     STATS_INTERVAL = 2.0      # seconds between reads of server 0's ledger (record trigger)
+    STORAGE_RETRY = 2.0       # seconds between probes of a failing checkpoint directory
 
     def __init__(self, po: Postoffice, settings: CoordinatorSettings, registry: Registry | None = None):
         self.po = po
         self.settings = settings
-        self.store = CheckpointStore(settings.checkpoint_dir)
-        self.store.ensure()
+        self.store = CheckpointStore(settings.checkpoint_dir, io_timeout=settings.io_timeout)
+        self.store.ensure()   # the one place the directory is created: afterwards a missing root is a lost mount
+        self.store.create = False
+        self.storage = StorageHealth(registry or po.registry, str(self.store.root))
+        self._storage_retry_at = 0.0      # while storage fails: next probe
+        self._write_backoff = 0.0         # after servers failed to write: seconds until the next attempt
         self.app = SimpleApp(po, 0)
         self.app.set_simple_request_handle(self._on_request)
         po.membership_listeners.append(self._on_membership)
@@ -98,7 +115,10 @@ class CheckpointCoordinator(SchedulerExtension):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.base = self.store.latest_complete()
+        try:
+            self.base = self.store.latest_complete()
+        except OSError as exc:   # the rollback it starts with waits for the store
+            self.storage.failed("read", exc)
         if self.base is not None:
             self.metrics.last_id.set(self.base.id)
             self.metrics.bytes.set(self.base.bytes)
@@ -193,28 +213,52 @@ class CheckpointCoordinator(SchedulerExtension):
         with self._lock:
             if self._rollback_reasons:
                 return
-        if now >= self._next_files:
+        if now >= self._next_files and self.storage.ok:
             self._next_files = now + 1.0
-            for path in self.store.pending_requests():
-                self.request_checkpoint("livevec checkpoint now", path)
-                path.rename(path.with_suffix(".taken"))
+            try:
+                for path in self.store.pending_requests():
+                    self.request_checkpoint("livevec checkpoint now", self.store.take_request(path))
+            except OSError as exc:
+                self.storage.failed("requests", exc)
+                self._storage_retry_at = now + self.STORAGE_RETRY
+        if not self.storage.ok and now >= self._storage_retry_at:
+            self._storage_retry_at = now + self.STORAGE_RETRY
+            if self._probe() and self._write_backoff == 0.0:
+                self.request_checkpoint("checkpoint directory back")
         reason = self._checkpoint_due(now)
         if reason is not None:
             with self._lock:
                 requests, self._checkpoint_requests = self._checkpoint_requests, []
-            if not requests and self._nothing_trained_since_base():
+            if not requests and reason != "retry after a failed write" and self._nothing_trained_since_base():
                 self._last_checkpoint_at = now   # an idle cluster writes no identical checkpoints
                 return
             result = self._checkpoint(reason)
             for _, answer in requests:
                 if answer is not None:
-                    self.store.answer_request(answer.with_suffix(".json"), result)
+                    try:
+                        self.store.answer_request(answer.with_suffix(".json"), result)
+                    except OSError as exc:
+                        self.storage.failed("requests", exc)
+
+    def _probe(self) -> bool:
+        """Whether the directory takes a small write now (bounded); the outage's state follows."""
+        try:
+            self.store.probe()
+        except OSError as exc:
+            self.storage.failed("probe", exc)
+            return False
+        if self._write_backoff == 0.0:
+            self.storage.succeeded()
+        return True
 
     def _checkpoint_due(self, now: float) -> str | None:
         with self._lock:
             if self._checkpoint_requests:
                 return self._checkpoint_requests[0][0]
         s = self.settings
+        if self._write_backoff and (s.interval > 0 or s.records > 0) and \
+                now - self._last_checkpoint_at >= self._write_backoff:
+            return "retry after a failed write"
         if s.interval > 0 and now - self._last_checkpoint_at >= s.interval:
             return "interval"
         if s.records > 0 and now >= self._next_stats:
@@ -309,9 +353,14 @@ class CheckpointCoordinator(SchedulerExtension):
         if self.dead_servers:
             self.metrics.checkpoints["aborted"].inc()
             return {"ok": False, "error": f"servers {sorted(self.dead_servers)} are dead"}
-        ckpt_id = self.store.next_id()
         t0 = time.monotonic()
         self._last_checkpoint_at = t0
+        # Checked before the workers pause: a directory that takes no writes costs training nothing.
+        try:
+            self.store.probe()
+            ckpt_id = self.store.next_id()
+        except OSError as exc:
+            return self._storage_abort(None, "probe", exc, reason)
         workers = self.po.worker_ids()
         # A worker that dies during the pause must abort the checkpoint (not be left out of it): its
         # last batch may be half applied, which only the rollback its death triggers can undo.
@@ -351,14 +400,22 @@ class CheckpointCoordinator(SchedulerExtension):
             return {"ok": False, "error": problem}
         self.trainers |= set(trainers)
         t1 = time.monotonic()
-        self.store.prepare(ckpt_id)
+        try:
+            self.store.prepare(ckpt_id)
+        except OSError as exc:
+            return self._storage_abort(ckpt_id, "mkdir", exc, reason)
         # A server killed mid-write is relaunched under its id, so its request never fails: without
         # giving up on the rollback its death causes, this waited out the 600 s while the cluster trained
         # against an empty server. The checkpoint then fails (it is incomplete) and the rollback goes on.
         written = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "write"}, servers, 600,
                             give_up_on_rollback=True)
         if any(a is None or not a.get("ok") for a in written.values()):
+            storage = [a for a in written.values() if a and a.get("storage")]
+            if storage:   # the servers' file system failed: the outage's lines, not one ERROR per attempt
+                return self._storage_abort(ckpt_id, "write shard", OSError(storage[0].get("errno") or 0,
+                                                                           storage[0].get("error", "")), reason)
             self.metrics.checkpoints["failed"].inc()
+            self.store.discard(ckpt_id)
             log_event(log, "checkpoint_failed", logging.ERROR, id=ckpt_id, answers=str(written)[:500])
             return {"ok": False, "error": "servers did not write their shards", "id": ckpt_id}
         offsets = offsets_from_json(self.base.offsets) if self.base is not None else {}
@@ -373,10 +430,19 @@ class CheckpointCoordinator(SchedulerExtension):
                     "reading": next((a["reading"] for a in trainers.values() if a.get("reading")), None),
                     "previous": self.base.id if self.base is not None else None}
         manifest["write_seconds"] = round(time.monotonic() - t1, 4)
-        ckpt = self.store.write_manifest(ckpt_id, manifest)
+        try:
+            ckpt = self.store.write_manifest(ckpt_id, manifest)
+        except OSError as exc:
+            return self._storage_abort(ckpt_id, "write manifest", exc, reason)
         self.base = ckpt
+        self._write_backoff = 0.0
+        self.storage.succeeded(id=ckpt_id)
         self._records_at_checkpoint = ledger.get("records", self._records_at_checkpoint)
-        removed = self.store.prune(self.settings.keep)
+        try:
+            removed = self.store.prune(self.settings.keep)
+        except OSError as exc:   # the checkpoint is complete; older ones go at the next success
+            self.storage.failed("prune", exc)
+            removed = []
         total = time.monotonic() - t0
         self.metrics.checkpoints["done"].inc()
         self.metrics.write.observe(time.monotonic() - t1)
@@ -392,6 +458,21 @@ class CheckpointCoordinator(SchedulerExtension):
                   write_ms=round((time.monotonic() - t1) * 1e3, 1), bytes=ckpt.bytes, workers=len(trainers),
                   records=ledger.get("records"), pruned=",".join(map(str, removed)) or "-")
         return {"ok": True, **self.last_checkpoint}
+
+    def _storage_abort(self, ckpt_id: int | None, op: str, exc: BaseException, reason: str) -> dict:
+        """A checkpoint the directory did not take: no manifest, its directory removed (when the file
+        system lets us), one counted failure, and a retry soon."""
+        self.metrics.checkpoints["failed" if ckpt_id is not None else "aborted"].inc()
+        removed = self.store.discard(ckpt_id) if ckpt_id is not None else None
+        self.storage.failed(op, exc, id=ckpt_id, checkpoint_reason=reason, removed=removed)
+        now = time.monotonic()
+        self._storage_retry_at = now + self.STORAGE_RETRY
+        if op == "write shard":   # only the servers see their mounts: retry the whole checkpoint, backing off
+            cap = self.settings.interval if self.settings.interval > 0 else 60.0
+            self._write_backoff = min(max(2 * self._write_backoff, self.STORAGE_RETRY), cap)
+        else:
+            self._write_backoff = 0.0
+        return {"ok": False, "error": f"checkpoint directory failed ({op}): {describe(exc)}", "id": ckpt_id}
 
     # ------------------------------------------------------------------ rollback
     def _rollback(self, reasons: list[str]) -> bool:
@@ -410,7 +491,11 @@ class CheckpointCoordinator(SchedulerExtension):
             log_event(log, "rollback_waiting", reason=why, waiting_for=f"workers {failed} to pause and fence")
             return False
         trainers = sorted(n for n, a in answers.items() if a and a.get("trainer"))
-        target = self.store.latest_complete()
+        try:   # a store it cannot read is not a store without checkpoints: wait, never restore an empty model
+            target = self.store.latest_complete()
+        except OSError as exc:
+            self.storage.failed("read", exc, rollback=why)
+            return False
         target_id = target.id if target is not None else None
         for phase, timeout in (("prepare", 600.0), ("install", 60.0)):
             loads = self._ask(pc.HEAD_ROLLBACK_LOAD, {"id": target_id, "phase": phase}, servers, timeout,

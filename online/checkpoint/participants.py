@@ -49,8 +49,9 @@ import time
 
 import orjson
 
+from online.checkpoint.storage_health import StorageHealth, describe
 from online.checkpoint.store import (CheckpointError, CheckpointStore, offsets_from_json, offsets_to_json,
-                                     read_shard_file, restore_shard, snapshot_shard, write_shard_file)
+                                     restore_shard, snapshot_shard)
 from online.cluster import ps_commands as pc
 from online.cluster.server import ServerExtension
 from online.cluster.worker import WorkerExtension
@@ -119,8 +120,11 @@ class ServerCheckpointing(ServerExtension):
     """Save, load and fence on one ``livevec server`` (its extension when ``LIVEVEC_CHECKPOINT_DIR``
     is set). ``tick()`` runs every second on the main thread."""
 
-    def __init__(self, checkpoint_dir: str, po: Postoffice):
-        self.store = CheckpointStore(checkpoint_dir)
+    def __init__(self, checkpoint_dir: str, po: Postoffice, io_timeout: float | None = 120.0):
+        # create=False: the coordinator makes the directory; a server whose mount is gone must fail
+        # its writes, not write into an empty local directory under the mount point.
+        self.store = CheckpointStore(checkpoint_dir, io_timeout=io_timeout, create=False)
+        self.storage = StorageHealth(po.registry, checkpoint_dir)
         self.po = po
         self.service = None                   # the ShardService, once attached
         self.ledger = BatchLedger()
@@ -249,14 +253,17 @@ class ServerCheckpointing(ServerExtension):
             if snap is None or snap[0] != ckpt_id:
                 raise CheckpointError(f"no snapshot for checkpoint {ckpt_id}")
             t0 = time.perf_counter()
-            path = self.store.prepare(ckpt_id) / f"server-{self._rank()}.npz"
-            entry = write_shard_file(path, snap[1])
+            path, entry = self.store.write_shard(ckpt_id, self._rank(), snap[1])
             self._snapshot = None
             self.saved_id = ckpt_id
             seconds = time.perf_counter() - t0
+            self.storage.succeeded(id=ckpt_id, rank=self._rank())
             log_event(log, "shard_written", id=ckpt_id, rank=self._rank(), rows=entry["rows"], bytes=entry["bytes"],
                       ms=round(seconds * 1e3, 1))
             app.response(req, orjson.dumps({"ok": True, "file": path.name, "seconds": seconds, **entry}))
+        except OSError as exc:   # the file system: counted and told once per outage (storage_health)
+            self.storage.failed("write shard", exc, id=ckpt_id, rank=self._rank())
+            app.response(req, orjson.dumps({"ok": False, "storage": True, "errno": exc.errno, "error": describe(exc)}))
         except Exception as exc:   # answered, never fatal: the checkpoint stays incomplete
             log_event(log, "shard_write_failed", logging.ERROR, id=ckpt_id, error=f"{type(exc).__name__}: {exc}")
             app.response(req, orjson.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
@@ -278,13 +285,13 @@ class ServerCheckpointing(ServerExtension):
                       word_capacity=old.word_counts.capacity)
         if ckpt_id is None:
             return None, restore_shard([], **params), {}
-        ckpt = self.store.verify(ckpt_id)
+        ckpt = self.store.verify(ckpt_id)   # only a verified checkpoint is read
         rank = self._rank()
         if ckpt.num_servers == self.po.num_servers:
-            states = [read_shard_file(ckpt.shard_path(rank))]
+            states = [self.store.read_shard(ckpt, rank)]
             meta = dict(states[0].meta)
         else:   # written by another number of servers: take the rows of my key range from every file
-            states = [read_shard_file(ckpt.shard_path(r)) for r in range(ckpt.num_servers)]
+            states = [self.store.read_shard(ckpt, r) for r in range(ckpt.num_servers)]
             meta = {"tokens_counted": sum(int(s.meta.get("tokens_counted", 0)) for s in states) if rank == 0 else 0,
                     "ledger": next((s.meta.get("ledger") for s in states if s.meta.get("rank") == 0), None)}
         shard = restore_shard(states, key_range=self._key_range(), **params)

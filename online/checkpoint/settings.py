@@ -22,8 +22,16 @@ CHECKPOINT_DIR = Setting(
     help="where coordinated checkpoints live, shared by the scheduler, the servers and the workers "
          "(unset: no checkpoints)")
 
-# What a server and a worker read: the directory alone (it switches their side on).
-CHECKPOINTS = SettingGroup("checkpoints", (CHECKPOINT_DIR,))
+# A dead FUSE mount (a MooseFS master or chunkserver gone) can hang a write forever: every call on
+# the directory gets this long, then counts as a storage failure (the checkpoint is aborted).
+IO_TIMEOUT = Setting(
+    "io_timeout", "LIVEVEC_CHECKPOINT_IO_TIMEOUT", float, 120.0, minimum=0.5, metavar="SECONDS",
+    flags=("--checkpoint-io-timeout",),
+    help="seconds any call on the checkpoint directory (a shard write, a manifest, a listing) may take "
+         "before it counts as a storage failure")
+
+# What a server and a worker read: the directory (it switches their side on) and the deadline of its calls.
+CHECKPOINTS = SettingGroup("checkpoints", (CHECKPOINT_DIR, IO_TIMEOUT))
 
 COORDINATOR = SettingGroup("checkpoints (the coordinator runs when a directory is set)", (
     CHECKPOINT_DIR,
@@ -35,6 +43,7 @@ COORDINATOR = SettingGroup("checkpoints (the coordinator runs when a directory i
             flags=("--checkpoint-keep",), help="complete checkpoints kept"),
     Setting("pause_timeout", "LIVEVEC_CHECKPOINT_PAUSE_TIMEOUT", float, 30.0, minimum=0.5, metavar="SECONDS",
             flags=("--checkpoint-pause-timeout",), help="seconds workers get to pause"),
+    IO_TIMEOUT,
 ))
 
 # ``livevec checkpoint`` works on the directory alone, named by its own shorter flag.
@@ -50,6 +59,7 @@ class CoordinatorSettings:
     records: int = 0              # trained records between checkpoints (0: no record trigger)
     keep: int = 3                 # complete checkpoints kept
     pause_timeout: float = 30.0   # seconds the workers get to finish their batches in flight
+    io_timeout: float = 120.0     # seconds a call on the checkpoint directory may take
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) \
@@ -62,3 +72,8 @@ class CoordinatorSettings:
 def checkpoint_dir(args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> str | None:
     """The checkpoint directory a role was given (None: checkpointing is off)."""
     return CHECKPOINT_DIR.read(args, os.environ if env is None else env) or None
+
+
+def io_timeout(args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> float:
+    """The deadline of one call on the checkpoint directory (``LIVEVEC_CHECKPOINT_IO_TIMEOUT``)."""
+    return IO_TIMEOUT.read(args, os.environ if env is None else env)

@@ -18,15 +18,28 @@ A shard file holds the live rows of one server (keys, vectors, optimizer state, 
 word strings, and a JSON ``meta`` entry (shape, optimizer, key range, the server's counters
 and its batch ledger). Loading filters rows to the loading server's key range, so a
 checkpoint written by N servers can be loaded by M.
+
+Why storage errors are not checkpoint errors: on a shared file system the directory can
+hang (a FUSE mount whose master or chunkserver is gone), vanish (the mount died: ENOTCONN,
+or the mount point is an empty local directory), turn read-only or fill up. A store given
+``io_timeout`` runs every file-system call in a thread with that deadline and raises
+``StorageUnavailable`` (an ``OSError``) when it is not done in time, so no caller hangs with
+the mount. Any ``OSError`` that is not "this file is missing" propagates as such: a store
+that cannot be read must never look like a store without checkpoints, or a rollback would
+restore an empty model (``ids`` raises when the root is gone; ``verify`` raises instead of
+calling the checkpoint partial). ``create=False`` stores never create the root, so a
+vanished mount cannot be papered over by a fresh local directory.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +64,13 @@ Offsets = dict[str, dict[str, int]]   # topic -> partition (as str, JSON keys) -
 
 class CheckpointError(Exception):
     """A checkpoint cannot be used (missing, partial, corrupt or incompatible); the message says which and why."""
+
+
+class StorageUnavailable(OSError):
+    """The checkpoint directory cannot be used at all (gone, or a call on it did not finish in time)."""
+
+
+_inside = threading.local()   # set in the thread of a bounded call: nested store calls run directly
 
 
 # ----------------------------------------------------------------------------- atomic files
@@ -241,26 +261,101 @@ def _manifest_digest(body: dict) -> str:
 
 
 class CheckpointStore:
-    """The checkpoint directory: ids, atomic manifests, verification, fallback, pruning."""
+    """The checkpoint directory: ids, atomic manifests, verification, fallback, pruning.
 
-    def __init__(self, root: str | os.PathLike):
+    ``io_timeout`` (seconds, None = unbounded) bounds every call that touches the file system;
+    ``create=False``: the root must exist (it is the shared mount's; see the module's docstring)."""
+
+    MAX_STUCK = 3   # calls left hanging on the file system before new ones fail at once
+
+    def __init__(self, root: str | os.PathLike, *, io_timeout: float | None = None, create: bool = True):
         self.root = Path(root)
+        self.io_timeout = io_timeout
+        self.create = create
+        self._stuck: list[tuple[threading.Thread, str, float]] = []
+        self._stuck_lock = threading.Lock()
+
+    # -- every file-system call of the store goes through here
+    def _bounded(self, what: str, fn, *args, **kwargs):
+        if self.io_timeout is None or getattr(_inside, "active", False):
+            return fn(*args, **kwargs)
+        with self._stuck_lock:
+            self._stuck = [s for s in self._stuck if s[0].is_alive()]
+            if len(self._stuck) >= self.MAX_STUCK:
+                _, first, since = self._stuck[0]
+                raise StorageUnavailable(errno.ETIMEDOUT, f"{self.root}: {len(self._stuck)} earlier calls still hang "
+                                                          f"(the first, {first}, for {time.monotonic() - since:.0f} s)")
+        box: dict = {}
+
+        def run() -> None:
+            _inside.active = True
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as exc:   # handed to the caller
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"ckpt-io-{what}", daemon=True)
+        started = time.monotonic()
+        thread.start()
+        thread.join(self.io_timeout)
+        if thread.is_alive():
+            with self._stuck_lock:
+                self._stuck.append((thread, what, started))
+            raise StorageUnavailable(errno.ETIMEDOUT, f"{what} on {self.root} did not finish in {self.io_timeout:g} s "
+                                                      f"(LIVEVEC_CHECKPOINT_IO_TIMEOUT): the file system hangs")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def ensure(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._bounded("mkdir", self.root.mkdir, parents=True, exist_ok=True)
 
     def path_of(self, ckpt_id: int) -> Path:
         return self.root / f"ckpt-{ckpt_id:08d}"
 
+    def probe(self) -> None:
+        """Write, fsync, read back and remove a small file: raises ``OSError`` unless the directory
+        takes writes now (what a checkpoint is about to need, checked before training pauses)."""
+        def probe() -> None:
+            self._root_must_exist()
+            path = self.root / f".probe-{os.getpid()}-{threading.get_ident()}"
+            data = str(time.time_ns()).encode()
+            try:
+                with open(path, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                if path.read_bytes() != data:
+                    raise StorageUnavailable(errno.EIO, f"{path}: read back other bytes than written")
+            finally:
+                path.unlink(missing_ok=True)
+        self._bounded("probe", probe)
+
+    def _root_must_exist(self) -> None:
+        if not self.create and not self.root.is_dir():
+            # os.stat, not is_dir(), says why (ENOTCONN for a dead FUSE mount)
+            try:
+                os.stat(self.root)
+            except OSError as exc:
+                raise StorageUnavailable(exc.errno or errno.ENOENT, f"{self.root}: {exc.strerror} "
+                                         f"(the shared file system is not mounted?)") from None
+            raise StorageUnavailable(errno.ENOTDIR, f"{self.root} is not a directory")
+
     def ids(self) -> list[int]:
-        """Ids of every checkpoint directory, complete or not, ascending."""
-        if not self.root.is_dir():
+        """Ids of every checkpoint directory, complete or not, ascending. Raises ``OSError`` when the
+        directory cannot be listed (a ``create=True`` store without a root has no checkpoints)."""
+        return self._bounded("list", self._ids)
+
+    def _ids(self) -> list[int]:
+        if self.create and not self.root.exists():
             return []
+        self._root_must_exist()
         out = []
-        for p in self.root.iterdir():
-            m = _DIR_RE.match(p.name)
-            if m and p.is_dir():
-                out.append(int(m.group(1)))
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                m = _DIR_RE.match(entry.name)
+                if m and entry.is_dir():
+                    out.append(int(m.group(1)))
         return sorted(out)
 
     def next_id(self) -> int:
@@ -268,28 +363,66 @@ class CheckpointStore:
         return (ids[-1] + 1) if ids else 1
 
     def prepare(self, ckpt_id: int) -> Path:
+        def prepare() -> Path:
+            self._root_must_exist()
+            path = self.path_of(ckpt_id)
+            path.mkdir(parents=self.create, exist_ok=True)
+            fsync_dir(self.root)
+            return path
+        return self._bounded("mkdir", prepare)
+
+    def discard(self, ckpt_id: int) -> bool:
+        """Remove what a checkpoint that failed left behind (never one with a manifest); False if it
+        could not (the directory stays without a manifest: skipped by readers, pruned later)."""
         path = self.path_of(ckpt_id)
-        path.mkdir(parents=True, exist_ok=True)
-        fsync_dir(self.root)
-        return path
+
+        def discard() -> bool:
+            if (path / MANIFEST).exists():
+                return False
+            shutil.rmtree(path)
+            return True
+        try:
+            return self._bounded("rmtree", discard)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    def write_shard(self, ckpt_id: int, rank: int, state: "ShardState") -> tuple[Path, dict]:
+        """One server's shard file of checkpoint ``ckpt_id`` (its directory made if needed), bounded."""
+        def write() -> tuple[Path, dict]:
+            path = self.prepare(ckpt_id) / f"server-{rank}.npz"
+            return path, write_shard_file(path, state)
+        return self._bounded("write shard", write)
+
+    def read_shard(self, ckpt: "Checkpoint", rank: int) -> "ShardState":
+        return self._bounded("read shard", read_shard_file, ckpt.shard_path(rank))
 
     def write_manifest(self, ckpt_id: int, manifest: dict) -> Checkpoint:
         body = {"format": FORMAT, "id": ckpt_id, **manifest}
         body["sha256"] = _manifest_digest(body)
         path = self.path_of(ckpt_id)
         data = json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
-        atomic_write(path / MANIFEST, lambda fh: fh.write(data))
+        self._bounded("write manifest", atomic_write, path / MANIFEST, lambda fh: fh.write(data))
         return Checkpoint(ckpt_id, path, body)
 
     def verify(self, ckpt_id: int, check_data: bool = True) -> Checkpoint:
-        """The checkpoint if it is complete and intact; else ``CheckpointError`` saying why."""
+        """The checkpoint if it is complete and intact; else ``CheckpointError`` saying why. A file system
+        that cannot be read raises ``OSError`` instead: that says nothing about the checkpoint."""
+        return self._bounded("verify", self._verify, ckpt_id, check_data)
+
+    def _verify(self, ckpt_id: int, check_data: bool) -> Checkpoint:
         path = self.path_of(ckpt_id)
         mpath = path / MANIFEST
-        if not mpath.is_file():
-            raise CheckpointError(f"{path.name}: no manifest (partial checkpoint: a writer stopped before the end)")
+        self._root_must_exist()
         try:
-            body = json.loads(mpath.read_bytes())
-        except (OSError, ValueError) as exc:
+            raw = mpath.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise CheckpointError(f"{path.name}: no manifest (partial checkpoint: a writer stopped before the end)") \
+                from None
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
             raise CheckpointError(f"{path.name}: unreadable manifest ({exc})") from None
         if not isinstance(body, dict) or body.get("sha256") != _manifest_digest(body):
             raise CheckpointError(f"{path.name}: manifest checksum mismatch (corrupt manifest)")
@@ -300,9 +433,10 @@ class CheckpointStore:
             raise CheckpointError(f"{path.name}: manifest lists {len(files)} files for {body.get('num_servers')} servers")
         for name, entry in files.items():
             fpath = path / name
-            if not fpath.is_file():
-                raise CheckpointError(f"{path.name}: {name} is missing")
-            size = fpath.stat().st_size
+            try:
+                size = fpath.stat().st_size
+            except FileNotFoundError:
+                raise CheckpointError(f"{path.name}: {name} is missing") from None
             if size != int(entry["bytes"]):
                 raise CheckpointError(f"{path.name}: {name} has {size} bytes, manifest says {entry['bytes']}")
             if check_data:
@@ -312,7 +446,11 @@ class CheckpointStore:
         return Checkpoint(ckpt_id, path, body)
 
     def latest_complete(self, check_data: bool = True, before: int | None = None) -> Checkpoint | None:
-        """The newest complete checkpoint; damaged or partial ones are skipped with a WARNING naming why."""
+        """The newest complete checkpoint; damaged or partial ones are skipped with a WARNING naming why.
+        ``OSError`` when the file system cannot be read (never None for a store it cannot see)."""
+        return self._bounded("find latest", self._latest_complete, check_data, before)
+
+    def _latest_complete(self, check_data: bool, before: int | None) -> Checkpoint | None:
         for ckpt_id in reversed(self.ids()):
             if before is not None and ckpt_id >= before:
                 continue
@@ -325,6 +463,9 @@ class CheckpointStore:
 
     def prune(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` complete checkpoints (and anything older than them)."""
+        return self._bounded("prune", self._prune, keep)
+
+    def _prune(self, keep: int) -> list[int]:
         complete = []
         for ckpt_id in reversed(self.ids()):
             if (self.path_of(ckpt_id) / MANIFEST).is_file():
@@ -347,6 +488,9 @@ class CheckpointStore:
         return self.root / "requests"
 
     def add_request(self, reason: str = "cli") -> Path:
+        return self._bounded("add request", self._add_request, reason)
+
+    def _add_request(self, reason: str) -> Path:
         self.requests_dir.mkdir(parents=True, exist_ok=True)
         path = self.requests_dir / f"{time.time_ns()}-{os.getpid()}.json"
         data = json.dumps({"reason": reason, "time": time.time()}).encode()
@@ -354,14 +498,24 @@ class CheckpointStore:
         return path
 
     def pending_requests(self) -> list[Path]:
-        if not self.requests_dir.is_dir():
-            return []
-        return sorted(p for p in self.requests_dir.glob("*.json") if not p.name.endswith(".done.json"))
+        def pending() -> list[Path]:
+            if not self.requests_dir.is_dir():
+                return []
+            return sorted(p for p in self.requests_dir.glob("*.json") if not p.name.endswith(".done.json"))
+        return self._bounded("list requests", pending)
+
+    def take_request(self, path: Path) -> Path:
+        taken = path.with_suffix(".taken")
+        self._bounded("take request", path.rename, taken)
+        return taken
 
     def answer_request(self, path: Path, answer: dict) -> None:
         data = json.dumps(answer).encode()
-        atomic_write(path.with_name(path.name[:-5] + ".done.json"), lambda fh: fh.write(data))
-        path.unlink(missing_ok=True)
+
+        def answer_() -> None:
+            atomic_write(path.with_name(path.name[:-5] + ".done.json"), lambda fh: fh.write(data))
+            path.unlink(missing_ok=True)
+        self._bounded("answer request", answer_)
 
 
 def offsets_to_json(offsets: dict[tuple[str, int], int]) -> Offsets:

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 
-from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir
+from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.server import SERVER_GROUPS, ServerSettings, build
 from ps_bridge.roles import serve_metrics
 from ps_bridge.settings import add_groups
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     extension = None
     if directory:
         from online.checkpoint.participants import ServerCheckpointing
-        extension = functools.partial(ServerCheckpointing, directory)
+        extension = functools.partial(ServerCheckpointing, directory, io_timeout=io_timeout(args))
     po, _server, service = build(settings, extension=extension)
     stop = threading.Event()
 
