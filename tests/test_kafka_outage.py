@@ -146,3 +146,120 @@ async def test_a_consumer_summarises_a_broker_outage(own_broker):
         root.removeHandler(lines)
         root.setLevel(old_level)
         uninstall()
+
+
+# ----------------------------------------------------------------------------- a cluster through an outage
+
+PARTITIONS = 4
+_TS = re.compile(r"^ts=(\S+) level=(\w+) ")
+
+
+def _loud_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if _TS.match(line) and _TS.match(line).group(2) in ("warning", "error")]
+
+
+async def _produce(bootstrap: str, topic: str, records: list[str], first: int, rate: float) -> None:
+    """``records`` at ``rate`` per second, record ``first + i`` to partition ``(first + i) % PARTITIONS`` (so the
+    ledger's expected end of each partition is known: ``cluster_harness.assert_trained_exactly_once``)."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        t0 = time.monotonic()
+        for i, record in enumerate(records):
+            await producer.send_and_wait(topic, record.encode(), partition=(first + i) % PARTITIONS)
+            delay = t0 + (i + 1) / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_path):
+    """1 server and 2 workers (with checkpoints, so server 0 keeps the #8 ledger); the broker SIGKILLed for 25 s
+    while the workers train, then restarted from its data directory. Training resumes, every record is trained
+    exactly once, and each worker wrote one kafka_unreachable line, one kafka_reachable line and few others."""
+    from online.learner.tokenizer import Tokenizer
+    from online.stream.producer import ensure_topic
+    from online.stream.sample_corpus import generate_lines
+    from tests.cluster_harness import Cluster, assert_trained_exactly_once, wait_until
+    from tests.test_checkpoint_recovery import LINES_PER_RECORD, ClusterProbe, _ledger
+
+    topic = f"outage-{uuid.uuid4().hex[:8]}"
+    asyncio.run(ensure_topic(own_broker.bootstrap, topic, PARTITIONS))
+    lines = generate_lines(3200, seed=28)
+    records = ["\n".join(lines[i:i + LINES_PER_RECORD]) for i in range(0, len(lines), LINES_PER_RECORD)]  # 800
+    before, after = records[:480], records[480:]
+    tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(records))
+    down = 25.0
+    workers = ("worker0", "worker1")
+    cluster = Cluster(tmp_path, servers=1, workers=2, env={
+        "LIVEVEC_KAFKA_BOOTSTRAP": own_broker.bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+        "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3",
+        "LIVEVEC_KAFKA_BATCH_RECORDS": "15", "LIVEVEC_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "LIVEVEC_CHECKPOINT_INTERVAL": "2", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_REQUEST_TIMEOUT": "4",
+        "LIVEVEC_KAFKA_LOG_SUMMARY_INTERVAL": "10", "LIVEVEC_LOG_LEVEL": "INFO"})
+    probe = None
+    try:
+        cluster.start("scheduler", "scheduler")
+        cluster.start("server0", "server")
+        for name in workers:
+            cluster.start(name, "worker")
+        probe = ClusterProbe(cluster.root_port, servers=1)
+        producing = __import__("threading").Thread(target=lambda: asyncio.run(
+            _produce(own_broker.bootstrap, topic, before, 0, rate=40.0)), daemon=True)
+        producing.start()
+        # kill the broker while the workers train (records produced but not all trained yet)
+        wait_until(lambda: cluster.assert_alive() or (_ledger(probe.stats()) or {}).get("records", 0) >= 200, 90,
+                   interval=0.25, message="training to start")
+        producing.join(timeout=60)
+        assert all(cluster.metric(name, "livevec_kafka_reachable") == 1.0 for name in workers)
+        log_offsets = {name: len(cluster.log(name)) for name in workers}
+        trained_at_kill = _ledger(probe.stats())["records"]
+        killed = time.monotonic()
+        own_broker.kill()
+        seen_down = set()
+        while time.monotonic() < killed + down:
+            cluster.assert_alive()
+            seen_down |= {name for name in workers if cluster.metric(name, "livevec_kafka_reachable") == 0.0}
+            time.sleep(0.5)
+        assert seen_down == set(workers), f"livevec_kafka_reachable 0 during the outage only on {seen_down}"
+        restart_seconds = own_broker.start()
+        restarted = time.monotonic()
+        wait_until(lambda: all(cluster.metric(name, "livevec_kafka_reachable") == 1.0 for name in workers), 60,
+                   interval=0.25, message="livevec_kafka_reachable back to 1 on every worker")
+        back = time.monotonic() - restarted
+        asyncio.run(_produce(own_broker.bootstrap, topic, after, len(before), rate=200.0))
+        wait_until(lambda: (_ledger(probe.stats()) or {}).get("records", 0) > len(before), 90, interval=0.25,
+                   message="training to resume after the restart")
+        resumed = time.monotonic() - restarted
+        ledger = assert_trained_exactly_once(probe.stats, topic, len(records), tokens_expected,
+                                             partitions=PARTITIONS, timeout=120,
+                                             idle=lambda: cluster.metric("scheduler", "livevec_recovering") == 0.0)
+        cluster.assert_alive()
+        report = [f"outage {down:.0f} s (+{restart_seconds:.1f} s broker start), trained at kill "
+                  f"{trained_at_kill}/{len(before)}, reachable again {back:.1f} s and trained again "
+                  f"{resumed:.1f} s after the restart; ledger {ledger['records']} records, "
+                  f"{ledger['overlaps']} overlaps, {ledger['gaps']} gaps"]
+        for name in workers:
+            text = cluster.log(name)[log_offsets[name]:]
+            loud = _loud_lines(text)
+            unreachable = [line for line in text.splitlines() if " event=kafka_unreachable " in line]
+            reachable = [line for line in text.splitlines() if " event=kafka_reachable " in line]
+            still = [line for line in text.splitlines() if " event=kafka_still_unreachable " in line]
+            suppressed = int(re.search(r" suppressed=(\d+)", reachable[0]).group(1)) if reachable else -1
+            report.append(f"{name}: {len(loud)} warning/error lines, {len(still)} still_unreachable, "
+                          f"{suppressed} client lines suppressed")
+            assert len(unreachable) == 1 and len(reachable) == 1, "\n".join(loud[:60])
+            assert "last_error=" in unreachable[0] and suppressed > 0, unreachable[0]
+            assert len(loud) <= 200, "\n".join(loud[:200])
+            assert 1 <= len(still) <= 4, still   # one per 10 s of a ~30 s outage
+            assert cluster.metric(name, "livevec_kafka_client_log_lines_suppressed_total") >= suppressed
+        print("\n".join(report))
+    finally:
+        if probe is not None:
+            probe.close()
+        cluster.stop()
