@@ -208,3 +208,22 @@ def test_the_compiled_scan_gives_orjsons_verdict_on_every_record(field):
     statuses = scan_records([v for v in values if _utf8(v)], fmt.path)[0]
     assert sum(1 for s in statuses if s in (OK_STRING, OK_LIST)) > 50    # the fast path had work to do
     assert {reason for _, reason in slow} >= {None, "invalid_json", "missing_field", "wrong_type"}
+
+
+def test_livevec_train_writes_a_vocabulary_that_read_vocab_counts_matches_to_the_vectors(tmp_path):
+    """A token with a space (kept whole from a JSON list) is spelled in vocab.txt as in the vectors files: a
+    raw space would make three columns where word2vec.c's tools read two."""
+    from online.learner.word2vec_format import read_vocab_counts
+
+    sessions = [["new york", f"sku-{i % 7}", "los angeles", f"sku-{(i + 3) % 7}"] for i in range(200)]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"items": s}) + "\n" for s in sessions))
+    train_file(TrainSettings(str(path), str(tmp_path / "out"), progress=False,
+                             learner=LearnerConfig(dim=8, min_count=2, tokenizer="tokens"),
+                             records=RecordFormat("json", "items")))
+    vocab = (tmp_path / "out" / "vocab.txt").read_text(encoding="utf-8")
+    assert "new%20york 200\n" in vocab and "new york" not in vocab
+    assert all(len(line.split(" ")) == 2 for line in vocab.splitlines())   # word2vec.c reads "word count"
+    vectors_file = (tmp_path / "out" / "vectors.txt").read_text(encoding="utf-8")
+    assert "\nnew%20york " in vectors_file
+    assert read_vocab_counts(tmp_path / "out" / "vocab.txt")["new%20york"] == 200

@@ -104,7 +104,7 @@ def _verify(store: CheckpointStore, args) -> int:
 
 
 def _export(store: CheckpointStore, args) -> int:
-    from online.learner.word2vec_format import write_binary, write_text
+    from online.learner.word2vec_format import write_binary, write_text, write_vocab
 
     ckpt = store.verify(args.id) if args.id is not None else store.latest_complete()
     if ckpt is None:
@@ -131,8 +131,6 @@ def _export(store: CheckpointStore, args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "vectors.txt", words, vecs)
     write_binary(out / "vectors.bin", words, vecs)
-    tmp = out / ".vocab.txt.tmp"
-    tmp.write_text("".join(f"{w} {int(c)}\n" for w, c in zip(words, cnts.tolist())), encoding="utf-8")
-    tmp.replace(out / "vocab.txt")
+    write_vocab(out / "vocab.txt", words, cnts.tolist())   # (spelled as the vectors files spell the words)
     print(f"exported checkpoint {ckpt.id}: {len(words)} words, dim {dim} -> {out}/vectors.txt, vectors.bin, vocab.txt")
     return 0

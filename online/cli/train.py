@@ -33,7 +33,7 @@ from online.learner.param_store import LocalParamStore
 from online.learner.spans import TokenSpans, batch_ends
 from ps_bridge.structured_logging import log_event
 from online.learner.trainer import LearnerConfig, Trainer
-from online.learner.word2vec_format import write_binary, write_text
+from online.learner.word2vec_format import write_binary, write_text, write_vocab
 from online.learner.settings import LEARNER, MODEL, learner_config
 from online.stream.records import RECORDS, RecordFormat
 from ps_bridge.settings import Setting, SettingError, SettingGroup, add_groups
@@ -195,8 +195,7 @@ def write_outputs(settings: TrainSettings, trainer: Trainer, seconds: float,
              "stats": str(out / "train_stats.json")}
     write_text(files["text"], words, vectors)
     write_binary(files["binary"], words, vectors)
-    with open(files["vocab"], "w", encoding="utf-8") as f:
-        f.writelines(f"{w} {c}\n" for w, c in zip(words, counts.tolist()))
+    write_vocab(files["vocab"], words, counts.tolist())   # (spelled as the vectors files spell the words)
     t = trainer.totals
     seconds = max(seconds, 1e-9)
     result = TrainResult(seconds=seconds, passes=settings.epochs, raw_words=t.tokens, effective_words=t.kept,
