@@ -1,7 +1,8 @@
 """``livevec server``: run a parameter server that holds one key-range shard of the model.
 
 The role itself is ``online.cluster.server``; this command reads its settings, adds the
-checkpoint side when ``LIVEVEC_CHECKPOINT_DIR`` is set, and runs the node until SIGTERM.
+checkpoint side when ``LIVEVEC_CHECKPOINT_DIR`` is set, and runs the node until SIGTERM, then stops
+within ``LIVEVEC_STOP_TIMEOUT`` (``online.cluster.stopping``).
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import threading
 
 from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.server import SERVER_GROUPS, ServerSettings, build
+from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from ps_bridge.roles import serve_metrics
 from ps_bridge.settings import add_groups
 from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.server")
 
-GROUPS = (*SERVER_GROUPS, CHECKPOINTS)
+GROUPS = (*SERVER_GROUPS, CHECKPOINTS, STOPPING)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
         extension = functools.partial(ServerCheckpointing, directory, io_timeout=io_timeout(args))
     po, _server, service = build(settings, extension=extension)
     stop = threading.Event()
+    deadline = StopDeadline(STOP_TIMEOUT.read(args, os.environ), "server")
 
     def _terminate(signum, _frame):
+        deadline.arm()
         stop.set()
 
     signal.signal(signal.SIGTERM, _terminate)
@@ -53,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):
             service.extension.tick()
     finally:
-        log_event(log, "server_stopping", node_id=po.node_id, **service.stats())
+        log_event(log, "server_stopping", node_id=po.node_id, stop_s=round(deadline.elapsed(), 2), **service.stats())
         po.stop()
     return 0

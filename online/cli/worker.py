@@ -2,7 +2,9 @@
 
 The role itself is ``online.cluster.worker``; this command reads its settings, joins the
 cluster, opens the stream, adds the checkpoint side when ``LIVEVEC_CHECKPOINT_DIR`` is set,
-and runs until SIGTERM (an elastic worker then leaves the cluster instead of stopping it).
+and runs until SIGTERM (an elastic worker then leaves the cluster instead of stopping it). The stop is
+bounded by ``LIVEVEC_STOP_TIMEOUT`` (``online.cluster.stopping``): the final sync, the Kafka consumer's
+close and the leave each get what is left of it, whatever the servers, the scheduler or Kafka do.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import signal
 
 from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir
+from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings
 from online.stream.reader import KafkaStream
 from ps_bridge.metrics import Registry
@@ -22,7 +25,7 @@ from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.worker")
 
-GROUPS = (*WORKER_GROUPS, CHECKPOINTS)
+GROUPS = (*WORKER_GROUPS, CHECKPOINTS, STOPPING)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +43,7 @@ def read_settings(args: argparse.Namespace, env=None) -> tuple[WorkerSettings, s
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_main(*read_settings(args)))
+    return asyncio.run(_main(*read_settings(args), StopDeadline(STOP_TIMEOUT.read(args, os.environ), "worker")))
 
 
 def _extension(directory: str | None) -> WorkerExtension | None:
@@ -50,7 +53,7 @@ def _extension(directory: str | None) -> WorkerExtension | None:
     return WorkerCheckpointing()
 
 
-async def _main(settings: WorkerSettings, directory: str | None) -> int:
+async def _main(settings: WorkerSettings, directory: str | None, stop: StopDeadline) -> int:
     registry = Registry({"role": "worker"})
     stream = KafkaStream(settings.stream, metrics=registry)
     await stream.check()   # Kafka's TLS and SASL settings fail here, before this worker joins anything
@@ -58,19 +61,32 @@ async def _main(settings: WorkerSettings, directory: str | None) -> int:
     serve_metrics(kv.po, settings.metrics_port)
     await stream.start()
     worker = StreamingWorker(settings, kv, stream, registry, extension=_extension(directory))
+    worker.stop_deadline = stop
+
+    def _stop() -> None:
+        stop.arm()
+        worker.stopping.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stopping.set)
+        loop.add_signal_handler(sig, _stop)
     log_event(log, "worker_ready", node_id=kv.po.node_id, pid=os.getpid(), topics=",".join(settings.stream.topics),
               group=settings.stream.group)
     try:
         await worker.run()
     finally:
-        await stream.stop()
+        # Kafka down or rebalancing: the consumer's close (commit, leave group) must not hold the stop. Not
+        # wait_for: it waits for the cancelled close to finish, and the Kafka client's close may not let go.
+        closing = asyncio.ensure_future(stream.stop())
+        done, _ = await asyncio.wait({closing}, timeout=stop.remaining(reserve=1.5, floor=0.5))
+        if not done:
+            log_event(log, "stream_stop_abandoned", logging.WARNING, waited_s=round(stop.elapsed(), 2),
+                      setting="LIVEVEC_STOP_TIMEOUT")
         t = worker.trainer.totals
-        log_event(log, "worker_stopping", node_id=kv.po.node_id, tokens=t.tokens, words=t.kept, pairs=t.pairs)
-        if kv.po.elastic:
-            await asyncio.to_thread(kv.po.leave)
+        log_event(log, "worker_stopping", node_id=kv.po.node_id, tokens=t.tokens, words=t.kept, pairs=t.pairs,
+                  stop_s=round(stop.elapsed(), 2))
+        if kv.po.elastic:   # the scheduler gone: its acknowledgement is waited for only what is left
+            await asyncio.to_thread(kv.po.leave, min(5.0, stop.remaining(reserve=0.5, floor=0.2)))
         else:
             kv.po.stop()
     return 0

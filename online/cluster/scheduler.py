@@ -17,15 +17,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
+from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
-from ps_bridge.roles import run_scheduler, serve_metrics
+from ps_bridge.roles import serve_metrics
 from ps_bridge.settings import NodeSettings
 from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.scheduler")
 
-SCHEDULER_GROUPS = node_groups()
+SCHEDULER_GROUPS = (*node_groups(), STOPPING)
 
 
 # The extension point (checkpointing plugs in here; this package never imports it).
@@ -48,30 +49,34 @@ class SchedulerExtension:
 class SchedulerSettings:
     node: NodeSettings
     metrics_port: int | None = None
+    stop_timeout: float = STOP_TIMEOUT.default
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) \
             -> "SchedulerSettings":
         env = os.environ if env is None else env
-        return cls(node=node_settings(args, env, "scheduler"), metrics_port=METRICS_PORT.read(args, env))
+        return cls(node=node_settings(args, env, "scheduler"), metrics_port=METRICS_PORT.read(args, env),
+                   stop_timeout=STOP_TIMEOUT.read(args, env))
 
 
 def run(settings: SchedulerSettings, extension: Callable[[Postoffice], SchedulerExtension] | None = None) -> int:
     """Run the scheduler in this thread until the cluster finalizes (or SIGTERM).
 
     ``extension`` makes the companion from the node before the node starts, so that any
-    app it creates exists before the first node registers."""
-    if extension is None:
-        return run_scheduler(settings.node, metrics_port=settings.metrics_port)
+    app it creates exists before the first node registers. SIGTERM (or SIGINT) stops it within
+    ``LIVEVEC_STOP_TIMEOUT`` (``online.cluster.stopping``)."""
     registry = Registry({"role": "scheduler"})
     po = Postoffice(settings.node, registry)
-    companion = extension(po)
+    companion = extension(po) if extension is not None else SchedulerExtension()
+    stop = StopDeadline(settings.stop_timeout, "scheduler")
 
     def _terminate(signum, _frame):
+        stop.arm()
         raise SystemExit(128 + signum)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, _terminate)
         faulthandler.register(signal.SIGUSR1)   # kill -USR1 <pid>: every thread's stack to stderr
     try:
         serve_metrics(po, settings.metrics_port)

@@ -232,6 +232,7 @@ class StreamingWorker:
         self.paused = asyncio.Event()   # set while an extension holds the stream
         self.idle = asyncio.Event()     # set by run() once paused with nothing in flight
         self.abandon = threading.Event()
+        self.stop_deadline = None   # a ``StopDeadline`` (``online.cluster.stopping``): bounds the final sync
         self._inflight: collections.deque = collections.deque()
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
         self.extension = extension or WorkerExtension()
@@ -465,6 +466,7 @@ class StreamingWorker:
         self.trainer.reseed(self.kv.po.node_id)   # the node has registered: its id is its sampling stream
         report = asyncio.create_task(self._report_loop())
         syncing = asyncio.create_task(self._sync_loop()) if self.replica is not None else None
+        bounding = asyncio.create_task(self._bound_stop())
         try:
             while not self.stopping.is_set():
                 if self.paused.is_set():
@@ -500,6 +502,7 @@ class StreamingWorker:
             await self.drain()
         finally:
             report.cancel()
+            bounding.cancel()
             if syncing is not None:
                 syncing.cancel()
             self.extension.close()
@@ -507,6 +510,23 @@ class StreamingWorker:
                 self.replica.shard.close()   # a host's shared replica: the last process removes it
 
     UNSYNCED_BOUND = 2   # trained tokens no sync has carried yet: at most this many LIVEVEC_SYNC_TOKENS
+    STOP_RESERVE = 3.0   # seconds of the stop budget kept for what follows the final sync (Kafka, leave)
+
+    async def _bound_stop(self) -> None:
+        """Once stopping, the batches in flight and the final sync get the stop budget (less ``STOP_RESERVE``);
+        then what still waits on the servers is dropped, uncommitted (``abandon``, every request failed), so a
+        dead server holds the stop no longer than that. Its records go to the partitions' next owner."""
+        await self.stopping.wait()
+        d = self.stop_deadline
+        budget = d.remaining(reserve=self.STOP_RESERVE, floor=0.5) if d is not None else self.settings.request_timeout
+        await asyncio.sleep(budget)
+        log_event(log, "final_sync_abandoned", logging.WARNING, waited_s=round(budget, 2),
+                  batches_in_flight=len(self._inflight), batches_unsynced=len(self._awaiting),
+                  setting="LIVEVEC_STOP_TIMEOUT")
+        self.abandon.set()
+        while True:   # again and again: a request made after one round would otherwise wait its full timeout
+            self.kv.customer.fail_all(RequestTimeout("stopping: the servers did not answer within the stop budget"))
+            await asyncio.sleep(0.1)
 
     # ------------------------------------------------------------ reporting
     RATE_WINDOW = 10.0   # seconds of batches that words/s is averaged over

@@ -511,7 +511,10 @@ def build_source(settings: FrontendSettings, env: Mapping[str, str]) -> ModelSou
 
 
 # -------------------------------------------------------------------------- CLI
-async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None) -> None:
+async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None, *,
+                handle_signals: bool = True, shutdown_timeout=None) -> None:
+    """Serve until ``stop`` (or SIGTERM/SIGINT, unless the caller handles them); ``shutdown_timeout()`` (seconds,
+    asked when the stop comes) bounds the shutdown: requests in flight, the background tasks, the source's close."""
     settings = app[SETTINGS]
     runner = GuardedRunner(app, settings.max_connections, settings.max_connections_per_client,
                            app[GUARDS].refused["too_many_connections"],
@@ -526,7 +529,7 @@ async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event 
         raise SettingError("LIVEVEC_HTTP_PORT", f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM) if handle_signals else ():
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
@@ -542,4 +545,9 @@ async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event 
         await stop.wait()
     finally:
         log_event(log, "frontend_stopping")
-        await runner.cleanup()
+        bound = None if shutdown_timeout is None else max(0.1, shutdown_timeout())
+        try:
+            await asyncio.wait_for(runner.cleanup(), bound)
+        except asyncio.TimeoutError:
+            log_event(log, "frontend_shutdown_cut_short", logging.WARNING, waited_s=round(bound, 2),
+                      setting="LIVEVEC_STOP_TIMEOUT")
