@@ -39,6 +39,11 @@ class NetnsLauncher(ProcessLauncher):
         super().__init__(bin_dirs)
         self.lab = lab
 
+    def prepare(self, volume_dirs: Mapping[str, Path], sandboxes: Path) -> None:
+        # A volume on the hosts' own mounts (the lab's MooseFS) is made there, not under the empty mount point.
+        super().prepare({c: d for c, d in volume_dirs.items()
+                         if not any(Path(d).is_relative_to(m) for m in self.lab.shared_mounts)}, sandboxes)
+
     def start(self, task, spec: Mapping, env: dict[str, str], log) -> subprocess.Popen:
         argv = ["/bin/sh", "-c", spec["cmd"]] if "cmd" in spec else list(spec["args"])
         return subprocess.Popen([*self.lab.exec_prefix(task.host), *argv], cwd=task.sandbox, env=env,

@@ -87,6 +87,10 @@ class NetnsLab:
         self.hosts = [LabHost(f"{self.prefix}h{i}", f"{self.subnet}.{i}", f"{self.prefix}v{i}")
                       for i in range(1, hosts + 1)]
         self._up = False
+        # A host's own mounts (``online.deployment.moosefs_lab``): host name -> the file keeping its mount
+        # namespace, which ``exec_prefix`` enters; and the mount points only the hosts see.
+        self.mount_namespaces: dict[str, Path] = {}
+        self.shared_mounts: list[Path] = []
 
     # -- life cycle
     def start(self) -> "NetnsLab":
@@ -146,8 +150,10 @@ class NetnsLab:
             (directory / "hosts").write_text("\n".join(lines + [f"{host.address} {host.name}"]) + "\n")
 
     def exec_prefix(self, host: str | int) -> list[str]:
-        """argv prefix that runs a command on the host (its network, its /etc/hosts)."""
-        return ["ip", "netns", "exec", self.host(host).name]
+        """argv prefix that runs a command on the host (its network, its /etc/hosts, its own mounts)."""
+        name = self.host(host).name
+        mounts = self.mount_namespaces.get(name)
+        return [*(["nsenter", f"--mount={mounts}"] if mounts else []), "ip", "netns", "exec", name]
 
     # -- failures
     def partition(self, host: str | int) -> None:
