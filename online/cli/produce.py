@@ -5,6 +5,7 @@ import argparse
 import sys
 from collections.abc import Mapping
 
+from online.stream.client_logs import KAFKA_CLIENT_LOGS, ClientLogSettings
 from online.stream.producer import DEFAULT_PARTITIONS, DEFAULT_WORDS_PER_RECORD, ProduceError, produce
 from online.stream.security import KafkaUnreachable
 from online.stream.settings import KAFKA, KAFKA_SECURITY, KafkaSecurity, parse_topics, validate_bootstrap, \
@@ -34,6 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE|-", help="text file (plain, .gz or .xz) or - for stdin")
     PRODUCE_KAFKA.add_arguments(parser)
     KAFKA_SECURITY.add_arguments(parser)
+    KAFKA_CLIENT_LOGS.add_arguments(parser)
     PRODUCE.add_arguments(parser)
 
 
@@ -42,6 +44,7 @@ def read_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None
     kafka = PRODUCE_KAFKA.read(args, env)
     opts = PRODUCE.read(args, env)
     opts["security"] = KafkaSecurity.from_args(args, env)
+    opts["client_logs"] = ClientLogSettings.from_args(args, env)
     opts["bootstrap"] = validate_bootstrap(kafka["bootstrap"])
     if opts["topic"]:
         validate_topic(opts["topic"])
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                         rate=opts["rate"], lines_per_record=opts["lines_per_record"],
                         words_per_record=opts["words_per_record"],
                         compression=None if opts["compression"] == "none" else opts["compression"],
-                        progress=opts["progress"], security=opts["security"])
+                        progress=opts["progress"], security=opts["security"], client_logs=opts["client_logs"])
     except (ProduceError, KafkaUnreachable) as exc:
         print(f"livevec produce: {exc}", file=sys.stderr)
         return 1

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ps_bridge.structured_logging import log_event
+from online.stream.client_logs import ClientLogSettings, KafkaReachability, install
 from online.stream.security import check_kafka, client_options
 from online.stream.settings import KafkaSecurity, validate_topic
 from ps_bridge.settings import SettingError
@@ -322,8 +323,12 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
                         linger_ms: int = 20, create_topic: bool = True,
                         progress: bool | ProgressBar = False,
                         on_progress: Callable[[ProduceStats], None] | None = None,
-                        security: KafkaSecurity | None = None, client_id: str | None = None) -> ProduceStats:
+                        security: KafkaSecurity | None = None, client_id: str | None = None,
+                        client_logs: ClientLogSettings | None = None) -> ProduceStats:
     """Stream ``source`` into ``topic``; see the module docstring. Raises ProduceError if records failed.
+
+    The Kafka client's own log lines are summarised, and an outage logged once (``online.stream.client_logs``,
+    ``client_logs``: its settings, by default from the environment).
 
     ``security`` (TLS, SASL) is checked against the brokers first: a wrong password or an untrusted CA raises
     ``SettingError`` naming the setting before any record is read from the input or sent."""
@@ -338,6 +343,8 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
     builder = RecordBuilder(lines_per_record, words_per_record)
     security = security or KafkaSecurity()
     src = TextSource(source)   # a missing file is named before Kafka is contacted
+    client_logs = client_logs or ClientLogSettings.from_args(None)
+    install(client_logs)
     try:
         await check_kafka(bootstrap, security, client_id=client_id or "livevec-produce")
     except BaseException:
@@ -352,6 +359,8 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
                                 compression_type=compression, request_timeout_ms=60000,
                                 **({"client_id": client_id} if client_id else {}), **client_options(security))
     await producer.start()
+    health = KafkaReachability(producer.client, what="producer", settings=client_logs, bootstrap=bootstrap)
+    health.start()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=8)
     stop = threading.Event()
@@ -429,6 +438,7 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
             await asyncio.sleep(0.01)
         if not reader.is_alive():
             src.close()
+        await health.stop()
         await producer.stop()
     stats.lines, stats.blank_lines = builder.lines, builder.blank_lines
     stats.seconds = time.monotonic() - stats._started
