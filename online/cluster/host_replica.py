@@ -27,6 +27,21 @@ Locks, all ``flock`` on files beside the segment, so a process that dies release
   exclusively at start knows nobody is attached and initialises it (a segment left by
   processes that are gone is started afresh).
 
+Reclaiming the memory (a segment is hundreds of MB of RAM until its file is removed):
+
+* at a clean exit, the last member removes the data file, the member files and the side locks
+  (``HostSegment.detach``);
+* when every member was killed (``kill -9``, a crashed agent, a ``livevec up`` killed with its
+  tasks), the next worker that starts on the host, of any cluster, removes the segments in its
+  directory that no live process holds (``reclaim_dead_segments``: ``.lock`` free and the data
+  file lockable exclusively), logging ``host_replica_reclaimed``;
+* ``livevec up`` and the local runner keep each run's segments in a /dev/shm directory of their
+  own, which they remove at stop and, at start, reclaim for earlier runs that no live runner or
+  worker holds (``online.deployment.orphans``).
+
+A process that waited for ``.lock`` while the last member or a sweep removed it opens the side
+files again (``HostSegment._open_locked``), so every process always locks the same files.
+
 Consequences, each handled where it matters:
 
 * a sync sends what *any* process of the host trained. So each process counts the batches it
@@ -83,6 +98,88 @@ def segment_path(directory: str | Path, root_uri: str, root_port: int, node_host
     host = node_host or socket.gethostname()
     name = f"livevec-{root_uri}-{root_port}-{host}.replica"
     return Path(directory) / "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
+
+
+SIDE_LOCKS = (".lock", ".sync")
+
+
+def _still_named(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not removed, nor replaced, meanwhile)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _remove_segment_files(path: Path) -> None:
+    """The data file, the member files and the side locks, ``.lock`` last (the caller holds it)."""
+    names = [path, *sorted(path.parent.glob(f"{path.name}.member*"))] + [Path(f"{path}{s}") for s in SIDE_LOCKS[::-1]]
+    for name in names:
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            pass
+
+
+def reclaim_dead_segments(directory: str | Path, keep: str | Path | None = None) -> list[tuple[Path, int]]:
+    """Remove the host-replica files in ``directory`` that no live process holds (with their member files and
+    side locks), except ``keep``; returns each removed data file with its size. A segment is dead when its
+    ``.lock`` can be taken at once (nobody is creating, attaching or detaching it) and then its data file
+    exclusively (every attached process holds it shared until it exits, however it exits). Every worker runs
+    this when it attaches, so the segments of workers that were all killed (``kill -9``, a crashed agent, a
+    ``livevec up`` killed with its tasks) are reclaimed by the next worker that starts on the host, of any
+    cluster; the local runner runs it at start over the directories of earlier runs."""
+    directory = Path(directory)
+    keep = Path(keep) if keep is not None else None
+    names = {p.name[:-len(s)] if p.name.endswith(SIDE_LOCKS) else p.name
+             for pattern in ("livevec-*.replica", *(f"livevec-*.replica{s}" for s in SIDE_LOCKS))
+             for p in directory.glob(pattern)} if directory.is_dir() else set()
+    reclaimed = []
+    for name in sorted(names):
+        path = directory / name
+        if keep is not None and path == keep:
+            continue
+        size = _reclaim(path)
+        if size is not None:
+            reclaimed.append((path, size))
+            log_event(log, "host_replica_reclaimed", path=str(path), mib=round(size / 2**20, 1),
+                      reason="no live process holds it")
+    return reclaimed
+
+
+def _reclaim(path: Path) -> int | None:
+    """Remove one dead segment's files; its size, or None when a live process holds it."""
+    lock_path = f"{path}.lock"
+    try:
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    data_fd = None
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        if not _still_named(lock_fd, lock_path):   # removed and made again meanwhile: someone is there
+            return None
+        try:
+            data_fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            size = 0   # only side files are left
+        else:
+            try:
+                fcntl.flock(data_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
+            size = os.fstat(data_fd).st_size
+        _remove_segment_files(path)
+        return size
+    finally:
+        if data_fd is not None:
+            os.close(data_fd)
+        os.close(lock_fd)
 
 
 class HostReplicaError(RuntimeError):
@@ -144,20 +241,40 @@ class HostSegment:
                 H_ACCUM: accum_width, H_SEED: seed & 0x7FFFFFFFFFFFFFFF, H_OPT: OPTIMIZERS.index(optimizer)}
         fds = []
         try:
-            for suffix in (".lock", ".sync"):   # never removed: every process must lock the same files
-                fds.append(os.open(f"{self.path}{suffix}", os.O_RDWR | os.O_CREAT, 0o600))
-            self.lock, self.sync_lock = _HostLock(fds[0]), _HostLock(fds[1])
-            with self.lock:                     # the data file is made, attached and removed under it
+            reclaim_dead_segments(self.path.parent, keep=self.path)
+            fds += self._open_locked()          # the data file is made, attached and removed under .lock
+            try:
                 fds.append(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
                 self._fd = fds[-1]
                 self.created = self._attach(size, want)
                 self.member, self._member_fd = self._claim_member()
+            finally:
+                self.lock.release()
         except BaseException as exc:
             for fd in fds:
                 os.close(fd)
             if isinstance(exc, OSError):
                 raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: cannot open {self.path}: {exc.strerror}") from exc
             raise
+
+    def _open_locked(self) -> list[int]:
+        """Open ``.lock`` and ``.sync`` and take ``.lock``. The last member (``detach``) or a sweep
+        (``reclaim_dead_segments``) removes both under ``.lock``; a process that waited for the lock on the
+        removed file then holds a lock nobody else will ever take, so it opens them again."""
+        while True:
+            fds = [os.open(f"{self.path}{suffix}", os.O_RDWR | os.O_CREAT, 0o600) for suffix in SIDE_LOCKS]
+            self.lock, self.sync_lock = _HostLock(fds[0]), _HostLock(fds[1])
+            try:
+                self.lock.acquire()
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            if all(_still_named(fd, f"{self.path}{suffix}") for fd, suffix in zip(fds, SIDE_LOCKS)):
+                return fds
+            self.lock.release()
+            for fd in fds:
+                os.close(fd)
 
     def _member_file(self, m: int) -> str:
         return f"{self.path}.member{m}"
@@ -191,17 +308,14 @@ class HostSegment:
 
     def detach(self) -> bool:
         """At exit: the last process of the host removes the data file (its memory goes with the last
-        mapping). Returns whether it did."""
+        mapping), the member files and the side locks. Returns whether it did."""
         with self.lock:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # only if nobody else holds it
             except BlockingIOError:
                 return False
-            for name in [self.path] + [Path(self._member_file(m)) for m in range(MAX_MEMBERS)]:
-                try:   # (slots are claimed under the same lock, so none is being claimed now)
-                    os.unlink(name)
-                except FileNotFoundError:
-                    pass
+            # (slots are claimed under the same lock, so none is being claimed now)
+            _remove_segment_files(self.path)
             return True
 
     def _attach(self, size: int, want: dict[int, int]) -> bool:

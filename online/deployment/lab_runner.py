@@ -25,6 +25,7 @@ from online.deployment.local_runner import LocalRunner, ProcessLauncher
 from online.deployment.marathon import render_group
 from online.deployment.marathon_group import flatten_group, start_order
 from online.deployment.netns_lab import NetnsLab
+from online.deployment.orphans import spawn
 from online.deployment.topology import mesos_dns_name
 
 # Every lab host offers what the group's attribute constraints ask of an agent (the shared volume).
@@ -33,7 +34,8 @@ AGENT_ATTRIBUTES = {"moosefs": "true"}
 
 class NetnsLauncher(ProcessLauncher):
     """Each task as a process of its host's namespace (``ip netns exec`` execs it: same pid, so
-    the process group and signals work as for a local process)."""
+    the process group and signals work as for a local process, and the parent-death signal of
+    ``online.deployment.orphans`` is kept)."""
 
     def __init__(self, lab: NetnsLab, bin_dirs: Iterable[str | Path] | None = None):
         super().__init__(bin_dirs)
@@ -46,9 +48,8 @@ class NetnsLauncher(ProcessLauncher):
 
     def start(self, task, spec: Mapping, env: dict[str, str], log) -> subprocess.Popen:
         argv = ["/bin/sh", "-c", spec["cmd"]] if "cmd" in spec else list(spec["args"])
-        return subprocess.Popen([*self.lab.exec_prefix(task.host), *argv], cwd=task.sandbox, env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return spawn([*self.lab.exec_prefix(task.host), *argv], cwd=task.sandbox, env=env,
+                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def plan(group: Mapping, lab: NetnsLab, instances: Mapping[str, int] | None = None,

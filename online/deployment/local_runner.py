@@ -52,6 +52,7 @@ from pathlib import Path
 from online.deployment.containers import ContainerLauncher, TaskLauncher
 from online.deployment.local_placement import free_port, place_group
 from online.deployment.marathon_group import launch_delay, port_definitions, port_env_name
+from online.deployment.orphans import hold_run_dir, reclaim_dead_runs, spawn
 from online.deployment.task_checks import CheckState, probe
 from ps_bridge.structured_logging import log_event
 
@@ -108,7 +109,8 @@ class _Task:
 class ProcessLauncher:
     """Tasks as processes of this machine: ``cmd`` through ``/bin/sh -c`` in the sandbox, in
     a session of their own (signals go to the whole process group), with the runner's
-    ``PATH`` (``bin_dirs`` first) and a few of its variables passed on."""
+    ``PATH`` (``bin_dirs`` first) and a few of its variables passed on. They die with the runner,
+    even a runner killed with SIGKILL (``online.deployment.orphans``)."""
 
     rewrites_volume_paths = True  # there is no container path: env values point at the local directory
 
@@ -129,8 +131,8 @@ class ProcessLauncher:
 
     def start(self, task: _Task, spec: Mapping, env: dict[str, str], log) -> subprocess.Popen:
         argv = ["/bin/sh", "-c", spec["cmd"]] if "cmd" in spec else list(spec["args"])
-        return subprocess.Popen(argv, cwd=task.sandbox, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return spawn(argv, cwd=task.sandbox, env=env, stdin=subprocess.DEVNULL,
+                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def signal(self, task: _Task, sig: int) -> None:
         try:
@@ -193,6 +195,7 @@ class LocalRunner:
         self._thread: threading.Thread | None = None
         self._started = False
         self._stopped = False
+        self._run_lock: int | None = None   # held on this run's /dev/shm directory while it lives
         self.group_id = group.get("id", "/")
         placement = place_group(group, host=None if task_hosts else host, work_dir=self.work_dir, env=env, app_env=app_env,
                                 instances=instances, volumes=volumes, remap_fixed_ports=remap_fixed_ports,
@@ -225,6 +228,9 @@ class LocalRunner:
             raise RuntimeError("LocalRunner.start() called twice")
         self._started = True
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.memory_dir is not None:   # what killed runs left in /dev/shm (online.deployment.orphans)
+            reclaim_dead_runs(self.memory_dir.parent, keep=self.memory_dir)
+            self._run_lock = hold_run_dir(self.memory_dir)
         self._launcher.prepare(self._volume_dirs, self.work_dir / "sandboxes")
         atexit.register(self.stop)
         self._thread = threading.Thread(target=self._supervise, name="local-runner", daemon=True)
@@ -273,6 +279,9 @@ class LocalRunner:
         self._launcher.close()
         if self.memory_dir is not None:   # segments the killed tasks left would hold their memory
             shutil.rmtree(self.memory_dir, ignore_errors=True)
+        if self._run_lock is not None:
+            os.close(self._run_lock)
+            self._run_lock = None
         self._stopped = True
         atexit.unregister(self.stop)
 
