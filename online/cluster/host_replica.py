@@ -133,9 +133,10 @@ def reclaim_dead_segments(directory: str | Path, keep: str | Path | None = None)
     cluster; the local runner runs it at start over the directories of earlier runs."""
     directory = Path(directory)
     keep = Path(keep) if keep is not None else None
-    names = {p.name[:-len(s)] if p.name.endswith(SIDE_LOCKS) else p.name
-             for pattern in ("livevec-*.replica", *(f"livevec-*.replica{s}" for s in SIDE_LOCKS))
-             for p in directory.glob(pattern)} if directory.is_dir() else set()
+    names = set()
+    for pattern in ("livevec-*.replica", *(f"livevec-*.replica{suffix}" for suffix in SIDE_LOCKS)):
+        for p in directory.glob(pattern) if directory.is_dir() else ():
+            names.add(p.name[:p.name.rindex(".replica") + len(".replica")])
     reclaimed = []
     for name in sorted(names):
         path = directory / name

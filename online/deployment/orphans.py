@@ -149,12 +149,15 @@ def reclaim_dead_runs(root: Path, keep: Path | None = None) -> list[Path]:
     worker holds a replica file in them; returns the removed directories."""
     removed = []
     for directory in sorted(root.glob(f"{RUN_DIR_PREFIX}*")) if root.is_dir() else []:
-        if directory == keep or not directory.is_dir() or _run_is_live(directory):
-            continue
-        freed = 0
-        for sub in [directory, *(p for p in directory.rglob("*") if p.is_dir())]:
-            freed += sum(size for _, size in reclaim_dead_segments(sub))
-        if any(directory.rglob("livevec-*.replica")):   # an orphaned worker of an older runner still holds one
+        try:
+            if directory == keep or not directory.is_dir() or _run_is_live(directory):
+                continue
+            freed = 0
+            for sub in [directory, *(p for p in directory.rglob("*") if p.is_dir())]:
+                freed += sum(size for _, size in reclaim_dead_segments(sub))
+            if any(directory.rglob("livevec-*.replica")):   # an orphaned worker of an older runner holds one
+                continue
+        except OSError:   # another runner reclaiming it at the same time: its business
             continue
         shutil.rmtree(directory, ignore_errors=True)
         removed.append(directory)
