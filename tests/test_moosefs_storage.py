@@ -142,8 +142,21 @@ class _Ctx:
         except OSError:
             return 0.0
 
-    def metric(self, app: str, name: str) -> float:
-        return runner_metric(self.runner, app, name)
+    def metric(self, app: str, name: str, **labels: str) -> float:
+        """Sum of the series of ``name`` on the app's task whose labels include ``labels``."""
+        import urllib.request
+        with urllib.request.urlopen(self.runner.url(app, "metrics", "/metrics"), timeout=5) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(r"([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)
+            if m and m.group(1) == name and all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
+                total += float(m.group(3))
+        return total
+
+    def failed_checkpoints(self) -> float:
+        return self.metric("scheduler", "livevec_checkpoints_total", result="failed") + \
+            self.metric("scheduler", "livevec_checkpoints_total", result="aborted")
 
     def log(self, app: str) -> str:
         return (self.logs / f"livevec-{app}-0.log").read_text(errors="replace")
@@ -153,8 +166,7 @@ class _Ctx:
         before = self.latest()
         assert before is not None
         marks = {app: len(self.log(app)) for app in ("scheduler", "server")}
-        failed0 = self.metric("scheduler", 'livevec_checkpoints_total{result="failed"}') + \
-            self.metric("scheduler", 'livevec_checkpoints_total{result="aborted"}')
+        failed0 = self.failed_checkpoints()
         trained0 = self.trained()
         t_fault = time.monotonic()
         fault()
@@ -168,8 +180,7 @@ class _Ctx:
             time.sleep(max(0.0, OUTAGE - detected))
             # no checkpoint completed while storage was failing; the scheduler did not hang
             assert self.latest().id == before.id, f"{name}: a checkpoint completed during the outage"
-            assert self.metric("scheduler", 'livevec_checkpoints_total{result="failed"}') + \
-                self.metric("scheduler", 'livevec_checkpoints_total{result="aborted"}') > failed0
+            assert self.failed_checkpoints() > failed0
         finally:
             restore()
         t_back = time.monotonic()
@@ -186,7 +197,7 @@ class _Ctx:
             assert "event=checkpoint_storage_back" in after[app], (app, after[app][-2000:])
             wait_until(lambda: self.metric(app, "livevec_checkpoint_storage_ok") == 1.0, 10,
                        message=f"{app}'s storage gauge back at 1")
-        errors = {app: sum(1 for line in text.splitlines() if " ERROR " in line or "level=ERROR" in line)
+        errors = {app: sum(1 for line in text.splitlines() if "level=error" in line.lower())
                   for app, text in after.items()}
         # nothing half-written is taken as the latest: every directory with a manifest verifies
         for ckpt_id in self.store.ids():

@@ -241,14 +241,13 @@ class CheckpointCoordinator(SchedulerExtension):
                         self.storage.failed("requests", exc)
 
     def _probe(self) -> bool:
-        """Whether the directory takes a small write now (bounded); the outage's state follows."""
+        """Whether the directory takes a small write here now (bounded). The outage ends with the next
+        complete checkpoint, not with this: the servers write through mounts of their own."""
         try:
             self.store.probe()
         except OSError as exc:
             self.storage.failed("probe", exc)
             return False
-        if self._write_backoff == 0.0:
-            self.storage.succeeded()
         return True
 
     def _checkpoint_due(self, now: float) -> str | None:
@@ -412,8 +411,7 @@ class CheckpointCoordinator(SchedulerExtension):
         if any(a is None or not a.get("ok") for a in written.values()):
             storage = [a for a in written.values() if a and a.get("storage")]
             if storage:   # the servers' file system failed: the outage's lines, not one ERROR per attempt
-                return self._storage_abort(ckpt_id, "write shard", OSError(storage[0].get("errno") or 0,
-                                                                           storage[0].get("error", "")), reason)
+                return self._storage_abort(ckpt_id, "write shard", str(storage[0].get("error", "")), reason)
             self.metrics.checkpoints["failed"].inc()
             self.store.discard(ckpt_id)
             log_event(log, "checkpoint_failed", logging.ERROR, id=ckpt_id, answers=str(written)[:500])
@@ -459,7 +457,7 @@ class CheckpointCoordinator(SchedulerExtension):
                   records=ledger.get("records"), pruned=",".join(map(str, removed)) or "-")
         return {"ok": True, **self.last_checkpoint}
 
-    def _storage_abort(self, ckpt_id: int | None, op: str, exc: BaseException, reason: str) -> dict:
+    def _storage_abort(self, ckpt_id: int | None, op: str, exc: BaseException | str, reason: str) -> dict:
         """A checkpoint the directory did not take: no manifest, its directory removed (when the file
         system lets us), one counted failure, and a retry soon."""
         self.metrics.checkpoints["failed" if ckpt_id is not None else "aborted"].inc()

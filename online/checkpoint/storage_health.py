@@ -27,8 +27,11 @@ from ps_bridge.structured_logging import log_event
 log = logging.getLogger("livevec.checkpoint")
 
 
-def describe(exc: BaseException) -> str:
-    """An OSError as an operator reads it: the errno's name first (ENOSPC, EROFS, ENOTCONN, ETIMEDOUT)."""
+def describe(exc: BaseException | str) -> str:
+    """An OSError as an operator reads it: the errno's name first (ENOSPC, EROFS, ENOTCONN, ETIMEDOUT);
+    a string is a description already (a server's, passed on by the coordinator)."""
+    if isinstance(exc, str):
+        return exc[:400]
     name = errno.errorcode.get(getattr(exc, "errno", None) or 0)
     return f"{name + ': ' if name else ''}{type(exc).__name__}: {exc}"[:400]
 
@@ -53,7 +56,7 @@ class StorageHealth:
     def ok(self) -> bool:
         return self.down_since is None
 
-    def failed(self, op: str, exc: BaseException, **fields) -> None:
+    def failed(self, op: str, exc: BaseException | str, **fields) -> None:
         now = self.clock()
         with self._lock:
             counter = self._errors.get(op)

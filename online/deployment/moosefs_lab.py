@@ -51,7 +51,7 @@ class MooseFSUnavailable(RuntimeError):
 
 def moosefs_support_problem() -> str | None:
     """Why the lab's MooseFS cannot run on this machine, or None."""
-    missing = [exe for exe in ("mfsmaster", "mfschunkserver", "mfsmount", "mfssetquota")
+    missing = [exe for exe in ("mfsmaster", "mfschunkserver", "mfsmount", "mfssetquota", "mfsdelquota")
                if shutil.which(exe) is None]
     if missing or not EMPTY_METADATA.is_file():
         return (f"MooseFS is not installed ({', '.join(missing) or EMPTY_METADATA} missing): install Debian's "
@@ -346,7 +346,7 @@ class MooseFSLab:
         with EDQUOT, as on a full file system. ``path`` is relative to the operator's mount's ``subdir``."""
         target = self.admin_dir / path
         if size_bytes is None:
-            _run(["mfssetquota", "-L", "0", "-l", "0", str(target)])   # 0 = no limit
+            _run(["mfsdelquota", "-L", str(target)])
         else:
             _run(["mfssetquota", "-L", str(int(size_bytes)), str(target)])
 
