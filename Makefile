@@ -9,7 +9,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test bench install kafka-jars browser container-tools ops-tools image clean
+.PHONY: up test bench install kafka-jars browser container-tools ops-tools moosefs image clean
 
 $(STAMP): pyproject.toml setup.py online/frontend/int8_scan.c
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ ops-tools:
 	    && { systemctl disable --now prometheus >/dev/null 2>&1 || { service prometheus stop; update-rc.d prometheus disable; } >/dev/null 2>&1 || true; }; \
 	  else echo "install Debian's prometheus package (sudo apt-get install --no-install-recommends prometheus) for promtool, used by the alert-rule tests"; exit 1; fi; }
 
+# Debian's MooseFS (master, chunkserver, client), the seed's shared file system: `livevec up --hosts N` mounts it on
+# every lab host, and tests/test_moosefs_storage.py runs its faults. mfsmount also needs /dev/fuse.
+moosefs:
+	@{ command -v mfsmaster && command -v mfschunkserver && command -v mfsmount; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq moosefs-master moosefs-chunkserver moosefs-client >/dev/null; \
+	  else echo "install Debian's moosefs-master, moosefs-chunkserver and moosefs-client (sudo apt-get install ...) for the shared file system"; exit 1; fi; }
+
 # The container image: docker where a daemon answers, else podman; the base and the image are
 # rebuilt only when their inputs change. Prints the tag, the size and the build time.
 IMAGE ?= livevec:0.1.0
@@ -53,7 +60,7 @@ image: $(STAMP)
 up: $(STAMP) kafka-jars
 	$(VENV)/bin/livevec up
 
-test: $(STAMP) kafka-jars browser ops-tools image
+test: $(STAMP) kafka-jars browser ops-tools moosefs image
 	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
 
 # Every benchmark with small arguments; BENCH_ARGS=--full for the README's figures (hours).
