@@ -14,7 +14,10 @@ they are. Ctrl-C stops everything cleanly.
 
 ``--hosts N`` (root) runs the same group across N network-namespace hosts on one bridge
 (``online.deployment.netns_lab``), placed as Mesos would place it, with Kafka on the bridge;
-``--link 1gbit`` shapes every host's link.
+``--link 1gbit`` shapes every host's link. There the checkpoints live on MooseFS, as on the seed's
+agents (``online.deployment.moosefs_lab``: a master on the bridge, a chunkserver per host, each host's
+own mount at the group's hostPath); without Debian's packages or /dev/fuse it says so and uses a local
+directory, unless ``--storage moosefs`` asks for MooseFS (then it stops).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import LocalRunner
+from online.deployment.moosefs_lab import MooseFSLab, moosefs_support_problem
 from online.deployment.netns_lab import NetnsLab, check_rate, lab_support_problem
 from online.deployment.topology import default_topology
 from online.learner.settings import LEARNER, MODEL
@@ -63,6 +67,11 @@ UP = SettingGroup("local cluster", (
     Setting("hosts", (), int, 0, minimum=0, maximum=250,
             help="run the group across this many network-namespace hosts (root; 0 = all on 127.0.0.1)"),
     Setting("link", (), metavar="RATE", help="with --hosts: shape every host's link, e.g. 1gbit or 100mbit"),
+    Setting("storage", (), default="auto", choices=("auto", "moosefs", "local"),
+            help="with --hosts: where the shared volume (checkpoints) lives: moosefs (a MooseFS mounted on every "
+                 "host; stops if it cannot run), local (a directory of this machine) or auto (MooseFS when it "
+                 "can run, else local, saying why)"),
+    Setting("chunkservers", (), int, 0, minimum=0, help="with MooseFS: chunkservers on the first hosts (0 = one per host)"),
 ))
 # The model settings the local cluster passes on to its roles (the rest keep their defaults).
 UP_MODEL = MODEL.only("dim", "min_count")
@@ -112,6 +121,14 @@ def _validate(args: argparse.Namespace) -> None:
         problem = lab_support_problem()
         if problem:
             raise SettingError("--hosts", f"{problem}; nothing was changed")
+    if args.storage == "moosefs":
+        if not args.hosts:
+            raise SettingError("--storage", "moosefs runs on the lab's hosts; give --hosts N as well")
+        problem = moosefs_support_problem()
+        if problem:
+            raise SettingError("--storage", f"{problem}; nothing was changed")
+    if args.chunkservers > max(args.hosts, 0) and args.hosts:
+        raise SettingError("--chunkservers", f"at most one per host ({args.hosts})")
 
 
 def _corpus_lines(args: argparse.Namespace):
@@ -168,7 +185,7 @@ class _Producer(threading.Thread):
 
 def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, workers: int, frontend: bool = True,
                   env: dict[str, str] | None = None, lab: NetnsLab | None = None,
-                  agents: int | None = None) -> LocalRunner:
+                  agents: int | None = None, volumes: dict | None = None) -> LocalRunner:
     """The production Marathon group, pointed at a local broker, with this machine's counts; with ``lab``,
     placed over the lab's hosts as Mesos would place it."""
     topology = default_topology(servers=servers, workers=workers, frontends=1)
@@ -178,7 +195,7 @@ def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, w
              "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10", **(env or {})},
         app_env={"frontend": {"LIVEVEC_HTTP_HOST": "0.0.0.0" if lab else "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
         instances={"server": servers, "worker": workers, "frontend": 1 if frontend else 0, "producer-example": 0},
-        volumes={"/mnt/mfs": Path(work_dir) / "shared"})
+        volumes=volumes or {"/mnt/mfs": Path(work_dir) / "shared"})
     if lab is not None:
         return lab_cluster(lab, topology, agents=agents, **kwargs)
     return LocalRunner.from_topology(topology, **kwargs)
@@ -193,17 +210,31 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     t0 = time.monotonic()
-    lab = None
+    lab = mfs = None
     if args.hosts:
         lab = NetnsLab(args.hosts, link=args.link).start()
         print(f"livevec up: {args.hosts} hosts {lab.hosts[0].address} - {lab.hosts[-1].address} on bridge "
               f"{lab.bridge} ({lab.bridge_address}), links {args.link or 'unshaped'}", file=sys.stderr, flush=True)
         args.broker = dataclasses.replace(args.broker, host=lab.bridge_address)
+        problem = moosefs_support_problem() if args.storage == "auto" else None
+        if problem:
+            print(f"livevec up: no MooseFS ({problem}); checkpoints in {work / 'shared'}", file=sys.stderr, flush=True)
+        elif args.storage != "local":
+            try:
+                mfs = MooseFSLab(lab, work, chunkservers=args.chunkservers or None).start()
+            except BaseException:
+                lab.close()
+                raise
+            print(f"livevec up: MooseFS master on {mfs.master_address}, {len(mfs.chunkserver_hosts)} chunkserver(s), "
+                  f"mounted at {mfs.mount_point} on every host (operator's mount: {mfs.admin_path})",
+                  file=sys.stderr, flush=True)
     print(f"livevec up: starting Kafka (work dir {work})", file=sys.stderr, flush=True)
     broker = KafkaBroker(args.broker)
     try:
         broker.start()
     except BaseException:
+        if mfs is not None:
+            mfs.close()
         if lab is not None:
             lab.close()
         raise
@@ -211,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         runner = local_cluster(work, broker.bootstrap, TOPIC, servers=args.servers, workers=args.workers,
                                env={"LIVEVEC_DIM": str(args.dim), "LIVEVEC_MIN_COUNT": str(args.min_count),
-                                    **reading_env(args)}, lab=lab)
+                                    **reading_env(args)}, lab=lab, volumes=mfs.volumes() if mfs else None)
         if lab is not None:
             for (app_id, index), host in sorted(runner.placement.items()):
                 print(f"  {app_id}#{index} on {host}", file=sys.stderr, flush=True)
@@ -240,6 +271,8 @@ def run(args: argparse.Namespace) -> int:
         if runner is not None:
             runner.stop()
         broker.stop()
+        if mfs is not None:
+            mfs.close()
         if lab is not None:
             lab.close()
     return 0
