@@ -17,9 +17,9 @@ What this module does, in every process that runs a Kafka client (the workers' c
   log lines. It asks the brokers for metadata on the client's own connections (``fetch_all_metadata``: the
   same TLS and SASL as the client, any broker of the cluster may answer) every ``LIVEVEC_KAFKA_CHECK_INTERVAL``
   seconds, every second while they do not answer, and at once (at most once a second) when the client logs a
-  warning or an error, or when records arrive during an outage. A failed check makes the state "unreachable"
-  (``since`` is the first client error line since the last good check, or the failed check); a good one makes
-  it "reachable" again. Why a metadata check and not the consumer's fetches: a worker with nothing to read
+  warning or an error, or when records arrive during an outage. Two failed checks in a row (a second apart) make
+  the state "unreachable" (``since`` is the first client error line since the last good check, or the first
+  failed check); two good ones make it "reachable" again (a restarting broker may answer once, then not). Why a metadata check and not the consumer's fetches: a worker with nothing to read
   fetches nothing that succeeds, a producer has no fetches at all, and aiokafka retries internally without
   telling its caller. One dead broker of three is not an outage (another answers the metadata request), which
   is what a rolling restart should look like; the gate still caps that broker's connection errors.
@@ -177,6 +177,7 @@ class KafkaReachability:
     """
 
     RETRY = 1.0   # seconds between checks while the brokers do not answer, and the least between two checks
+    CONFIRM = 2   # checks in a row that change the state
 
     def __init__(self, client, *, what: str, settings: ClientLogSettings | None = None, registry=None,
                  gate: ClientLogGate | None = None, bootstrap: str = ""):
@@ -195,6 +196,7 @@ class KafkaReachability:
         self._suppressed_at_summary = 0
         self._last_summary = 0.0
         self._last_check = 0.0
+        self._fails = self._goods = 0
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -250,6 +252,8 @@ class KafkaReachability:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.gate._watchers.discard(self)
+        if not self.reachable and await self._check() is None:
+            self._good()   # a client stopping just after the brokers came back (a producer's last flush) says so
         if not self.reachable:
             log_event(logger, "kafka_still_unreachable", logging.WARNING, client=self.what, since=_iso(self.since),
                       seconds=round(self.outage_seconds(), 1), stopping=True,
@@ -258,7 +262,8 @@ class KafkaReachability:
     # -- the checks
     async def _run(self) -> None:
         while True:
-            interval = self.settings.check_interval if self.reachable else self.RETRY
+            settled = self.reachable and not self._fails
+            interval = self.settings.check_interval if settled else self.RETRY
             due = self._last_check + interval
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, due - time.monotonic()))
@@ -267,10 +272,18 @@ class KafkaReachability:
             await asyncio.sleep(max(0.0, self._last_check + self.RETRY - time.monotonic()))
             error = await self._check()
             self._last_check = time.monotonic()
+            # Two checks in a row (a second apart) decide a change either way: a broker that restarts may
+            # answer one request and fail the next while it registers, and that is one outage, not two.
             if error is None:
-                self._good()
+                self._fails, self._goods = 0, self._goods + 1
+                if self.reachable or self._goods >= self.CONFIRM:
+                    self._good()
             else:
-                self._bad(error)
+                self._goods, self._fails = 0, self._fails + 1
+                if self._first_error is None:
+                    self._first_error = time.time()
+                if not self.reachable or self._fails >= self.CONFIRM:
+                    self._bad(error)
             self._summaries()
 
     async def _check(self) -> str | None:
