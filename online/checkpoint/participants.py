@@ -324,11 +324,18 @@ def worker_reading(settings) -> dict:
             "record_format": settings.stream.records.kind, "record_field": settings.stream.records.field}
 
 
-def check_reading(checkpoint_dir: str, reading: dict) -> None:
+def check_reading(checkpoint_dir: str, reading: dict, io_timeout: float | None = None) -> None:
     """Stops a worker at start, naming the setting, when the latest complete checkpoint was trained
-    reading the stream another way (a checkpoint from before this was recorded is not checked)."""
-    store = CheckpointStore(checkpoint_dir)
-    ckpt = store.latest_complete(check_data=False)
+    reading the stream another way (a checkpoint from before this was recorded is not checked). A directory
+    that cannot be read now (a file-system outage) does not stop the worker: it trains, and the rollback that
+    would restore that checkpoint waits for the storage anyway; one warning says the check was skipped."""
+    store = CheckpointStore(checkpoint_dir, io_timeout=io_timeout)
+    try:
+        ckpt = store.latest_complete(check_data=False)
+    except OSError as exc:
+        log_event(log, "checkpoint_reading_unchecked", logging.WARNING, directory=checkpoint_dir,
+                  error=f"{type(exc).__name__}: {exc}")
+        return
     saved = (ckpt.manifest.get("reading") if ckpt is not None else None) or {}
     for key, setting in READING_SETTINGS.items():
         if key in saved and saved[key] != reading.get(key):

@@ -20,14 +20,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def read_settings(args: argparse.Namespace, env=None):
-    return settings_from(args, os.environ if env is None else env)
+    env = os.environ if env is None else env
+    return settings_from(args, env), StopDeadline(STOP_TIMEOUT.read(args, env), "frontend")
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = read_settings(args)
+    settings, deadline = read_settings(args)
     source = build_source(settings, os.environ)
     app = create_app(settings, source)
-    asyncio.run(_serve(app, settings, StopDeadline(STOP_TIMEOUT.read(args, os.environ), "frontend")))
+    asyncio.run(_serve(app, settings, deadline))
     return 0
 
 

@@ -29,20 +29,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_groups(parser, GROUPS)
 
 
-def read_settings(args: argparse.Namespace, env=None) -> tuple[ServerSettings, str | None]:
+def read_settings(args: argparse.Namespace, env=None) -> tuple[ServerSettings, str | None, float, StopDeadline]:
     env = os.environ if env is None else env
-    return ServerSettings.from_args(args, env), checkpoint_dir(args, env)
+    return (ServerSettings.from_args(args, env), checkpoint_dir(args, env), io_timeout(args, env),
+            StopDeadline(STOP_TIMEOUT.read(args, env), "server"))
 
 
 def run(args: argparse.Namespace) -> int:
-    settings, directory = read_settings(args)
+    settings, directory, directory_timeout, deadline = read_settings(args)
     extension = None
     if directory:
         from online.checkpoint.participants import ServerCheckpointing
-        extension = functools.partial(ServerCheckpointing, directory, io_timeout=io_timeout(args))
+        extension = functools.partial(ServerCheckpointing, directory, io_timeout=directory_timeout)
     po, _server, service = build(settings, extension=extension)
     stop = threading.Event()
-    deadline = StopDeadline(STOP_TIMEOUT.read(args, os.environ), "server")
+    # Declared dead and replaced (e.g. cut off while a relaunched server took its id): outside the cluster
+    # for good, so it exits (Marathon relaunches it, and it registers again) instead of idling.
+    po.replaced_listeners.append(lambda _owner: stop.set())
 
     def _terminate(signum, _frame):
         deadline.arm()
@@ -59,4 +62,4 @@ def run(args: argparse.Namespace) -> int:
     finally:
         log_event(log, "server_stopping", node_id=po.node_id, stop_s=round(deadline.elapsed(), 2), **service.stats())
         po.stop()
-    return 0
+    return 3 if po.replaced_event.is_set() else 0

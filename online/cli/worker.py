@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 
-from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir
+from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings
 from online.stream.reader import KafkaStream
@@ -32,18 +32,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_groups(parser, GROUPS)
 
 
-def read_settings(args: argparse.Namespace, env=None) -> tuple[WorkerSettings, str | None]:
+def read_settings(args: argparse.Namespace, env=None) -> tuple[WorkerSettings, str | None, StopDeadline]:
     """The worker's settings; with checkpoints, checked against how the latest one read the stream."""
     env = os.environ if env is None else env
     settings, directory = WorkerSettings.from_args(args, env), checkpoint_dir(args, env)
+    deadline = StopDeadline(STOP_TIMEOUT.read(args, env), "worker")
     if directory:
         from online.checkpoint.participants import check_reading, worker_reading
-        check_reading(directory, worker_reading(settings))
-    return settings, directory
+        check_reading(directory, worker_reading(settings), io_timeout(args, env))
+    return settings, directory, deadline
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_main(*read_settings(args), StopDeadline(STOP_TIMEOUT.read(args, os.environ), "worker")))
+    return asyncio.run(_main(*read_settings(args)))
 
 
 def _extension(directory: str | None) -> WorkerExtension | None:
