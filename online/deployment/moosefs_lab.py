@@ -340,6 +340,22 @@ class MooseFSLab:
         _run(["nsenter", f"--mount={self.lab.mount_namespaces[h.name]}", "umount", "-l", str(self.mount_point)],
              check=False)
 
+    def set_read_only(self, host: str, read_only: bool = True) -> None:
+        """The host's mount turns read-only (``read_only``) or writable again, without unmounting:
+        ``mount -o remount,ro`` of the FUSE superblock in the host's mount namespace, which every
+        copy of the mount in its tasks' namespaces shares, so their writes fail with EROFS at once
+        (as after an operator's or the kernel's remount, or an export turned ro). Checked by reading
+        the mount's options back in the host's namespace."""
+        h = self.lab.host(host)
+        ns = ["nsenter", f"--mount={self.lab.mount_namespaces[h.name]}"]
+        mode = "ro" if read_only else "rw"
+        _run([*ns, "mount", "-i", "-o", f"remount,{mode}", str(self.mount_point)])   # -i: no mount.fuse helper
+        options = _run([*ns, "findmnt", "-n", "-o", "VFS-OPTIONS,FS-OPTIONS", str(self.mount_point)]).stdout
+        # the superblock's flag (FS-OPTIONS) is what the tasks' copies share
+        fs_options = options.split()[-1].split(",") if options.split() else []
+        if mode not in fs_options:
+            raise RuntimeError(f"remount {mode} of {self.mount_point} on {h.name} did not take: {options.strip()}")
+
     # ------------------------------------------------------------------ a full file system
     def set_quota(self, path: str | os.PathLike, size_bytes: int | None) -> None:
         """A hard size quota on a directory of the file system (None removes it): writes past it fail
