@@ -256,7 +256,10 @@ def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_p
             assert len(unreachable) == 1 and len(reachable) == 1, "\n".join(loud[:60])
             assert "last_error=" in unreachable[0] and suppressed > 0, unreachable[0]
             assert len(loud) <= 200, "\n".join(loud[:200])
-            assert 1 <= len(still) <= 4, still   # one per 10 s of a ~30 s outage
+            # one per 10 s (LIVEVEC_KAFKA_LOG_SUMMARY_INTERVAL) of the outage as the worker saw it (~30 s; longer
+            # when a loaded machine restarts the broker slowly)
+            seen = float(re.search(r" seconds=([\d.]+)", reachable[0]).group(1))
+            assert 1 <= len(still) <= int(seen // 10) + 1, (seen, still)
             assert cluster.metric(name, "livevec_kafka_client_log_lines_suppressed_total") >= suppressed
         print("\n".join(report))
     finally:
