@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from online.checkpoint.store import CheckpointStore
+from online.checkpoint.store import CheckpointError, CheckpointStore
 from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import describe
 from online.deployment.moosefs_lab import PACKAGES, MooseFSLab, moosefs_support_problem
@@ -136,9 +136,13 @@ class _Ctx:
         # while the master is down
         self.store = CheckpointStore(mfs.admin_dir / "checkpoints", io_timeout=IO_TIMEOUT)
 
+    def view(self, io_timeout: float = IO_TIMEOUT) -> CheckpointStore:
+        """A store of its own per look: calls left hanging by one look do not fail the next ones."""
+        return CheckpointStore(self.store.root, io_timeout=io_timeout, create=False)
+
     def latest(self):
         try:
-            return self.store.latest_complete(check_data=False)
+            return self.view().latest_complete(check_data=False)
         except OSError:
             return None
 
@@ -216,13 +220,28 @@ class _Ctx:
                   for app, text in after.items()}
         for app, n in errors.items():   # the outage's one line, nothing else at ERROR
             assert n <= 1, (name, app, [line for line in after[app].splitlines() if "level=error" in line][:5])
-        # nothing half-written is taken as the latest: every directory with a manifest verifies
-        for ckpt_id in self.store.ids():
-            if (self.store.path_of(ckpt_id) / "manifest.json").exists():
-                self.store.verify(ckpt_id)
+        # nothing half-written is taken as the latest: the newest checkpoint, written after the fault, is the
+        # one a restore takes, and it verifies in full; every other directory with a manifest verifies too,
+        # or is refused as damaged (what a restore skips), never taken for complete without its data
+        store = self.view(30.0)
+        newest = store.latest_complete(check_data=True)
+        assert newest is not None and newest.id > before.id, (name, newest, before.id)
+        assert newest.id == max(store.ids()), (name, newest.id, store.ids())
+        older = {}
+        for ckpt_id in store.ids():
+            if ckpt_id == newest.id or not (store.path_of(ckpt_id) / "manifest.json").exists():
+                continue
+            try:
+                self.view(10.0).verify(ckpt_id)
+                older[ckpt_id] = "ok"
+            except CheckpointError as exc:
+                older[ckpt_id] = f"damaged: {exc}"
+            except OSError as exc:   # reads that hang: a restore would wait on them, not take them
+                older[ckpt_id] = f"unreadable: {exc}"
         lines = [line for text in after.values() for line in text.splitlines() if "checkpoint_storage" in line]
         report = {"fault": name, "detected_s": round(detected, 1), "resumed_s": round(resumed, 1),
-                  "records_trained": int(trained), "error_lines": errors, "lines": lines[:4]}
+                  "records_trained": int(trained), "error_lines": errors, "older_checkpoints": older,
+                  "lines": lines[:4]}
         print(report)
         return report
 
