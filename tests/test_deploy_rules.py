@@ -123,6 +123,8 @@ K8S_BREAKAGES = {
                                                         "name": "livevec-worker"}}}),
     "envFrom ConfigMap": lambda o: o.remove(_obj(o, "ConfigMap", "livevec-config")),
     "volume claim": lambda o: o.remove(_obj(o, "PersistentVolumeClaim", "livevec-shared")),
+    "but not ReadWriteMany (ReadWriteOnce)":
+        lambda o: _obj(o, "PersistentVolumeClaim", "livevec-shared")["spec"].update(accessModes=["ReadWriteOnce"]),
     "targetPort 'web'":
         lambda o: _obj(o, "Service", "livevec-frontend")["spec"]["ports"][0].update(targetPort="web"),
     # the worker pod: its containers share one network namespace and one memory volume

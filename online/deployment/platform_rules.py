@@ -143,6 +143,9 @@ def k8s_problems(objects: list[Mapping]) -> list[str]:
     workloads = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
     configmaps = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
     claims = {o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    claim_modes = {o["metadata"]["name"]: o.get("spec", {}).get("accessModes") or []
+                   for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    claim_users: dict[str, set[str]] = {}
 
     def pod_specs():
         for o in workloads:
@@ -178,8 +181,15 @@ def k8s_problems(objects: list[Mapping]) -> list[str]:
             claim = (vol.get("persistentVolumeClaim") or {}).get("claimName")
             if claim is not None and claim not in claims:
                 problems.append(f"{name}: volume claim {claim!r} is not defined")
+            if claim is not None:
+                claim_users.setdefault(claim, set()).add(name)
         problems += _pod_problems(name, template["spec"])
         problems += _pod_security_problems(name, template["spec"], _pod_security_level(objects, owner))
+    # the shared checkpoint volume: every role mounts it from its own node, which only ReadWriteMany allows
+    for claim, users in sorted(claim_users.items()):
+        if len(users) > 1 and claim in claim_modes and "ReadWriteMany" not in claim_modes[claim]:
+            problems.append(f"PersistentVolumeClaim/{claim}: mounted by {len(users)} workloads on different nodes "
+                            f"but not ReadWriteMany ({', '.join(claim_modes[claim]) or 'no accessModes'})")
     for o in objects:
         name = f"{o['kind']}/{o['metadata']['name']}"
         if o["kind"] == "PodDisruptionBudget":
