@@ -70,6 +70,11 @@ class Postoffice:
         # (Scheduler) listener(event, node_id, role): "dead", "alive_again", "recovered", "adopted", "worker_*";
         # called with the book locked, on the receive or monitor thread: only record the event.
         self.membership_listeners: list[Callable[[str, int, int], None]] = []
+        # (Server, worker) set when the scheduler gave this node's id to another process (this one was
+        # declared dead, e.g. while cut off, and replaced): it is no longer in the cluster. Listeners
+        # (called once, on the receive thread, with the new owner) decide what to do, e.g. stop the process.
+        self.replaced_event = threading.Event()
+        self.replaced_listeners: list[Callable[[Node], None]] = []
 
     @property
     def my_node(self) -> Node:
@@ -128,6 +133,14 @@ class Postoffice:
         if group & WORKER_GROUP:
             ids.extend(self.worker_ids())
         return ids
+
+    def dead_node_ids(self) -> set[int]:
+        """(Scheduler) ids declared dead (silent for longer than PS_HEARTBEAT_TIMEOUT) and not back or
+        replaced since; elsewhere empty."""
+        if self._book is None:
+            return set()
+        with self._book.lock:
+            return set(self._book.reported_dead)
 
     def nodes(self) -> dict[int, Node]:
         """The nodes this process knows (for the scheduler: the whole live cluster)."""
@@ -315,9 +328,34 @@ class Postoffice:
             self.van.set_my_id(mine.id, mine.is_recovery)
             self.is_recovery = mine.is_recovery
             os.environ["DMLC_RANK"] = str(id_to_rank(mine.id))
+        else:
+            owner = next((n for n in nodes if n.id == me.id and n.role == me.role
+                          and (n.hostname, n.port) != (me.hostname, me.port)), None)
+            if owner is not None:
+                self._replaced(owner)
+                return
         for node in nodes:
             self._learn(node)
         self.ready_event.set()
+
+    def _replaced(self, owner: Node) -> None:
+        """The scheduler says that this node's id belongs to another process now: this one was declared
+        dead and replaced. It stops heartbeating (the scheduler ignores those heartbeats anyway) and
+        tells its listeners once."""
+        if self.replaced_event.is_set():
+            return
+        self.replaced_event.set()
+        self.van.stop_heartbeat()
+        me = self.van.my_node
+        log_event(log, "node_replaced", logging.ERROR, id=me.id, role=self.role, address=f"{me.hostname}:{me.port}",
+                  owner=f"{owner.hostname}:{owner.port}",
+                  reason="declared dead by the scheduler (silent for longer than PS_HEARTBEAT_TIMEOUT) and its id "
+                         "given to another process: this one is no longer in the cluster")
+        for listener in list(self.replaced_listeners):
+            try:
+                listener(owner)
+            except Exception:  # a listener must never break the receive thread
+                log.exception("replaced listener failed")
 
     def _learn(self, node: Node) -> None:
         me = self.van.my_node

@@ -69,6 +69,10 @@ class SchedulerBook:
         self.barrier_request: dict[int, Meta] = {}
         self.start_time = time.monotonic()
         self.adopted = False   # nodes were taken back from their heartbeats (restarted scheduler)
+        self._told_replaced: dict[tuple[str, int], float] = {}   # stale address -> when it was last told
+        # processes whose id went to another (declared dead, maybe only cut off): told so until this deadline,
+        # since one alive behind a partition hears it only when the link returns
+        self._displaced: dict[tuple[str, int], tuple[Node, float]] = {}
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         registry = po.registry
@@ -79,6 +83,8 @@ class SchedulerBook:
         self.m_removed = registry.counter("pslite_workers_removed_total", "workers that left or died (elastic)")
         self.m_dead = registry.counter("pslite_nodes_dead_total", "nodes declared dead (silent > PS_HEARTBEAT_TIMEOUT)")
         registry.gauge("pslite_dead_nodes", "dead nodes not back/replaced", fn=lambda: float(len(self.reported_dead)))
+        self.m_stale = registry.counter("pslite_stale_nodes_total",
+                                        "processes heartbeating under an id the scheduler gave to another process")
 
     def start(self) -> None:
         if self.settings.heartbeat_timeout > 0 or self.po.elastic:
@@ -119,7 +125,9 @@ class SchedulerBook:
     def dead_nodes(self) -> list[int]:
         """ps-lite's GetDeadNodes(PS_HEARTBEAT_TIMEOUT): silent for longer than the timeout."""
         t = self.settings.heartbeat_timeout
-        if t <= 0 or not self.po.ready_event.is_set():
+        # A restarted scheduler that is still taking the nodes back (not ready: a server is missing) times
+        # out the nodes it adopted too: one that died meanwhile would otherwise stay a member for ever.
+        if t <= 0 or not (self.po.ready_event.is_set() or self.adopted):
             return []
         now = time.monotonic()
         if self.start_time + t >= now:
@@ -230,6 +238,8 @@ class SchedulerBook:
         entries: list[Node] = []
         for e in self.entries:
             if e.id == node_id:
+                if (e.hostname, e.port) != (node.hostname, node.port):
+                    self._displaced[(e.hostname, e.port)] = (e, time.monotonic() + self.DISPLACED_NOTICE_FOR)
                 if not replaced:
                     entries.append(node)
                     replaced = True
@@ -265,10 +275,16 @@ class SchedulerBook:
     def on_heartbeat(self, msg: Message) -> None:
         now = time.monotonic()
         with self.lock:
-            known = {e.id for e in self.entries}
+            known = {e.id: e for e in self.entries}
             for n in msg.meta.control.node:
                 if n.id not in known and not self._adopt(n, msg.meta.sender):
                     self.van.reject("heartbeat_from_unknown_node", msg.meta.sender, f"id={n.id}")
+                    return
+                entry = known.get(n.id)
+                if entry is not None and (entry.hostname, entry.port) != (n.hostname, n.port):
+                    # Its id went to another process (it was declared dead and replaced, e.g. while cut
+                    # off): its heartbeats must not keep that id alive. Tell it, so that it stops.
+                    self._tell_replaced(n, entry)
                     return
             for n in msg.meta.control.node:
                 self.last_seen[n.id] = now
@@ -280,6 +296,31 @@ class SchedulerBook:
         for recver in recvers:
             self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=recver,
                                        control=Control(cmd=Cmd.HEARTBEAT, node=[self.me()]))), block=False)
+
+    TELL_REPLACED_EVERY = 2.0   # seconds between two notices to one stale process
+    DISPLACED_NOTICE_FOR = 600.0   # seconds a replaced node's old address keeps being told
+
+    def _tell_replaced(self, stale: Node, entry: Node) -> None:
+        """A process heartbeats under an id that belongs to ``entry`` (another address): send it the
+        node list that says so (ps-lite's ADD_NODE; the Postoffice of a stale node sees its id at
+        another address and stops), on a socket of its own since its id routes to the new owner."""
+        address = (stale.hostname, stale.port)
+        now = time.monotonic()
+        last = self._told_replaced.get(address)
+        if last is not None and now - last < self.TELL_REPLACED_EVERY:
+            return
+        if last is None:
+            self.m_stale.inc()
+            log_event(log, "stale_node", logging.WARNING, id=stale.id, address=f"{stale.hostname}:{stale.port}",
+                      owner=f"{entry.hostname}:{entry.port}",
+                      action="told it was replaced; its heartbeats no longer count for the id")
+        if len(self._told_replaced) > 1024:
+            self._told_replaced.clear()
+        self._told_replaced[address] = now
+        target = Node(stale.role, stale.id, stale.hostname, stale.port, False, 0, stale.public_key)
+        self.van.send_once(target, Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(),
+                                                recver=stale.id,
+                                                control=Control(cmd=Cmd.ADD_NODE, node=[entry, self.me()]))))
 
     def _adopt(self, n: Node, sender: int) -> bool:
         """(Extension) a heartbeat from a node never registered here (this scheduler restarted): the
@@ -326,8 +367,11 @@ class SchedulerBook:
         """A node registering (ADD_NODE) with a restarted scheduler that is still taking the running
         nodes back: a restarted server takes its missing slot; others wait for the cluster to be ready."""
         if node.role == Role.SERVER:
+            # a slot nobody holds first; then one adopted and silent since (its process may only be slow)
             taken = {e.id for e in self.entries if e.role == Role.SERVER}
-            free = [server_rank_to_id(r) for r in range(self.settings.num_server) if server_rank_to_id(r) not in taken]
+            dead = set(self.dead_nodes())
+            ids = [server_rank_to_id(r) for r in range(self.settings.num_server)]
+            free = [i for i in ids if i not in taken] + [i for i in ids if i in taken and i in dead]
             if free:
                 self._replace(free[0], node, "recovered")
                 self._ready_if_rebuilt()
@@ -357,6 +401,13 @@ class SchedulerBook:
 
     def _monitor_tick(self) -> None:
         with self.lock:
+            now = time.monotonic()
+            for address, (old, until) in list(self._displaced.items()):
+                owner = next((e for e in self.entries if e.id == old.id), None)
+                if until < now or owner is None or (owner.hostname, owner.port) == address:
+                    del self._displaced[address]
+                else:
+                    self._tell_replaced(old, owner)
             dead = self.dead_nodes()
             for i in dead:
                 if i not in self.reported_dead:

@@ -144,6 +144,7 @@ class Van:
         self._deferred: list[Callable[[], None]] = []
         self._hb_thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._hb_stop = threading.Event()
         self._stopped = False
         self.my_node = Node(role=int(Role[settings.role.upper()]))
         self.bind_endpoint = ""
@@ -278,7 +279,21 @@ class Van:
         peer = self._peers.get(node_id)
         return peer is not None and peer.identified and peer.address == f"tcp://{hostname}:{port}"
 
-    def _open_peer(self, node_id: int, hostname: str, port: int, identity: bool, server_key: str | bytes) -> None:
+    def send_once(self, node: Node, msg: Message) -> bool:
+        """Send one message to an address that is not (or no longer) a peer of this node, e.g. a
+        process whose id the scheduler gave to another: a DEALER of its own, closed at once with a
+        short linger. Returns whether the message was queued."""
+        sock = self._dealer(node.id, node.hostname, node.port, True, node.public_key)
+        try:
+            send_frames(sock, [pack_meta(msg.meta), *msg.data], _NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            self._m_send_fail.inc()
+            return False
+        finally:
+            sock.close(linger=STOP_LINGER_MS)
+
+    def _dealer(self, node_id: int, hostname: str, port: int, identity: bool, server_key: str | bytes) -> zmq.Socket:
         address = f"tcp://{hostname}:{port}"
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -292,6 +307,11 @@ class Van:
             if self.settings.water_mark is not None:
                 sock.setsockopt(zmq.SNDHWM, self.settings.water_mark)
         sock.connect(address)
+        return sock
+
+    def _open_peer(self, node_id: int, hostname: str, port: int, identity: bool, server_key: str | bytes) -> None:
+        address = f"tcp://{hostname}:{port}"
+        sock = self._dealer(node_id, hostname, port, identity, server_key)
         peer = _Peer(node_id, address, identity, sock)
         with self._peers_lock:
             old = self._peers.get(node_id)
@@ -419,8 +439,12 @@ class Van:
                                            name="ps-van-heartbeat", daemon=True)
         self._hb_thread.start()
 
+    def stop_heartbeat(self) -> None:
+        """No more heartbeats (the node was replaced); everything else goes on until stop()."""
+        self._hb_stop.set()
+
     def _heartbeat_loop(self, interval: float) -> None:
-        while not self._stopping.wait(interval):
+        while not self._stopping.wait(interval) and not self._hb_stop.is_set():
             node = self.my_node
             meta = Meta(customer_id=K_EMPTY, timestamp=self.next_timestamp(), recver=SCHEDULER_ID,
                         control=Control(cmd=Cmd.HEARTBEAT, node=[Node(node.role, node.id, node.hostname,

@@ -70,6 +70,9 @@ class _Metrics:
         self.rollback_seconds = r.histogram("livevec_rollback_seconds", "duration of a rollback (pause to resume)",
                                             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
         self.recovering = r.gauge("livevec_recovering", "1 while a rollback is pending or running")
+        self.wait_timeouts = r.counter("livevec_rollback_wait_timeouts_total",
+                                       "rollbacks that waited LIVEVEC_ROLLBACK_WAIT_TIMEOUT for members and went on "
+                                       "with the members they had")
 
 
 class CheckpointCoordinator(SchedulerExtension):
@@ -112,6 +115,12 @@ class CheckpointCoordinator(SchedulerExtension):
         self._next_files = 0.0
         self._thread: threading.Thread | None = None
         self._membership_changes = 0
+        # The wait of a pending rollback (liveness): when its first attempt failed, what it last waited for
+        # and when that was logged, and the workers a timed-out wait went on without (fenced by the servers).
+        self._wait_started: float | None = None
+        self._wait_logged: tuple[str, float] = ("", 0.0)
+        self._wait_timed_out = False
+        self.left_out: set[int] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -205,7 +214,11 @@ class CheckpointCoordinator(SchedulerExtension):
         if rollback_due:
             with self._lock:
                 reasons, self._rollback_reasons = self._rollback_reasons, []
-            if not self._rollback(reasons):
+            if self._rollback(reasons):
+                self._wait_started, self._wait_logged, self._wait_timed_out = None, ("", 0.0), False
+            else:
+                if self._wait_started is None:
+                    self._wait_started = time.monotonic()
                 with self._lock:
                     self._rollback_reasons = reasons + self._rollback_reasons
                     self._rollback_after = time.monotonic() + self.RETRY_DELAY
@@ -360,7 +373,7 @@ class CheckpointCoordinator(SchedulerExtension):
             ckpt_id = self.store.next_id()
         except OSError as exc:
             return self._storage_abort(None, "probe", exc, reason)
-        workers = self.po.worker_ids()
+        workers = [w for w in self.po.worker_ids() if w not in self.left_out]
         # A worker that dies during the pause must abort the checkpoint (not be left out of it): its
         # last batch may be half applied, which only the rollback its death triggers can undo.
         answers = self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "drain", "id": ckpt_id, "timeout": s.pause_timeout},
@@ -473,20 +486,63 @@ class CheckpointCoordinator(SchedulerExtension):
         return {"ok": False, "error": f"checkpoint directory failed ({op}): {describe(exc)}", "id": ckpt_id}
 
     # ------------------------------------------------------------------ rollback
+    ROLLBACK_WAITING_EVERY = 30.0   # seconds between two rollback_waiting lines that say the same
+
+    def _log_waiting(self, why: str, waiting_for: str, level: int = logging.INFO) -> None:
+        """``rollback_waiting``, rate-limited: when what it waits for changes, else every 30 s."""
+        now = time.monotonic()
+        last, at = self._wait_logged
+        if waiting_for == last and now - at < self.ROLLBACK_WAITING_EVERY:
+            return
+        self._wait_logged = (waiting_for, now)
+        waited = round(now - self._wait_started, 1) if self._wait_started is not None else 0.0
+        log_event(log, "rollback_waiting", level, reason=why, waiting_for=waiting_for, waited_s=waited,
+                  timeout_s=self.settings.rollback_wait_timeout)
+
+    def _wait_expired(self) -> bool:
+        return self._wait_started is not None and \
+            time.monotonic() - self._wait_started >= self.settings.rollback_wait_timeout
+
+    def _live_workers(self) -> list[int]:
+        """The workers a rollback waits for: the members of the cluster not declared dead."""
+        dead = self.po.dead_node_ids()
+        return [w for w in self.po.worker_ids() if w not in dead]
+
+    def _missing_servers(self) -> list[int]:
+        """Servers a rollback cannot go without: declared dead (and not back or replaced since), or not
+        in the scheduler's book at all (a restarted scheduler that has not taken them back yet)."""
+        known = self.po.nodes()
+        dead = self.po.dead_node_ids()
+        # the book is the truth: a server back or replaced since its "dead" event is no longer waited for
+        self.dead_servers = {s for s in self.dead_servers if s in dead or s not in known}
+        return sorted(s for s in self.po.server_ids() if s in self.dead_servers or s in dead or s not in known)
+
     def _rollback(self, reasons: list[str]) -> bool:
         t0 = time.monotonic()
         why = "; ".join(dict.fromkeys(reasons))[:500]
-        if self.dead_servers:
-            log_event(log, "rollback_waiting", reason=why, waiting_for=f"servers {sorted(self.dead_servers)}")
-            self._pause_for_rollback(self.po.worker_ids())   # stop useless retries meanwhile
+        missing = self._missing_servers()
+        if missing:
+            self._log_waiting(why, f"servers {missing}")
+            self._pause_for_rollback(self._live_workers())   # stop useless retries meanwhile
             return False
         servers = self.po.server_ids()
         self._ask(pc.HEAD_RECOVERING, {"recovering": True}, servers, 2.0)
-        answers = self._pause_for_rollback(self.po.worker_ids())
+        answers = self._pause_for_rollback(self._live_workers())
         failed = sorted(n for n, a in answers.items() if a is None or not a.get("ok", True) or
                         not a.get("fence_ok", True))
-        if failed:
-            log_event(log, "rollback_waiting", reason=why, waiting_for=f"workers {failed} to pause and fence")
+        if failed and self._wait_expired():
+            # No wait is unbounded: go on with the workers that answered. The others are not taken in,
+            # so the servers fence whatever they send; one that is alive asks for a rollback again.
+            if not self._wait_timed_out:
+                self._wait_timed_out = True
+                self.metrics.wait_timeouts.inc()
+                log_event(log, "rollback_wait_timeout", logging.WARNING, reason=why, left_out=",".join(map(str, failed)),
+                          waited_s=round(time.monotonic() - self._wait_started, 1),
+                          timeout_s=self.settings.rollback_wait_timeout,
+                          action="rolling back with the workers that answered; the others stay fenced")
+            answers = {n: a for n, a in answers.items() if n not in failed}
+        elif failed:
+            self._log_waiting(why, f"workers {failed} to pause and fence")
             return False
         trainers = sorted(n for n, a in answers.items() if a and a.get("trainer"))
         try:   # a store it cannot read is not a store without checkpoints: wait, never restore an empty model
@@ -515,10 +571,11 @@ class CheckpointCoordinator(SchedulerExtension):
                           drop_gone=True, give_up_on_rollback=True)
         bad = sorted(n for n, a in seeks.items() if a is None or not a.get("ok"))
         if bad:
-            log_event(log, "rollback_waiting", logging.WARNING, reason=why, waiting_for=f"workers {bad} to seek")
+            self._log_waiting(why, f"workers {bad} to seek", logging.WARNING)
             return False
         self.base = target
         self.trainers = set(seeks)
+        self.left_out = set(failed)
         # The servers take the new members in before the workers resume, or their first pushes are fenced.
         self._ask(pc.HEAD_RECOVERING, {"recovering": False, "members": sorted(seeks)}, servers, 2.0)
         self._ask(pc.HEAD_CHECKPOINT_RESUME, {}, sorted(seeks), 10.0, drop_gone=True)

@@ -43,6 +43,10 @@ COORDINATOR = SettingGroup("checkpoints (the coordinator runs when a directory i
             flags=("--checkpoint-keep",), help="complete checkpoints kept"),
     Setting("pause_timeout", "LIVEVEC_CHECKPOINT_PAUSE_TIMEOUT", float, 30.0, minimum=0.5, metavar="SECONDS",
             flags=("--checkpoint-pause-timeout",), help="seconds workers get to pause"),
+    Setting("rollback_wait_timeout", "LIVEVEC_ROLLBACK_WAIT_TIMEOUT", float, 60.0, minimum=1.0, metavar="SECONDS",
+            flags=("--rollback-wait-timeout",),
+            help="seconds a rollback waits for workers that do not pause, fence or seek; it then starts again "
+                 "with the workers that answer (the others are fenced until a later rollback takes them in)"),
     IO_TIMEOUT,
 ))
 
@@ -59,6 +63,7 @@ class CoordinatorSettings:
     records: int = 0              # trained records between checkpoints (0: no record trigger)
     keep: int = 3                 # complete checkpoints kept
     pause_timeout: float = 30.0   # seconds the workers get to finish their batches in flight
+    rollback_wait_timeout: float = 60.0   # seconds a rollback waits for members that do not answer
     io_timeout: float = 120.0     # seconds a call on the checkpoint directory may take
 
     @classmethod

@@ -1,0 +1,153 @@
+"""Liveness under overlapping faults (issue 28, item 6): the soak's seed-7 deadlock, shortened.
+
+``bench/soak.py --duration 600 --hosts 4 --seed 7`` stopped training for good at 134 s: a 15 s partition of
+the scheduler's host (every server declared dead), a server killed meanwhile, then the scheduler killed
+again and again while the rollback waited. Its relaunched server registered while another server, alive
+but cut off, was declared dead, and took *that* server's id; the killed server's id was never filled again,
+the displaced server kept running outside the cluster (its heartbeats kept its old id "live"), and every
+coordinator after it waited for ever (``rollback_waiting``, for the servers, then for the workers to fence
+against a server that no longer existed).
+
+The same state, reached in about a minute with the real processes of the Marathon group (local runner,
+which relaunches killed tasks as Marathon would):
+
+1. server A is cut off (SIGSTOP: the process is alive and silent, as behind a partition) until the
+   scheduler declares it dead;
+2. server B is killed with SIGKILL; the runner relaunches it and it registers while A is dead;
+3. A comes back (SIGCONT);
+4. the scheduler is killed twice while the rollback waits.
+
+Then: training resumes within 60 s of the last fault, the #8 ledger ends with every record trained exactly
+once (0 twice, 0 skipped), and the displaced server does not idle outside the cluster: it exits, saying why.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from online.cli.up import local_cluster
+from online.checkpoint.store import CheckpointStore
+from online.learner.tokenizer import Tokenizer
+from online.stream.sample_corpus import generate_lines
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, wait_until
+from tests.test_checkpoint_recovery import ClusterProbe, Producer
+
+RESUME_BOUND = 60.0   # seconds from the last fault to training again
+
+
+def _log(run: Path, app: str, index: int = 0) -> str:
+    path = run / "logs" / f"livevec-{app}-{index}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _server_index_with_id(run: Path, node_id: int) -> int | None:
+    for index in (0, 1):
+        ids = re.findall(r"event=node_ready role=server id=(\d+)", _log(run, "server", index))
+        if ids and int(ids[-1]) == node_id:
+            return index
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_displaced_server_and_scheduler_kills_during_the_rollback_wait_do_not_stop_training(
+        kafka_bootstrap, kafka_topic, tmp_path):
+    topic = kafka_topic(partitions=4, prefix="overlap")
+    lines = generate_lines(4800, seed=17)
+    producer = Producer(kafka_bootstrap, topic, lines, rate=20.0)     # 1200 records over ~60 s
+    tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(producer.records))
+    env = {"PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_CHECKPOINT_INTERVAL": "2",
+           "LIVEVEC_DIM": "16", "LIVEVEC_MIN_COUNT": "3", "LIVEVEC_KAFKA_BATCH_RECORDS": "15",
+           "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000", "LIVEVEC_REQUEST_TIMEOUT": "4",
+           "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}", "LIVEVEC_SYNC_INTERVAL": "0.3",
+           "LIVEVEC_LOG_LEVEL": "INFO", "LIVEVEC_ROLLBACK_WAIT_TIMEOUT": "20"}
+    run = tmp_path / "run"
+    runner = local_cluster(run, kafka_bootstrap, topic, servers=2, workers=2, env=env)
+    store = CheckpointStore(run / "shared" / "livevec" / "checkpoints")
+    probe = None
+    stopped_pid = None
+    try:
+        runner.start()
+        assert runner.wait_healthy(timeout=120), "cluster did not become healthy"
+        probe = ClusterProbe(runner.port("scheduler", "ps"), servers=2)
+        producer.start()
+
+        def records():
+            stats = probe.stats()
+            return (stats[0].get("ledger") or {}).get("records", 0) if stats else 0
+
+        wait_until(lambda: records() > 60, 90, interval=0.25, message="training to start")
+        wait_until(lambda: store.latest_complete(check_data=False), 60, interval=0.25, message="a first checkpoint")
+
+        # 1. server A (id 8: the first server the scheduler would hand to a newcomer) goes silent
+        a = wait_until(lambda: (_server_index_with_id(run, 8),) if _server_index_with_id(run, 8) is not None
+                       else None, 10, message="the server with id 8")[0]
+        b = 1 - a
+        sched_mark = len(_log(run, "scheduler"))
+        stopped_pid = runner.kill_task("server", a, signal.SIGSTOP)
+        assert stopped_pid
+        wait_until(lambda: "event=node_dead id=8 " in _log(run, "scheduler")[sched_mark:], 20,
+                   interval=0.1, message="server 8 declared dead")
+        # 2. server B is killed; the runner relaunches it while A is still declared dead
+        b_mark = len(_log(run, "server", b))
+        assert runner.kill_task("server", b) is not None
+        wait_until(lambda: "event=node_ready" in _log(run, "server", b)[b_mark:], 60, interval=0.2,
+                   message="the relaunched server to register")
+        time.sleep(1.0)
+        # 3. A's "partition" heals
+        os.kill(stopped_pid, signal.SIGCONT)
+        time.sleep(4.0)
+        # 4. the scheduler killed twice while the rollback waits
+        for _ in range(2):
+            assert runner.kill_task("scheduler") is not None
+            time.sleep(1.0)
+            assert runner.wait_healthy(["scheduler"], timeout=60)
+            time.sleep(5.0)
+        last_fault = time.monotonic()
+
+        # training resumes: the coordinator idle, no server recovering, and the ledger moving again
+        def training_again():
+            stats = probe.stats()
+            if not stats or any(s.get("recovering") for s in stats) or not coordinator_idle(runner):
+                return False
+            before = (stats[0].get("ledger") or {}).get("records", 0)
+            time.sleep(1.0)
+            return records() > before or producer.sent == len(producer.records) and \
+                sum(((stats[0].get("ledger") or {}).get("frontier") or {}).values()) >= producer.sent
+
+        wait_until(training_again, RESUME_BOUND, interval=0.5,
+                   message=f"training to resume within {RESUME_BOUND:.0f}s of the last fault\n"
+                           + "\n".join(line[:300] for line in _log(run, "scheduler").splitlines()
+                                       if "rollback_waiting" in line)[-3000:])
+        resumed_after = time.monotonic() - last_fault
+        print(f"training resumed {resumed_after:.1f}s after the last fault")
+
+        # the displaced server does not idle outside the cluster: it exits and says why
+        wait_until(lambda: not _alive(stopped_pid), 30, interval=0.5,
+                   message=f"the displaced server (pid {stopped_pid}) to exit")
+        assert "event=node_replaced " in _log(run, "server", a), _log(run, "server", a)[-3000:]
+
+        producer.join(timeout=120)
+        assert producer.error is None and producer.sent == len(producer.records)
+        assert_trained_exactly_once(probe.stats, topic, len(producer.records), tokens_expected, timeout=120,
+                                    idle=lambda: coordinator_idle(runner))
+    finally:
+        if stopped_pid is not None and _alive(stopped_pid):
+            os.kill(stopped_pid, signal.SIGCONT)
+        if probe is not None:
+            probe.close()
+        runner.stop()
