@@ -357,6 +357,9 @@ class WorkerCheckpointing(WorkerExtension):
 
     ASK_INTERVAL = 2.0        # seconds between requests for a rollback while one is wanted
     CHECKPOINT_LEASE = 60.0   # a checkpoint pause longer than this ends by itself (the coordinator died)
+    # A rollback's pause with no seek after this long: the rollback went on without this worker (twice the
+    # coordinator's default LIVEVEC_ROLLBACK_WAIT_TIMEOUT, so a slow checkpoint load is not taken for it).
+    ROLLBACK_LEASE = 120.0
     PROBES = 3                # unanswered requests before concluding the scheduler runs no coordinator
 
     def attach(self, worker) -> None:
@@ -558,6 +561,11 @@ class WorkerCheckpointing(WorkerExtension):
         if self._mode == "checkpoint" and now - self._paused_at > self.CHECKPOINT_LEASE:
             log_event(log, "checkpoint_pause_expired", logging.WARNING, seconds=round(now - self._paused_at, 1))
             await self._resume({})
+        if self._mode == "rollback" and self._want is None and now - self._paused_at > self.ROLLBACK_LEASE:
+            # Paused by a rollback that went on without this worker (its wait timed out, or the coordinator
+            # restarted): it trains nothing until a rollback seeks it, so it asks for one.
+            log_event(log, "rollback_pause_expired", logging.WARNING, seconds=round(now - self._paused_at, 1))
+            self.want_rollback("left out of a rollback")
         if self._want is None or self.coordinator is False or now < self._next_ask:
             return
         self._next_ask = now + self.ASK_INTERVAL
