@@ -7,8 +7,11 @@ servers' statistics (server 0's batch ledger: what was trained, exactly once or 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -22,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from online.cluster import ps_commands as pc  # noqa: E402
 from online.checkpoint.store import CheckpointStore, read_shard_file  # noqa: E402
-from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings  # noqa: E402
+from online.stream.kafka_broker import KafkaBroker, KafkaBrokerSettings, _free_port  # noqa: E402
 from online.stream.producer import ensure_topic  # noqa: E402
 from online.stream.sample_corpus import planted_groups  # noqa: E402
 from online.cli.up import local_cluster  # noqa: E402
@@ -40,6 +43,40 @@ def start_broker(host: str = "127.0.0.1") -> KafkaBroker:
                                              state_file=None))
     broker.start()
     return broker
+
+
+class RestartableBroker:
+    """A broker on a fixed address, port and data directory that can be killed with SIGKILL and started again
+    from the same directory, as an operator's restart (``tests/test_kafka_outage.py``'s broker, for the soak)."""
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1"):
+        self.settings = dataclasses.replace(KafkaBrokerSettings.from_env(), host=host, port=_free_port(host),
+                                            data_dir=Path(data_dir), state_file=None)
+        self.broker: KafkaBroker | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.settings.host}:{self.settings.port}"
+
+    def running(self) -> bool:
+        return self.broker is not None and self.broker.is_running()
+
+    def start(self) -> float:
+        """Start (or restart from the same data directory); the seconds until it answered."""
+        self.broker = KafkaBroker(self.settings)
+        self.broker.start()
+        return self.broker.start_seconds
+
+    def kill(self) -> None:
+        proc = self.broker.process
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        self.broker._terminate(grace=1.0)   # closes its log file; the data directory is not the broker's to remove
+
+    def stop(self) -> None:
+        if self.broker is not None:
+            self.broker.stop(grace=10.0)
 
 
 def new_topic(bootstrap: str, partitions: int = 4) -> str:
@@ -67,7 +104,10 @@ class Producer(threading.Thread):
     async def _run(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+        # idempotent, and a request timeout longer than a broker restart: a batch the killed broker wrote but did
+        # not acknowledge is not written twice, and none expires while the broker is down
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5,
+                                    enable_idempotence=True, request_timeout_ms=180000)
         await producer.start()
         try:
             t0 = time.monotonic()
@@ -126,16 +166,20 @@ class Cluster:
     """Scheduler, servers, workers and front end from the Marathon group, plus the probe."""
 
     def __init__(self, work: Path, bootstrap: str, topic: str, *, servers: int = 2, workers: int = 2,
-                 env: dict | None = None, lab=None, agents: int | None = None):
+                 env: dict | None = None, lab=None, agents: int | None = None, volumes: dict | None = None,
+                 store_root: Path | None = None, store_io_timeout: float | None = None):
         """With ``lab`` (a started NetnsLab) the group runs on its first ``agents`` hosts and the probe on
-        the last one, which nothing in the group uses (so a partition of a group host never hides the ledger)."""
+        the last one, which nothing in the group uses (so a partition of a group host never hides the ledger).
+        ``volumes``: the runner's (a MooseFS lab's ``volumes()``), and ``store_root`` where this process sees the
+        checkpoints then (the operator's mount), read with ``store_io_timeout`` per call."""
         self.work = work
         self.servers = servers
         self.lab = lab
         self.env = {**FAST_RECOVERY_ENV, "LIVEVEC_KAFKA_GROUP": f"g-{uuid.uuid4().hex[:8]}", **(env or {})}
         self.runner = local_cluster(work / "run", bootstrap, topic, servers=servers, workers=workers, env=self.env,
-                                    lab=lab, agents=agents)
-        self.store = CheckpointStore(work / "run" / "shared" / "livevec" / "checkpoints")
+                                    lab=lab, agents=agents, volumes=volumes)
+        self.store = CheckpointStore(store_root or work / "run" / "shared" / "livevec" / "checkpoints",
+                                     io_timeout=store_io_timeout)
         self.probe: Probe | None = None
 
     def start(self, timeout: float = 180) -> None:

@@ -242,6 +242,11 @@ class MooseFSLab:
         daemon.proc = None
         (self.state_dir / f"{name}.pid").unlink(missing_ok=True)
 
+    def running(self, name: str) -> bool:
+        """Whether this lab's daemon ``name`` (``master``, ``cs1``, ``mount-lv0h1``, ``admin``) is running."""
+        daemon = self._daemons.get(name)
+        return daemon is not None and daemon.proc is not None and daemon.proc.poll() is None
+
     def _end_leftovers(self) -> None:
         """The daemons and namespaces a killed run of this lab left (by the ids it recorded)."""
         if not self.state_dir.is_dir():
