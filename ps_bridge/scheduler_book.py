@@ -73,6 +73,7 @@ class SchedulerBook:
         # processes whose id went to another (declared dead, maybe only cut off): told so until this deadline,
         # since one alive behind a partition hears it only when the link returns
         self._displaced: dict[tuple[str, int], tuple[Node, float]] = {}
+        self._removed_dead: dict[int, Node] = {}   # elastic workers removed as dead: displaced if their id is reused
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         registry = po.registry
@@ -247,6 +248,9 @@ class SchedulerBook:
             entries.append(e)
         if not replaced:
             entries.append(node)
+            gone = self._removed_dead.pop(node_id, None)   # a worker removed as dead may still run (cut off)
+            if gone is not None and (gone.hostname, gone.port) != (node.hostname, node.port):
+                self._displaced[(gone.hostname, gone.port)] = (gone, time.monotonic() + self.DISPLACED_NOTICE_FOR)
         self.entries = entries
         self.last_seen[node_id] = time.monotonic()
         self.reported_dead.discard(node_id)
@@ -261,6 +265,8 @@ class SchedulerBook:
         self._recheck_barriers()
 
     def _remove_worker(self, node_id: int, reason: str, linger_ms: int = 0) -> None:
+        if reason == "dead":
+            self._removed_dead.update((e.id, e) for e in self.entries if e.id == node_id)
         self.entries = [e for e in self.entries if e.id != node_id]
         self.last_seen.pop(node_id, None)
         self.reported_dead.discard(node_id)

@@ -151,3 +151,40 @@ def test_a_displaced_server_and_scheduler_kills_during_the_rollback_wait_do_not_
         if probe is not None:
             probe.close()
         runner.stop()
+
+
+@pytest.mark.slow
+def test_a_worker_replaced_while_cut_off_exits_instead_of_holding_its_partitions(tmp_path, kafka_bootstrap,
+                                                                                  kafka_topic):
+    """Worker A frozen until declared dead, a new worker takes its id, A comes back: A is told, stops without
+    a LEAVE (the id is the new worker's now) and exits with 3, so Marathon relaunches it; the new worker stays."""
+    from tests.cluster_harness import Cluster
+
+    topic = kafka_topic(2)
+    cluster = Cluster(tmp_path, servers=1, workers=1,
+                      env={"LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+                           "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "16", "LIVEVEC_LOG_LEVEL": "INFO"})
+    try:
+        cluster.start("scheduler", "scheduler")
+        cluster.start("server0", "server")
+        first = cluster.start("worker0", "worker")
+        wait_until(lambda: "event=worker_ready" in cluster.log("worker0"), 60, message="worker0 ready")
+        node_id = re.search(r"event=worker_ready node_id=(\d+)", cluster.log("worker0")).group(1)
+        first.send_signal(signal.SIGSTOP)   # alive and silent, as behind a partition
+        wait_until(lambda: re.search(rf"event=node_dead\b.*\bid={node_id}\b", cluster.log("scheduler")), 30,
+                   message=f"the scheduler to declare node {node_id} dead")
+        cluster.start("worker1", "worker")
+        wait_until(lambda: "event=worker_ready" in cluster.log("worker1"), 60, message="worker1 ready")
+        assert re.search(r"event=worker_ready node_id=(\d+)", cluster.log("worker1")).group(1) == node_id
+        first.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while first.poll() is None:
+            assert time.monotonic() < deadline, "the replaced worker is still running:\n" + cluster.log("worker0")[-3000:]
+            time.sleep(0.2)
+        assert first.returncode == 3, cluster.log("worker0")[-3000:]
+        assert "event=node_replaced" in cluster.log("worker0")
+        time.sleep(2)
+        assert cluster.procs["worker1"].poll() is None, cluster.log("worker1")[-3000:]
+        assert f"id={node_id}" in cluster.log("scheduler")
+    finally:
+        cluster.stop()

@@ -71,6 +71,10 @@ async def _main(settings: WorkerSettings, directory: str | None, stop: StopDeadl
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop)
+    # Declared dead and its id given to another worker (cut off, then replaced): outside the cluster for good, its
+    # pushes fenced, so it stops (the servers have none of its uncommitted batches; Kafka redelivers them) and
+    # exits 3 for Marathon to relaunch it, instead of holding its partitions while training nothing.
+    kv.po.replaced_listeners.append(lambda _owner: loop.call_soon_threadsafe(_stop))
     log_event(log, "worker_ready", node_id=kv.po.node_id, pid=os.getpid(), topics=",".join(settings.stream.topics),
               group=settings.stream.group)
     try:
@@ -86,8 +90,9 @@ async def _main(settings: WorkerSettings, directory: str | None, stop: StopDeadl
         t = worker.trainer.totals
         log_event(log, "worker_stopping", node_id=kv.po.node_id, tokens=t.tokens, words=t.kept, pairs=t.pairs,
                   stop_s=round(stop.elapsed(), 2))
-        if kv.po.elastic:   # the scheduler gone: its acknowledgement is waited for only what is left
+        # (A replaced worker does not leave: its id is another worker's now, whom a LEAVE would remove.)
+        if kv.po.elastic and not kv.po.replaced_event.is_set():   # the scheduler gone: waited for what is left
             await asyncio.to_thread(kv.po.leave, min(5.0, stop.remaining(reserve=0.5, floor=0.2)))
         else:
             kv.po.stop()
-    return 0
+    return 3 if kv.po.replaced_event.is_set() else 0
