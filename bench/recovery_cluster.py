@@ -53,6 +53,7 @@ class RestartableBroker:
         self.settings = dataclasses.replace(KafkaBrokerSettings.from_env(), host=host, port=_free_port(host),
                                             data_dir=Path(data_dir), state_file=None)
         self.broker: KafkaBroker | None = None
+        self.restarting: threading.Thread | None = None   # a restart under way in a thread (the soak's)
 
     @property
     def bootstrap(self) -> str:

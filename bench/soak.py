@@ -188,6 +188,8 @@ class Fault:
     def __init__(self, kind: str, what: str, t: float, skipped: str | None = None):
         self.kind, self.what, self.skipped = kind, what, skipped
         self.start = self.end = t
+        self.t0 = time.monotonic() - t
+        self.background = False   # its undo ends it later, from a thread
         self.wall_start = self.wall_end = time.time()
         self.undo_errors: list[str] = []
 
@@ -217,11 +219,23 @@ def inject_service(rng: random.Random, kind: str, t: float, broker: RestartableB
     fault leaves the seeded sequence where a fired one would."""
     if kind == "kafka_restart":
         seconds = rng.uniform(10, 30)
-        if broker is None or not broker.running():
+        if broker is None or not broker.running() or (broker.restarting and broker.restarting.is_alive()):
             return Fault(kind, "kafka broker kill -9 (skipped: not running)", t, skipped="already down"), []
         broker.kill()
         fault = Fault(kind, f"kafka broker kill -9, restarted from its data directory after {seconds:.0f}s", t)
-        return fault, [(t + seconds, broker.start, fault)]
+        fault.background = True
+
+        def restart():   # in a thread: the other faults' undos keep their times while the JVM starts
+            def run():
+                try:
+                    broker.start()
+                except Exception as exc:   # noqa: BLE001 - reported; tried again by the next undo pass
+                    fault.undo_errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                fault.ended(time.monotonic() - fault.t0)
+                print(f"[{fault.end:6.1f}s] kafka broker back", flush=True)
+            broker.restarting = threading.Thread(target=run, name="broker-restart", daemon=True)
+            broker.restarting.start()
+        return fault, [(t + seconds, restart, fault)]
     if kind == "chunkserver_kill":
         i = rng.randrange(len(mfs.chunkserver_hosts)) + 1
         seconds = rng.uniform(10, 30)
@@ -296,7 +310,7 @@ def read_logs(log_dir: Path) -> dict[str, list[tuple[float, str, str]]]:
                     pass
                 if m.group(2) in LOUD:
                     lines.append((last, m.group(2), m.group(3)))
-            elif line.startswith("ts="):
+            elif line.startswith(("ts=", "--- ")):   # "--- launch N": the runner's own line
                 continue
             elif line.strip() and last:
                 lines.append((last, "unstructured", line.strip()[:60]))
@@ -322,10 +336,10 @@ def log_rates(loud: dict[str, list], run: tuple[float, float], faults: list[Faul
     injection to OUTAGE_GRACE s after it was undone, merged), summed over its tasks and for its loudest task; the
     loudest events; and per fault kind, lines per minute of that kind's windows."""
     fired = [f for f in faults if not f.skipped]
-    windows = _union([(f.wall_start, f.wall_end + OUTAGE_GRACE) for f in fired])
+    windows = _union([(f.wall_start, min(f.wall_end + OUTAGE_GRACE, run[1])) for f in fired])
     outage_min = sum(b - a for a, b in windows) / 60.0
     run_min = (run[1] - run[0]) / 60.0
-    by_kind = {k: _union([(f.wall_start, f.wall_end + OUTAGE_GRACE) for f in fired if f.kind == k])
+    by_kind = {k: _union([(f.wall_start, min(f.wall_end + OUTAGE_GRACE, run[1])) for f in fired if f.kind == k])
                for k in dict.fromkeys(f.kind for f in fired)}
     roles: dict[str, dict] = {}
     for task, lines in loud.items():
@@ -425,8 +439,9 @@ def soak(args, work: Path, bootstrap: str, topic: str, recs: list, lab: NetnsLab
         undo.remove(item)
         try:
             action()
-            fault.ended(time.monotonic() - t0)
-            print(f"[{fault.end:6.1f}s] undone: {fault.what}", flush=True)
+            if not fault.background:
+                fault.ended(time.monotonic() - t0)
+                print(f"[{fault.end:6.1f}s] undone: {fault.what}", flush=True)
         except Exception as exc:   # noqa: BLE001 - tried again: a quota cannot be removed while the master is down
             fault.undo_errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
             print(f"[{time.monotonic() - t0:6.1f}s] undoing {fault.what} failed ({exc}); again in 5 s", flush=True)
@@ -473,6 +488,8 @@ def soak(args, work: Path, bootstrap: str, topic: str, recs: list, lab: NetnsLab
             item = min(undo, key=lambda u: u[0])
             time.sleep(max(0.0, min(item[0] - time.monotonic(), 5.0)))
             run_undo(item)
+        if broker is not None and broker.restarting is not None:
+            broker.restarting.join(timeout=300)
         producer.stop.set()
         producer.join(timeout=60)
         if producer.error is not None:
@@ -544,6 +561,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, help="keep every process's log and the checkpoints here (default: a "
                     "temporary directory, removed)")
     args = ap.parse_args()
+    import logging   # the soak's own producer: its Kafka client's retries during a broker restart are not news
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     args.faults = [k.strip() for k in args.faults.split(",") if k.strip()]
     unknown = sorted(set(args.faults) - set(FAULT_KINDS))
     if unknown or not args.faults:
@@ -605,6 +624,8 @@ def main() -> int:
                     result["quality_uninterrupted"] = round(reference, 3)
                     result["quality_ratio"] = round(result["quality"] / reference, 3) if reference else None
         finally:
+            if broker.restarting is not None:
+                broker.restarting.join(timeout=180)
             broker.stop()
     finally:
         if mfs is not None:
