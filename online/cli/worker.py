@@ -13,11 +13,13 @@ import asyncio
 import logging
 import os
 import signal
+import time
 
 from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings
 from online.stream.reader import KafkaStream
+from online.stream.security import KafkaUnreachable
 from ps_bridge.metrics import Registry
 from ps_bridge.roles import serve_metrics, start_worker
 from ps_bridge.settings import add_groups
@@ -54,10 +56,46 @@ def _extension(directory: str | None) -> WorkerExtension | None:
     return WorkerCheckpointing()
 
 
+KAFKA_RETRY_S = 5.0   # between two checks of brokers that did not answer at start
+
+
+async def _kafka_checked(stream: KafkaStream, stop: StopDeadline) -> bool:
+    """Kafka's TLS and SASL settings fail here (``SettingError``), before this worker joins anything. Brokers that
+    do not answer are not a configuration error: a worker relaunched during a broker outage waits for them (one
+    line, then one a minute) instead of crash-looping with a traceback per launch. False: stopped meanwhile."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: (stop.arm(), stopping.set()))
+    since = time.monotonic()
+    last_line = None
+    while True:
+        try:
+            await stream.check()
+            break
+        except KafkaUnreachable as exc:
+            now = time.monotonic()
+            if last_line is None or now - last_line >= 60.0:
+                log_event(log, "kafka_unreachable_at_start", logging.WARNING, error=str(exc)[:300],
+                          waited_s=round(now - since, 1), retry_s=KAFKA_RETRY_S)
+                last_line = now
+        try:
+            await asyncio.wait_for(stopping.wait(), KAFKA_RETRY_S)
+            return False
+        except asyncio.TimeoutError:
+            pass
+    if last_line is not None:
+        log_event(log, "kafka_reachable_at_start", waited_s=round(time.monotonic() - since, 1))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    return True
+
+
 async def _main(settings: WorkerSettings, directory: str | None, stop: StopDeadline) -> int:
     registry = Registry({"role": "worker"})
     stream = KafkaStream(settings.stream, metrics=registry)
-    await stream.check()   # Kafka's TLS and SASL settings fail here, before this worker joins anything
+    if not await _kafka_checked(stream, stop):
+        return 0
     kv = await asyncio.to_thread(start_worker, settings.node, registry=registry)
     serve_metrics(kv.po, settings.metrics_port)
     await stream.start()
