@@ -298,6 +298,13 @@ class SchedulerBook:
                     self.reported_dead.discard(n.id)
                     log_event(log, "node_alive_again", id=n.id)
                     self.po.notify_membership("alive_again", n.id, n.role)   # e.g. a healed partition
+                    # Nodes that joined while it was dead got the live nodes' addresses only, and it never heard
+                    # of them: both ways, requests would have no route for ever (every rollback then waits for a
+                    # fence or an answer that cannot come). Each side learns the other now.
+                    for other in self.distinct_ids():
+                        if other != n.id:
+                            self.send_list(other, [known[n.id]])
+                    self.send_list(n.id, [e for e in self.entries if e.id not in self.reported_dead] + [self.me()])
             recvers = {n.id for n in msg.meta.control.node}
         for recver in recvers:
             self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=recver,

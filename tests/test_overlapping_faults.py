@@ -188,3 +188,41 @@ def test_a_worker_replaced_while_cut_off_exits_instead_of_holding_its_partitions
         assert f"id={node_id}" in cluster.log("scheduler")
     finally:
         cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_worker_that_joined_while_a_server_was_dead_reaches_it_once_it_is_back(tmp_path, kafka_bootstrap,
+                                                                                   kafka_topic):
+    """A newcomer gets the live nodes' addresses only. A server declared dead (cut off) that comes back must be
+    announced to the nodes that joined meanwhile, or their requests to it have no route for ever, their fence
+    never completes and every rollback waits for them (the soak's seed-5 run stalled so)."""
+    from tests.cluster_harness import Cluster
+
+    topic = kafka_topic(2)
+    cluster = Cluster(tmp_path, servers=1, workers=1,
+                      env={"LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+                           "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "16", "LIVEVEC_LOG_LEVEL": "INFO",
+                           "LIVEVEC_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "LIVEVEC_ROLLBACK_WAIT_TIMEOUT": "20"})
+    (tmp_path / "ckpt").mkdir()
+    try:
+        cluster.start("scheduler", "scheduler")
+        server = cluster.start("server0", "server")
+        cluster.start("worker0", "worker")
+        wait_until(lambda: "event=rollback_done" in cluster.log("scheduler"), 60, message="worker0 taken in")
+        server.send_signal(signal.SIGSTOP)   # alive and silent, as behind a partition
+        wait_until(lambda: re.search(r"event=node_dead\b.*\bid=8\b", cluster.log("scheduler")), 30,
+                   message="the scheduler to declare the server dead")
+        cluster.start("worker1", "worker")
+        wait_until(lambda: "event=node_ready" in cluster.log("worker1"), 60, message="worker1 registered")
+        server.send_signal(signal.SIGCONT)
+        wait_until(lambda: "event=node_alive_again" in cluster.log("scheduler"), 30, message="the server back")
+        back = cluster.log("scheduler").index("event=node_alive_again")
+
+        def taken_in() -> bool:
+            return any(int(m.group(1)) == 2 for m in
+                       re.finditer(r"event=rollback_done .*workers=(\d+)", cluster.log("scheduler")[back:]))
+        wait_until(taken_in, 60, message="a rollback that takes both workers in after the server is back")
+        assert "event=rollback_wait_timeout" not in cluster.log("scheduler")[back:]
+        cluster.assert_alive()
+    finally:
+        cluster.stop()
