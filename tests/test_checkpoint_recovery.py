@@ -290,8 +290,8 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         if host_replica:
             left = sorted(p.name for p in (tmp_path / "shm").iterdir())
             subprocess.run(["umount", "-l", str(tmp_path / "shm")], check=False)
-            # the last worker removed the data file itself; the lock files stay (every process locks those)
-            assert left and not [name for name in left if name.endswith(".replica") or ".member" in name], left
+            # the last worker removed the data file, its member files and (since #28) its lock files
+            assert not [name for name in left if name.endswith(".replica") or ".member" in name], left
 
 
 @pytest.mark.slow
