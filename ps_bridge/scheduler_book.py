@@ -355,6 +355,9 @@ class SchedulerBook:
         self.adopted = True
         self.van.connect(node)
         self.send_list(n.id, self.entries + [self.me()])   # it may have missed replacements while cut off
+        for other in self.distinct_ids():   # and a node that registered with this scheduler may not know it
+            if other != n.id:
+                self.send_list(other, [node])
         log_event(log, "node_adopted", id=n.id, role=role.name.lower(), address=f"{n.hostname}:{n.port}")
         self.po.notify_membership("adopted", n.id, int(role))
         self._ready_if_rebuilt()
