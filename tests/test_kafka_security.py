@@ -421,8 +421,10 @@ def test_sasl_ssl_produce_train_serve(tmp_path, kafka_broker, kafka_tls, kafka_s
             try:
                 wait_until(lambda: seen.append(hits()) or seen[-1] >= 0.9, 60, message="planted neighbours served")
             except AssertionError as exc:
+                metrics = {metric: cluster.metric("worker0", metric) for metric in
+                           ("livevec_worker_syncs_total", "livevec_worker_rows_synced_total", "livevec_worker_pairs_total")}
                 raise AssertionError(f"{exc}; share found {seen[-3:]}, errors {errors[-3:]}; on the servers' "
-                                     f"own model {_servers_share(cluster, planted_groups()):.3f}\n"
+                                     f"own model {_servers_share(cluster, planted_groups()):.3f}; worker {metrics}\n"
                                      + _warnings(cluster, ("worker0", "server0"))) from None
         worker_log = cluster.log("worker0")
         assert "security=SASL_SSL" in worker_log.replace('"', "")
@@ -441,7 +443,11 @@ def _servers_share(cluster: Cluster, groups: list[list[str]]) -> float:
         print(f"reading the servers' model failed: {exc!r}")
         return float("nan")
     at = {w: i for i, w in enumerate(model.words)}
-    unit = model.vectors / np.maximum(np.linalg.norm(model.vectors, axis=1, keepdims=True), 1e-12)
+    norms = np.linalg.norm(model.vectors, axis=1)
+    print(f"servers' model: {len(model.words)} words, {int(np.isnan(model.vectors).any(axis=1).sum())} rows with NaN, "
+          f"{int((norms == 0).sum())} zero rows, norm mean {float(np.nanmean(norms)):.4f} max {float(np.nanmax(norms)):.4f}, "
+          f"counts total {int(model.counts.sum())}")
+    unit = model.vectors / np.maximum(norms[:, None], 1e-12)
     found = total = 0
     for group in groups:
         for word in group:
