@@ -108,7 +108,7 @@ class SimulatedReplica:
             vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
                                                   sender=self.node_id, now=now,
                                                   contraction=deltas[pick, dim + 1] if self.contraction else None)
-            (self.shard.adopt if is_fresh else self.shard.apply)(keys[pick], np.hstack([vectors, acc[:, None]]))
+            self.shard.apply(keys[pick], np.hstack([vectors, acc[:, None]]))
         self.shard.release_freed()
 
     def sync_hot(self, keys: np.ndarray, now: float) -> None:

@@ -95,7 +95,7 @@ def _sync_by_hand(replica: ReplicaShard, server: EmbeddingShard) -> None:
     keys, deltas, fresh = replica.collect()
     for pick in (~fresh, fresh):
         vectors, acc = server.add_deltas(keys[pick], deltas[pick, :replica.dim], deltas[pick, replica.dim], fresh=pick is fresh)
-        (replica.adopt if pick is fresh else replica.apply)(keys[pick], np.hstack([vectors, acc[:, None]]))
+        replica.apply(keys[pick], np.hstack([vectors, acc[:, None]]))
 
 
 def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_during_a_sync():
@@ -455,3 +455,30 @@ def test_a_replica_refreshes_the_rows_the_servers_changed_before_it_trains_them_
     vectors, acc = server.read_rows(keys2)
     r2.apply(keys2, np.hstack([vectors, acc[:, None]]))
     np.testing.assert_allclose(r2.vectors[rows2], target, rtol=1e-6)
+
+
+def test_work_trained_on_new_rows_while_their_first_sync_is_in_flight_is_kept():
+    """A row created here is sent fresh; what the replica trains on it before the answer arrives stays on top
+    of the servers' value, whether the servers kept the fresh delta (a new word) or dropped it (their row had
+    moved on). Adopting the answer lost it: a burst trained whole during a slow first sync left the servers'
+    rows at their initial values."""
+    for servers_row_moved in (False, True):
+        server = EmbeddingShard(4, optimizer="rowadagrad", seed=5)
+        replica = ReplicaShard(4, seed=5)
+        keys = np.array([21, 22], dtype=np.uint64)
+        rows = replica.rows_for(keys)
+        replica.vectors[rows] += 0.5                      # trained before the collect
+        replica.mark_changed(rows)
+        if servers_row_moved:                             # another worker's delta reached the servers first
+            server.add_deltas(keys, np.full((2, 4), 3.0, np.float32), np.zeros(2, np.float32))
+        ckeys, deltas, fresh = replica.collect()
+        assert fresh.all()
+        replica.vectors[rows] += 0.25                     # trained while the sync is in flight
+        vectors, acc = server.add_deltas(ckeys, deltas[:, :4], deltas[:, 4], fresh=True)
+        replica.apply(ckeys, np.hstack([vectors, acc[:, None]]))
+        np.testing.assert_allclose(replica.vectors[rows], vectors + 0.25, rtol=1e-6)
+        expected_server = server.pull(keys) if servers_row_moved else None
+        if not servers_row_moved:                         # the fresh delta was taken: init + 0.5
+            np.testing.assert_allclose(vectors, ReplicaShard(4, seed=5).pull(keys) + 0.5, rtol=1e-6)
+        else:
+            assert expected_server is not None and server.fresh_dropped == 2

@@ -423,6 +423,9 @@ def test_sasl_ssl_produce_train_serve(tmp_path, kafka_broker, kafka_tls, kafka_s
             except AssertionError as exc:
                 metrics = {metric: cluster.metric("worker0", metric) for metric in
                            ("livevec_worker_syncs_total", "livevec_worker_rows_synced_total", "livevec_worker_pairs_total")}
+                metrics.update({metric: cluster.metric("server0", metric) for metric in
+                                ("livevec_server_fresh_deltas_dropped", "livevec_server_keys_pushed_total",
+                                 "livevec_server_keys_pulled_total", "livevec_server_version")})
                 raise AssertionError(f"{exc}; share found {seen[-3:]}, errors {errors[-3:]}; on the servers' "
                                      f"own model {_servers_share(cluster, planted_groups()):.3f}; worker {metrics}\n"
                                      + _warnings(cluster, ("worker0", "server0"))) from None

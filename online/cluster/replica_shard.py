@@ -212,8 +212,8 @@ class ReplicaShard(EmbeddingShard):
 
     def adopt(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Set rows and their base to the servers' values (``values`` [n, dim + 1]), dropping what was
-        trained here since the collect: for rows sent fresh, that started from the initial value, not
-        from the row."""
+        trained here since the collect: a reload after a rollback (``overwrite``). A sync's answers, fresh
+        rows' included, go through ``apply``, which keeps that work."""
         with self._lock:
             rows = self._index.lookup(keys)
             live = rows >= 0

@@ -136,6 +136,9 @@ class ShardService:
         r.gauge("livevec_server_rows", "rows held by this shard", fn=lambda: float(len(self.shard)))
         r.gauge("livevec_server_words", "word strings known to this shard", fn=lambda: float(len(self.shard.words)))
         r.gauge("livevec_server_version", "shard version (bumps on every change)", fn=lambda: float(self.shard.version))
+        r.gauge("livevec_server_fresh_deltas_dropped", "rows a worker created and trained that arrived after the "
+                "servers' row had moved on: that training is dropped (the worker adopts the servers' row)",
+                fn=lambda: float(self.shard.fresh_dropped))
         r.gauge("livevec_server_tokens_counted", "word occurrences counted by this shard",
                 fn=lambda: float(self.c.tokens_counted))
         self.extension = extension or ServerExtension()

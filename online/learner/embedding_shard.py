@@ -187,6 +187,7 @@ class EmbeddingShard:
         self.row_keys = np.zeros(cap, dtype=np.uint64)
         self.row_version = np.zeros(cap, dtype=np.int64)
         self.row_born = np.zeros(cap, dtype=np.int64)      # the version a row was created at
+        self.fresh_dropped = 0   # fresh deltas dropped because their row had moved on (add_deltas)
         self._last_mover = np.zeros(0, dtype=np.int64)      # the sender whose delta last moved a row (servers)
         self.counts = np.zeros(cap, dtype=np.int64)
         self._index = KeyIndex(cap)
@@ -343,6 +344,7 @@ class EmbeddingShard:
             rows_all = rows
             if fresh:
                 keep = self.row_version[rows] == self.row_born[rows]
+                self.fresh_dropped += int(len(keep) - keep.sum())
                 rows, deltas, accum_deltas = rows[keep], deltas[keep], accum_deltas[keep]
                 if contraction is not None:
                     contraction = np.asarray(contraction)[keep]
