@@ -20,6 +20,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a child that exited but was not reaped counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

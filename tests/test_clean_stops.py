@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -22,21 +21,9 @@ import pytest
 
 from online.stream.producer import produce
 from online.stream.sample_corpus import generate_lines
-from tests.cluster_harness import REPO, Cluster, wait_until
+from tests.cluster_harness import REPO, Cluster, process_alive, wait_until
 
 STOP_LIMIT = 10.0   # the bound: every role exits within this many seconds of SIGTERM
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"   # a zombie counts as gone
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -152,13 +139,13 @@ def test_a_runner_killed_with_sigkill_takes_its_tasks_down_and_the_next_run_recl
         shm = shm_volume.parent
         assert shm.parent == Path("/dev/shm") and (shm / ".runner.lock").exists(), shm_volume
         time.sleep(1.0)
-        assert all(_alive(p) for p in pids.values()), pids
+        assert all(process_alive(p) for p in pids.values()), pids
         planted = shm_volume / "livevec-x-1-h.replica"
         planted.write_bytes(b"\0" * 4096)
         runner.kill()
         runner.wait(timeout=10)
         t0 = time.monotonic()
-        wait_until(lambda: not any(_alive(p) for p in pids.values()), 5, 0.05, "the tasks gone")
+        wait_until(lambda: not any(process_alive(p) for p in pids.values()), 5, 0.05, "the tasks gone")
         print(f"tasks gone {time.monotonic() - t0:.2f} s after SIGKILL of the runner")
         assert shm.exists()   # nobody removed it: the runner was killed
 

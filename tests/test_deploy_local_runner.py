@@ -21,6 +21,7 @@ from online.deployment.local_runner import LocalRunner
 from online.deployment.marathon_group import flatten_group, launch_delay, start_order
 from online.deployment.marathon import GROUP_FILE
 from online.deployment.topology import default_topology
+from tests.cluster_harness import process_alive
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = REPO / "deploy" / "marathon" / GROUP_FILE
@@ -63,19 +64,6 @@ def _recorded(runner: LocalRunner, app: str, index: int = 0, timeout: float = 20
         except (FileNotFoundError, json.JSONDecodeError):
             time.sleep(0.1)
     raise AssertionError(f"{app}#{index} never wrote {path}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_committed_group_runs_with_marathon_env(stand_in_bin, tmp_path):
@@ -144,7 +132,7 @@ def test_committed_group_runs_with_marathon_env(stand_in_bin, tmp_path):
         runner.kill_task("scheduler", 0, signal.SIGKILL)
         assert _recorded(runner, "scheduler")["env"]["PORT_PS"] == str(root_port)
         pids = [s.pid for s in runner.status() if s.pid]
-    assert pids and not any(_alive(p) for p in pids)
+    assert pids and not any(process_alive(p) for p in pids)
     assert all(s.state == "stopped" for s in runner.status())
     assert not runner.memory_dir.exists()   # with whatever segments killed tasks left in it
 
@@ -253,9 +241,9 @@ def test_stop_kills_tasks_that_ignore_sigterm(tmp_path):
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     pid = int(pid_file.read_text())
-    assert _alive(pid)
+    assert process_alive(pid)
     runner.stop()
-    assert not _alive(pid)
+    assert not process_alive(pid)
     runner.stop()  # idempotent
 
 
@@ -272,7 +260,7 @@ def test_cli_run_local_stops_cleanly_on_sigint(tmp_path):
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         pid = int(pid_file.read_text())
-        assert _alive(pid)
+        assert process_alive(pid)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -280,7 +268,7 @@ def test_cli_run_local_stops_cleanly_on_sigint(tmp_path):
             proc.kill()
     assert proc.returncode == 0, err
     assert "sleeper" in out and "stopped" in out
-    assert not _alive(pid)
+    assert not process_alive(pid)
 
 
 def test_group_errors_are_caught_before_anything_starts(tmp_path):

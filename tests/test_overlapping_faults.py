@@ -35,7 +35,7 @@ from online.cli.up import local_cluster
 from online.checkpoint.store import CheckpointStore
 from online.learner.tokenizer import Tokenizer
 from online.stream.sample_corpus import generate_lines
-from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, wait_until
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, process_alive, wait_until
 from tests.test_checkpoint_recovery import ClusterProbe, Producer
 
 RESUME_BOUND = 60.0   # seconds from the last fault to training again
@@ -52,14 +52,6 @@ def _server_index_with_id(run: Path, node_id: int) -> int | None:
         if ids and int(ids[-1]) == node_id:
             return index
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
@@ -137,7 +129,7 @@ def test_a_displaced_server_and_scheduler_kills_during_the_rollback_wait_do_not_
         print(f"training resumed {resumed_after:.1f}s after the last fault")
 
         # the displaced server does not idle outside the cluster: it exits and says why
-        wait_until(lambda: not _alive(stopped_pid), 30, interval=0.5,
+        wait_until(lambda: not process_alive(stopped_pid), 30, interval=0.5,
                    message=f"the displaced server (pid {stopped_pid}) to exit")
         assert "event=node_replaced " in _log(run, "server", a), _log(run, "server", a)[-3000:]
 
@@ -146,7 +138,7 @@ def test_a_displaced_server_and_scheduler_kills_during_the_rollback_wait_do_not_
         assert_trained_exactly_once(probe.stats, topic, len(producer.records), tokens_expected, timeout=120,
                                     idle=lambda: coordinator_idle(runner))
     finally:
-        if stopped_pid is not None and _alive(stopped_pid):
+        if stopped_pid is not None and process_alive(stopped_pid):
             os.kill(stopped_pid, signal.SIGCONT)
         if probe is not None:
             probe.close()
