@@ -83,9 +83,8 @@ class _Lines(logging.Handler):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-async def test_a_consumer_summarises_a_broker_outage(own_broker):
+async def test_a_consumer_summarises_a_broker_outage(own_broker, lines):
     """In process, one consumer (a KafkaStream as a worker has): the broker killed for 12 s, then restarted."""
-    from online.stream.client_logs import uninstall
     from online.stream.producer import ensure_topic
     from online.stream.reader import KafkaStream
     from online.stream.settings import StreamSettings
@@ -93,12 +92,6 @@ async def test_a_consumer_summarises_a_broker_outage(own_broker):
 
     topic = f"outage-{uuid.uuid4().hex[:8]}"
     await ensure_topic(own_broker.bootstrap, topic, 2)
-    lines = _Lines()
-    root = logging.getLogger()
-    root.addHandler(lines)
-    old_level = root.level
-    root.setLevel(logging.INFO)
-    uninstall()
     registry = Registry()
     stream = KafkaStream(StreamSettings.from_env(env={}, bootstrap=own_broker.bootstrap, topics=[topic],
                                                  group=f"g-{uuid.uuid4().hex[:6]}", session_timeout_ms=6000),
@@ -143,15 +136,32 @@ async def test_a_consumer_summarises_a_broker_outage(own_broker):
         assert len(loud) <= 40, "\n".join(f"{r.name} {r.getMessage()[:150]}" for r in loud)
     finally:
         await stream.stop()
-        root.removeHandler(lines)
-        root.setLevel(old_level)
-        uninstall()
 
 
 # ----------------------------------------------------------------------------- a cluster through an outage
 
 PARTITIONS = 4
 _TS = re.compile(r"^ts=(\S+) level=(\w+) ")
+
+
+@pytest.fixture
+def lines():
+    """What reaches the root logger at INFO and above while the test runs, with the client-log gate installed
+    afresh by the test's Kafka client and removed after."""
+    from online.stream.client_logs import uninstall
+
+    captured = _Lines()
+    root = logging.getLogger()
+    root.addHandler(captured)
+    old_level = root.level
+    root.setLevel(logging.INFO)
+    uninstall()
+    try:
+        yield captured
+    finally:
+        root.removeHandler(captured)
+        root.setLevel(old_level)
+        uninstall()
 
 
 def _loud_lines(text: str) -> list[str]:
@@ -270,56 +280,45 @@ def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-async def test_a_producer_rides_out_a_short_outage_and_says_so_once(own_broker):
+async def test_a_producer_rides_out_a_short_outage_and_says_so_once(own_broker, lines):
     """``produce_async`` (what ``livevec produce`` runs) at 40 records/s, the broker killed for 8 s meanwhile: every
     record is acknowledged once the broker is back (within the producer's 60 s request timeout), and the outage
     is one kafka_unreachable and one kafka_reachable line with client=producer, not the client's flood."""
-    from online.stream.client_logs import ClientLogSettings, uninstall
+    from online.stream.client_logs import ClientLogSettings
     from online.stream.producer import ensure_topic, produce_async
     from online.stream.reader import KafkaStream
     from online.stream.settings import StreamSettings
 
     topic = f"outage-p-{uuid.uuid4().hex[:8]}"
     await ensure_topic(own_broker.bootstrap, topic, 2)
-    lines = _Lines()
-    root = logging.getLogger()
-    root.addHandler(lines)
-    old_level = root.level
-    root.setLevel(logging.INFO)
-    uninstall()
     texts = [f"record {i} of the outage test" for i in range(600)]
+    producing = asyncio.create_task(produce_async(texts, bootstrap=own_broker.bootstrap, topic=topic,
+                                                  rate=40.0, create_topic=False, linger_ms=5,
+                                                  client_logs=ClientLogSettings(summary_interval=5.0)))
+    await asyncio.sleep(3.0)
+    killed = time.time()
+    await asyncio.to_thread(own_broker.kill)
+    await asyncio.sleep(8.0)
+    await asyncio.to_thread(own_broker.start)
+    stats = await asyncio.wait_for(producing, 120)
+    assert stats.records == len(texts) and stats.failed == 0
+    unreachable = [r for r in lines.events("kafka_unreachable") if r.client == "producer"]
+    reachable = [r for r in lines.events("kafka_reachable") if r.client == "producer"]
+    assert len(unreachable) == 1 and len(reachable) == 1, [r.getMessage() for r in lines.loud()]
+    loud = lines.loud(killed)
+    print(f"producer: {len(loud)} warning/error lines, {reachable[0].suppressed} client lines suppressed, "
+          f"outage {reachable[0].seconds} s")
+    assert len(loud) <= 40, "\n".join(f"{r.name} {r.getMessage()[:150]}" for r in loud)
+    # and each record is in the topic (at least once: the producer is not idempotent)
+    stream = KafkaStream(StreamSettings.from_env(env={}, bootstrap=own_broker.bootstrap, topics=[topic],
+                                                 group=f"g-{uuid.uuid4().hex[:6]}"))
+    await stream.start()
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
     try:
-        producing = asyncio.create_task(produce_async(texts, bootstrap=own_broker.bootstrap, topic=topic,
-                                                      rate=40.0, create_topic=False, linger_ms=5,
-                                                      client_logs=ClientLogSettings(summary_interval=5.0)))
-        await asyncio.sleep(3.0)
-        killed = time.time()
-        await asyncio.to_thread(own_broker.kill)
-        await asyncio.sleep(8.0)
-        await asyncio.to_thread(own_broker.start)
-        stats = await asyncio.wait_for(producing, 120)
-        assert stats.records == len(texts) and stats.failed == 0
-        unreachable = [r for r in lines.events("kafka_unreachable") if r.client == "producer"]
-        reachable = [r for r in lines.events("kafka_reachable") if r.client == "producer"]
-        assert len(unreachable) == 1 and len(reachable) == 1, [r.getMessage() for r in lines.loud()]
-        loud = lines.loud(killed)
-        print(f"producer: {len(loud)} warning/error lines, {reachable[0].suppressed} client lines suppressed, "
-              f"outage {reachable[0].seconds} s")
-        assert len(loud) <= 40, "\n".join(f"{r.name} {r.getMessage()[:150]}" for r in loud)
-        # and each record is in the topic (at least once: the producer is not idempotent)
-        stream = KafkaStream(StreamSettings.from_env(env={}, bootstrap=own_broker.bootstrap, topics=[topic],
-                                                     group=f"g-{uuid.uuid4().hex[:6]}"))
-        await stream.start()
-        seen: set[str] = set()
-        deadline = time.monotonic() + 60
-        try:
-            while len(seen) < len(texts) and time.monotonic() < deadline:
-                batch = await stream.next_batch(timeout=1.0)
-                seen.update(batch.texts if batch else ())
-        finally:
-            await stream.stop()
-        assert seen == set(texts)
+        while len(seen) < len(texts) and time.monotonic() < deadline:
+            batch = await stream.next_batch(timeout=1.0)
+            seen.update(batch.texts if batch else ())
     finally:
-        root.removeHandler(lines)
-        root.setLevel(old_level)
-        uninstall()
+        await stream.stop()
+    assert seen == set(texts)
