@@ -189,13 +189,10 @@ class Postoffice:
             self._book.start()
         else:
             van.connect_scheduler_anonymously()
-            me = van.my_node
-            van.send(Message(Meta(customer_id=K_EMPTY, timestamp=van.next_timestamp(), recver=SCHEDULER_ID,
-                                  control=Control(cmd=Cmd.ADD_NODE, node=[
-                                      Node(me.role, K_EMPTY, me.hostname, me.port, False, customer_id)]))))
+            self._send_add_node(customer_id)
             log_event(log, "registering", scheduler=f"{self.settings.root_uri}:{self.settings.root_port}",
-                      advertised=f"{me.hostname}:{me.port}", role=self.role)
-        if not self.ready_event.wait(timeout):
+                      advertised=f"{van.my_node.hostname}:{van.my_node.port}", role=self.role)
+        if not self._await_node_list(timeout, customer_id):
             raise RendezvousTimeout(
                 f"no node list from the scheduler at {self.settings.root_uri}:{self.settings.root_port} "
                 f"within {timeout}s (check DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT and DMLC_NUM_*)")
@@ -205,6 +202,30 @@ class Postoffice:
                   host=self.my_node.hostname, port=self.my_node.port, recovery=self.is_recovery)
         if do_barrier and not self.is_recovery:
             self.barrier(customer_id, ALL_GROUP, timeout=timeout)
+
+    def _send_add_node(self, customer_id: int) -> None:
+        me = self.van.my_node
+        self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=SCHEDULER_ID,
+                                   control=Control(cmd=Cmd.ADD_NODE, node=[
+                                       Node(me.role, K_EMPTY, me.hostname, me.port, False, customer_id)]))))
+
+    def _await_node_list(self, timeout: float | None, customer_id: int) -> bool:
+        """(Extension) a scheduler restarted before it answered has lost this node's ADD_NODE, and the
+        node would wait for ever: it is sent again on each new connection to the scheduler. ps-lite's
+        scheduler never restarts, so C++ clusters see it only after a broken link (and ignore it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self.ready_event.wait(0.2 if deadline is None else
+                                            min(0.2, max(0.0, deadline - time.monotonic()))):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                if self._book is None and self.van.scheduler_reconnected():
+                    log_event(log, "registering_again", logging.WARNING,
+                              reason="a new connection to the scheduler: it may have restarted")
+                    self._send_add_node(customer_id)
+            return True
+        finally:
+            self.van.stop_watching_scheduler()
 
     def finalize(self, customer_id: int = 0, do_barrier: bool = True, timeout: float | None = None) -> None:
         """ps::Finalize: the all-nodes barrier (cluster shutdown), then close everything."""

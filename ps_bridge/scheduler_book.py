@@ -152,7 +152,15 @@ class SchedulerBook:
             return
         node = Node(n.role, K_EMPTY, n.hostname, n.port, False, n.customer_id, n.public_key)
         with self.lock:
-            if not self.po.ready_event.is_set() and self.adopted:
+            member = next((e for e in self.entries if (e.hostname, e.port, e.role) == (n.hostname, n.port, n.role)),
+                          None)
+            if member is not None:
+                # sent again (it saw a new connection): its answer may be what was lost, so it gets it again
+                log_event(log, "duplicate_add_node", id=member.id, address=f"{node.hostname}:{node.port}")
+                dead = set(self.dead_nodes())
+                self.send_list(member.id, [e for e in self.entries if e.id not in dead or e.id == member.id]
+                               + [self.me()])
+            elif not self.po.ready_event.is_set() and self.adopted:
                 self._register_while_adopting(node)
             elif not self.po.ready_event.is_set():
                 self._register(node)
@@ -206,10 +214,8 @@ class SchedulerBook:
             self._admit_late(node)
 
     def _admit_late(self, node: Node) -> None:
-        for e in self.entries:
-            if (e.hostname, e.port) == (node.hostname, node.port) and e.role == node.role:
-                log_event(log, "duplicate_add_node", address=f"{node.hostname}:{node.port}")
-                return
+        if any((e.hostname, e.port, e.role) == (node.hostname, node.port, node.role) for e in self.entries):
+            return   # a waiting node admitted meanwhile (on_add_node answers repeats)
         dead = set(self.dead_nodes())
         for e in self.entries:
             if e.id in dead and e.role == node.role:
@@ -360,6 +366,11 @@ class SchedulerBook:
                 self.send_list(other, [node])
         log_event(log, "node_adopted", id=n.id, role=role.name.lower(), address=f"{n.hostname}:{n.port}")
         self.po.notify_membership("adopted", n.id, int(role))
+        # ADD_NODEs that came before this first heartbeat were taken for a fresh start: the cluster runs,
+        # so they are restarted nodes (left in the registrations, a restarted server would wait for ever)
+        registered, self.registrations = self.registrations, []
+        for waiting in registered:
+            self._register_while_adopting(waiting)
         self._ready_if_rebuilt()
         return True
 

@@ -161,6 +161,8 @@ class Van:
         self.rejected_total = 0
         self.curve = load_keys(settings)  # None: a plain cluster, byte-compatible with C++ ps-lite
         self.gate: CurveGate | None = None
+        self._scheduler_watch: zmq.Socket | None = None   # monitor of the registering DEALER
+        self._scheduler_connects = 0
 
     def reject(self, reason: str, sender: int | str = "?", detail: str = "") -> None:
         """Count and log a message that is dropped because it is malformed or unexpected."""
@@ -264,9 +266,27 @@ class Van:
 
     def connect_scheduler_anonymously(self) -> None:
         """The first DEALER to the scheduler carries no identity (ps-lite §4.3): the scheduler
-        only registers ADD_NODEs from identity-less senders."""
+        only registers ADD_NODEs from identity-less senders. Its TCP connections are watched until
+        the node list comes (``scheduler_reconnected``)."""
         self._open_peer(SCHEDULER_ID, self.settings.root_uri, self.settings.root_port, False,
                         self.curve.scheduler if self.curve else "")
+        self._scheduler_watch = self._peers[SCHEDULER_ID].sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self._scheduler_connects = 0
+
+    def scheduler_reconnected(self) -> bool:
+        """Whether the anonymous DEALER connected anew since the last call (after its first connection):
+        the scheduler may have restarted, and a restarted one has lost an ADD_NODE it did not answer."""
+        watch, again = self._scheduler_watch, False
+        while watch is not None and watch.poll(0):
+            watch.recv_multipart()
+            self._scheduler_connects += 1
+            again = again or self._scheduler_connects > 1
+        return again
+
+    def stop_watching_scheduler(self) -> None:
+        watch, self._scheduler_watch = self._scheduler_watch, None
+        if watch is not None:
+            watch.close(0)
 
     def disconnect(self, node_id: int, linger_ms: int = 0) -> None:
         with self._peers_lock:
@@ -461,6 +481,7 @@ class Van:
             return
         self._stopped = True
         self._stopping.set()
+        self.stop_watching_scheduler()   # before term(), which waits for every socket
         recv = self._recv_thread
         if recv is not None and recv.is_alive() and self.my_node.id in self._peers:
             self.send(Message(Meta(customer_id=0, recver=self.my_node.id,

@@ -283,6 +283,55 @@ def test_killed_server_is_replaced_under_its_old_id(cluster_factory):
         assert p.p.wait(20) == 0, p.name
 
 
+def test_a_server_registering_while_schedulers_restart_takes_its_slot(cluster_factory):
+    """(Extension) a restarted server's ADD_NODE reaches a scheduler that dies before it answers, and
+    the next scheduler hears it before any running node's heartbeat: the server must still get its
+    id back (it used to wait for ever, and the cluster with it: CI, issue #28's overlapping faults)."""
+    c = cluster_factory(2, 1, PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="1.5")
+    servers = [c.server(f"server{i}") for i in range(2)]
+    worker = c.worker()
+    assert worker.read()["id"] == 9
+    ids = {_node_id(s): s for s in servers}
+    assert worker.cmd(op="push", keys=KEYS, vals=[1.0] * len(KEYS)) == {"ok": True}
+
+    c.scheduler.kill9()
+    ids[8].kill9()
+    # a scheduler that takes the replacement's ADD_NODE and dies before it answers
+    ctx = zmq.Context()
+    try:
+        doomed = ctx.socket(zmq.ROUTER)
+        doomed.setsockopt(zmq.LINGER, 0)
+        doomed.bind(f"tcp://127.0.0.1:{c.root_port}")
+        replacement = c.server("replacement")
+        deadline = time.monotonic() + 20
+        while True:
+            assert doomed.poll(int(max(0.0, deadline - time.monotonic()) * 1000)), "no ADD_NODE reached the port"
+            frames = doomed.recv_multipart()
+            control = decode_meta(frames[1]).control
+            if control is not None and control.cmd == Cmd.ADD_NODE:
+                break
+        doomed.close(0)
+    finally:
+        ctx.destroy(linger=0)
+    # the next scheduler hears the replacement first: the running nodes are held still until it has
+    for running in (ids[10], worker):
+        running.p.send_signal(signal.SIGSTOP)
+    try:
+        c.scheduler = c._spawn("scheduler2", [sys.executable, "-m", "online.cli", "scheduler",
+                                              "--root-port", str(c.root_port)], "scheduler")
+        replacement.wait_log(r"event=registering_again")
+        c.scheduler.wait_log(r"event=node_registered role=server")
+    finally:
+        for running in (ids[10], worker):
+            running.p.send_signal(signal.SIGCONT)
+    assert replacement.wait_log(r"event=node_ready role=server id=(\d+)", timeout=30).group(1) == "8"
+    c.scheduler.wait_log(r"event=node_adopted id=10 ")
+    c.scheduler.wait_log(r"event=recovered id=8 ")
+    worker.wait_log(r"event=peer_reconnected peer=8")
+    assert worker.cmd(op="push", keys=KEYS, vals=[2.0] * len(KEYS)) == {"ok": True}
+    assert worker.cmd(op="pull", keys=KEYS) == {"vals": [2.0] * 5 + [3.0] * 3}
+
+
 def _dealer(ctx: zmq.Context, port: int, identity: bytes) -> zmq.Socket:
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 1000)
