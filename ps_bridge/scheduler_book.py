@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Protocol
 
-from ps_bridge.message import (K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message, Meta, Node,
+from ps_bridge.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message, Meta, Node,
                                Role, id_to_rank, server_rank_to_id, worker_rank_to_id)
 from ps_bridge.metrics import Registry
 from ps_bridge.settings import NodeSettings
@@ -69,6 +69,7 @@ class SchedulerBook:
         self.barrier_request: dict[int, Meta] = {}
         self.start_time = time.monotonic()
         self.adopted = False   # nodes were taken back from their heartbeats (restarted scheduler)
+        self._start_members: set[int] | None = None   # who the start barrier waits for, until it is released
         self._told_replaced: dict[tuple[str, int], float] = {}   # stale address -> when it was last told
         # processes whose id went to another (declared dead, maybe only cut off): told so until this deadline,
         # since one alive behind a partition hears it only when the link returns
@@ -203,6 +204,7 @@ class SchedulerBook:
             self.van.connect(n)
         self.entries = ordered
         self.registrations = []
+        self._start_members = set(self.distinct_ids()) | {SCHEDULER_ID}
         full = self.entries + [self.me()]
         for node_id in self.distinct_ids():
             self.send_list(node_id, full)
@@ -487,6 +489,10 @@ class SchedulerBook:
         arrived = self.barrier_members.get(group, set())
         if self.po.elastic:  # every live member has arrived
             members = set(self.po.group_ids(group))
+            if group == ALL_GROUP and self._start_members is not None:
+                # the start barrier: a worker admitted since cluster_ready starts as a recovering node and
+                # skips it (e.g. a trainer that came after the front end had taken the last initial slot)
+                members &= self._start_members
             done = bool(members) and members <= {sender for sender, _ in arrived}
         else:
             done = len(arrived) >= self.group_size(group)
@@ -494,6 +500,8 @@ class SchedulerBook:
             return
         req = self.barrier_request.pop(group)
         self.barrier_members[group] = set()
+        if group == ALL_GROUP:
+            self._start_members = None
         for recver in dict.fromkeys(self.po.group_ids(group)):
             self.van.send(Message(Meta(app_id=req.app_id, customer_id=req.customer_id,
                                        timestamp=self.van.next_timestamp(), recver=recver,

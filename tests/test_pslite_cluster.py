@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zmq
 
-from ps_bridge.message import K_EMPTY, Cmd, Control, Meta, Node, meta_to_pb
+from ps_bridge.message import ALL_GROUP, K_EMPTY, Cmd, Control, Meta, Node, meta_to_pb
 from ps_bridge.meta import MalformedMeta, decode_meta, encode_meta
 
 REPO = Path(__file__).resolve().parents[1]
@@ -473,3 +473,31 @@ def test_elastic_workers_join_late_leave_and_die(cluster_factory):
     assert first.cmd(op="finalize") == {"ok": True}  # the final barrier does not wait for the dead
     for p in (c.scheduler, server, first):
         assert p.p.wait(20) == 0, p.name
+
+
+def test_a_worker_admitted_before_the_start_barrier_is_not_waited_for(cluster_factory):
+    """(Extension) an elastic worker admitted after cluster_ready starts as a recovering node and skips
+    the start barrier; the barrier must not wait for it. (The front end joins as a worker: when it takes
+    the last initial slot, the trainer that comes next is such a worker, and every node used to hang.)"""
+    from ps_bridge.postoffice import Postoffice
+    from ps_bridge.settings import NodeSettings
+
+    c = cluster_factory(1, 2, LIVEVEC_ELASTIC_WORKERS="1", ELASTIC="1", PS_HEARTBEAT_INTERVAL="0.2",
+                        PS_HEARTBEAT_TIMEOUT="2.0")
+    server = c.server()
+    first = c.worker("first")
+    # the second initial worker registers but holds its start barrier back (ps::StartAsync)
+    slow = Postoffice(NodeSettings.from_env({**c.env, "DMLC_ROLE": "worker"}, role="worker",
+                                            elastic_workers=True))
+    try:
+        slow.start(do_barrier=False, timeout=20)
+        c.scheduler.wait_log(r"event=cluster_ready")
+        late = c.worker("late")
+        assert late.read()["recovery"] is True     # admitted after cluster_ready: no start barrier
+        c.scheduler.wait_log(r"event=worker_joined id=13")
+        slow.barrier(0, ALL_GROUP, timeout=10)     # the last initial node arrives: the barrier is released
+        assert first.read()["id"] in (9, 11)
+        assert first.cmd(op="push", keys=[1, 2**63], vals=[1.0, 1.0]) == {"ok": True}
+        assert late.cmd(op="pull", keys=[1, 2**63]) == {"vals": [1.0, 1.0]}
+    finally:
+        slow.stop()
