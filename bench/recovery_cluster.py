@@ -7,11 +7,8 @@ servers' statistics (server 0's batch ledger: what was trained, exactly once or 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -69,11 +66,7 @@ class RestartableBroker:
         return self.broker.start_seconds
 
     def kill(self) -> None:
-        proc = self.broker.process
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        self.broker._terminate(grace=1.0)   # closes its log file; the data directory is not the broker's to remove
+        self.broker.kill()
 
     def stop(self) -> None:
         if self.broker is not None:

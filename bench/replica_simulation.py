@@ -52,6 +52,7 @@ class SimulatedReplica:
         self.shared = shard is not None     # one replica for all workers, as threads would share it: no deltas
         self.contraction = True             # send each row's contraction (the merge's contraction rule)
         self.stale_refresh = True           # refresh held rows the servers changed (``ReplicaShard.mark_stale``)
+        self.fetch_new_rows = True          # the cluster's new words held, fetched before they are trained
         self.seen_version = 0
         self.rows_sent = 0
         self.shard = shard if shard is not None else ReplicaShard(dim, refresh_share, optimizer="rowadagrad",
@@ -96,8 +97,15 @@ class SimulatedReplica:
             if self.journal.changed:
                 self.journal.changed = False
                 self.on_trainable(self.journal.known(), new)
+                if self.fetch_new_rows and len(new) and not self.shared:   # held before this replica meets them
+                    self.shard.rows_for(word_rows(np.asarray(new, np.uint64)), create=True)   # (no bound here)
         if self.shared:
             return
+        created = self.shard.take_created()
+        if self.fetch_new_rows and len(created):   # the cluster's values of rows new here, before they are trained
+            vectors, acc = self.server.read_rows(created)
+            self.shard.adopt(created, np.hstack([vectors, acc[:, None]]))
+            self.rows_sent += len(created)
         if self.stale_refresh:   # the rows the servers changed since the last sync, refreshed by this one
             self.seen_version, changed = self.server.changed_keys_since(self.seen_version, asker=self.node_id)
             self.shard.mark_stale(changed)
@@ -172,6 +180,7 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
             store.on_trainable = trainer.learn_cluster_trainable
         store.contraction = args.merge == "contraction"
         store.stale_refresh = not args.no_stale_refresh
+        store.fetch_new_rows = not args.no_prefetch
         workers.append((trainer, store))
     t0 = time.perf_counter()
     per_sync = max(1, sync_tokens // batch_tokens)
@@ -229,6 +238,7 @@ def report(args, r: dict) -> None:
              f" (scale {args.contraction_scale})" if args.merge == "contraction" else "")
           + f", {'own' if args.seeds else 'shared'} sampling streams, eta {args.eta or 'default'}, refresh share "
           f"{args.refresh_share}{'' if args.no_stale_refresh else ' + the rows the servers changed'}, "
+          f"{'rows new to a replica from init' if args.no_prefetch else 'new words prefetched'}, "
           f"{r['rounds']} rounds, {r['seconds']:.0f} s")
     print(f"trained: {r['kept']:,} tokens kept ({r['kept'] / r['tokens']:.1%} of those read), {r['pairs']:,} pairs; "
           f"{r['rows_per_token']:.2f} rows synced per kept token (each way)")
@@ -277,6 +287,10 @@ def main() -> int:
     ap.add_argument("--hot-rows", type=int, default=0,
                     help="experiment: the rows of the N most counted words also sync after every batch (a hot tier, "
                          "as pWord2Vec's); with --batch-tokens below the tokens per sync")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="rows of words new to a replica start from the initial value with an empty accumulator "
+                         "(before session 15) instead of the servers' values, fetched when the cluster makes the "
+                         "word trainable (ReplicaStore._hold_new_words)")
     ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
     args = ap.parse_args()
 

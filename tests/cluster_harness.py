@@ -8,7 +8,9 @@ reads the whole model back from the servers through the same path the front end 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -186,3 +188,18 @@ def assert_trained_exactly_once(stats, topic: str, records: int, tokens: int, pa
     assert ledger["offsets"] == ledger["records"] == records, ledger
     assert ledger["tokens"] == tokens, ledger
     return ledger
+
+
+@contextlib.contextmanager
+def netns_lab(hosts: int, lab_ids: range):
+    """A lab of network-namespace hosts (``online.deployment.netns_lab``) with an id drawn from ``lab_ids``,
+    so that two test modules' labs never collide. CI runs as root, so the lab must work there; it must leave no
+    namespace behind."""
+    from online.deployment.netns_lab import NetnsLab, lab_support_problem
+
+    problem = lab_support_problem()
+    assert problem is None, problem
+    with NetnsLab(hosts, lab_id=random.randrange(lab_ids.start, lab_ids.stop)) as lab:
+        yield lab
+    for host in lab.hosts:
+        assert not Path(f"/run/netns/{host.name}").exists()

@@ -12,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import re
-import signal
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -25,38 +22,12 @@ from online.stream.kafka_broker import KafkaBroker, _free_port
 from online.stream.settings import KafkaBrokerSettings
 
 
-class RestartableBroker:
-    """A single-node broker on a fixed port and data directory that can be SIGKILLed and started again."""
-
-    def __init__(self, data_dir: Path):
-        self.settings = dataclasses.replace(KafkaBrokerSettings.from_env(), port=_free_port(), data_dir=data_dir,
-                                            state_file=None)
-        self.broker: KafkaBroker | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.settings.host}:{self.settings.port}"
-
-    def start(self) -> float:
-        """Start (or restart from the same data directory); the seconds until it answered."""
-        self.broker = KafkaBroker(self.settings)
-        self.broker.start()
-        return self.broker.start_seconds
-
-    def kill(self) -> None:
-        proc = self.broker.process
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        self.broker._terminate(grace=1.0)   # closes its log file; the data directory is not the broker's to remove
-
-    def stop(self) -> None:
-        if self.broker is not None:
-            self.broker.stop(grace=10.0)
-
-
 @pytest.fixture
 def own_broker(tmp_path):
-    broker = RestartableBroker(tmp_path / "kafka")
+    """A broker of the test's own on a fixed port and data directory, so that ``kill()`` then ``start()`` is an
+    operator's restart."""
+    broker = KafkaBroker(dataclasses.replace(KafkaBrokerSettings.from_env(), port=_free_port(),
+                                             data_dir=tmp_path / "kafka", state_file=None))
     broker.start()
     try:
         yield broker
@@ -237,7 +208,8 @@ def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_p
             seen_down |= {name for name in workers if cluster.metric(name, "livevec_kafka_reachable") == 0.0}
             time.sleep(0.5)
         assert seen_down == set(workers), f"livevec_kafka_reachable 0 during the outage only on {seen_down}"
-        restart_seconds = own_broker.start()
+        own_broker.start()
+        restart_seconds = own_broker.start_seconds
         restarted = time.monotonic()
         wait_until(lambda: all(cluster.metric(name, "livevec_kafka_reachable") == 1.0 for name in workers), 60,
                    interval=0.25, message="livevec_kafka_reachable back to 1 on every worker")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -26,14 +25,13 @@ import pytest
 from online.deployment.lab_placement import Agent, PlacementError, check_placement, place_tasks
 from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import describe
-from online.deployment.netns_lab import NetnsLab, lab_support_problem
 from online.deployment.stats_probe import StatsProbe
 from online.deployment.topology import default_topology
 from online.learner.tokenizer import Tokenizer
 from online.stream.kafka_broker import KafkaBroker
 from online.stream.sample_corpus import generate_lines, planted_groups
 from online.stream.settings import KafkaBrokerSettings
-from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, runner_metric, wait_until
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, netns_lab, runner_metric, wait_until
 from tests.test_checkpoint_recovery import Producer, Watcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,12 +102,8 @@ def test_livevec_up_hosts_names_the_setting_when_the_lab_cannot_run():
 
 @pytest.fixture(scope="module")
 def lab():
-    problem = lab_support_problem()
-    assert problem is None, problem   # CI runs as root: the lab must work there
-    with NetnsLab(4, lab_id=random.randrange(100, 200)) as lab:
+    with netns_lab(4, range(100, 200)) as lab:
         yield lab
-    for host in lab.hosts:
-        assert not Path(f"/run/netns/{host.name}").exists()
 
 
 @pytest.fixture(scope="module")

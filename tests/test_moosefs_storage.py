@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -40,12 +39,11 @@ from online.checkpoint.store import CheckpointError, CheckpointStore
 from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import describe
 from online.deployment.moosefs_lab import PACKAGES, MooseFSLab, moosefs_support_problem
-from online.deployment.netns_lab import NetnsLab, lab_support_problem
 from online.deployment.topology import default_topology
 from online.stream.kafka_broker import KafkaBroker
 from online.stream.sample_corpus import generate_lines
 from online.stream.settings import KafkaBrokerSettings
-from tests.cluster_harness import runner_metric, wait_until
+from tests.cluster_harness import netns_lab, runner_metric, wait_until
 from tests.test_checkpoint_recovery import Producer, Watcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,13 +65,9 @@ def _ensure_moosefs() -> None:
 
 @pytest.fixture(scope="module")
 def lab():
-    problem = lab_support_problem()
-    assert problem is None, problem
     _ensure_moosefs()
-    with NetnsLab(2, lab_id=random.randrange(200, 250)) as lab:
+    with netns_lab(2, range(200, 250)) as lab:
         yield lab
-    for host in lab.hosts:
-        assert not Path(f"/run/netns/{host.name}").exists()
 
 
 @pytest.fixture(scope="module")

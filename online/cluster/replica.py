@@ -83,6 +83,7 @@ from online.cluster import ps_commands as pc
 from online.cluster.host_replica import SharedReplicaShard
 from online.cluster.replica_shard import ReplicaShard
 from online.learner.embedding_shard import EmbeddingShard
+from online.learner.keys import word_rows
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.metrics import Registry
 from ps_bridge.settings import Setting, SettingGroup
@@ -171,7 +172,8 @@ class ReplicaStore:
 
     def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
                  seed: int = 1, timeout: float = 30.0, registry: Registry | None = None,
-                 refresh_share: float = REFRESH_SHARE.default, host_replica: str = "", host_rows: int = 0):
+                 refresh_share: float = REFRESH_SHARE.default, host_replica: str = "", host_rows: int = 0,
+                 prefetch_rows: int = 1_000_000):
         registry = registry or Registry()
         self.worker = worker
         self.dim = int(dim)
@@ -183,6 +185,7 @@ class ReplicaStore:
             self.shard = ReplicaShard(dim, refresh_share, optimizer=optimizer, eta=eta, seed=seed)
         self.on_totals = None
         self.on_trainable = None   # (every key the cluster trains, sorted; the ones new here)
+        self.prefetch_rows = int(prefetch_rows)   # rows held at most when the cluster's new words are taken in
         self.journal = TrainableJournal(len(worker.po.server_ids()))
         self._buffer_lock = threading.Lock()
         self._counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (slots, keys, deltas)
@@ -196,6 +199,8 @@ class ReplicaStore:
         self.m_rows = registry.counter("livevec_worker_rows_synced_total", "rows whose delta was sent")
         self.m_stale = registry.counter("livevec_worker_rows_stale_total", "keys the servers changed since this "
                                         "worker last asked (held ones are refreshed by the next sync)")
+        self.m_prefetched = registry.counter("livevec_worker_rows_prefetched_total", "rows of words the cluster "
+                                             "trains fetched before this worker met them (new words' rows)")
         self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
         registry.gauge("livevec_worker_replica_rows", "rows held by the replica", fn=lambda: float(len(self.shard)))
         registry.gauge("livevec_worker_replica_rows_refused", "rows a full shared replica had no room for "
@@ -283,6 +288,7 @@ class ReplicaStore:
                 self._unsent = parts[i + 1:]
                 rows_sent += len(k)
             self._unsent = None
+            self._fetch_new_rows()
             self.shard.cover(self._unsent_finished)
             self.shard.release_freed()
             self.m_syncs.inc()
@@ -371,10 +377,37 @@ class ReplicaStore:
                     for rank, ts in enumerate(pending_trainable)]
             if self.on_trainable is not None and self.journal.changed:
                 self.journal.changed = False
-                self.on_trainable(self.journal.known(), np.concatenate(news))
+                new = np.concatenate(news)
+                self.on_trainable(self.journal.known(), new)
+                self._hold_new_words(new)
         except BaseException:
             self._requeue(counts, words)
             raise
+
+    def _hold_new_words(self, keys: np.ndarray) -> None:
+        """Rows for the words the cluster made trainable, held from now on (up to ``prefetch_rows`` rows in
+        all), so that this replica meets a word with the cluster's row and AdaGrad accumulator. Created only
+        when first met, a row started from the initial value with an empty accumulator: its first step was a
+        full-size one, taken again by every replica that met the word late, and summed (measured:
+        32 replicas 1.66 % -> 2.24 %, issue #26, ``bench/README.md``). ``_fetch_new_rows`` fills them."""
+        room = (self.prefetch_rows - len(self.shard)) // 2
+        if len(keys) and room > 0:
+            self.shard.rows_for(word_rows(np.ascontiguousarray(keys[:room], dtype=np.uint64)), create=True)
+
+    def _fetch_new_rows(self) -> None:
+        """The servers' values of the rows created here since the last sync that no kernel has trained yet
+        (one pull per chunk). A row trained meanwhile keeps that work on top (``apply``); a fetch that fails
+        leaves the rows to the next sync's collect, which sends them as fresh."""
+        created = self.shard.take_created()
+        if not len(created):
+            return
+        kv = self.worker
+        pending = [(kv.pull(k, cmd=pc.CMD_DELTA), k)
+                   for k in (created[a:a + _SYNC_CHUNK] for a in range(0, len(created), _SYNC_CHUNK))]
+        for ts, k in pending:
+            res = kv.wait(ts, self.timeout)
+            self.shard.apply(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
+            self.m_prefetched.inc(len(k))
 
     def _send_words(self, words: dict[int, str]) -> list[int]:
         if not words:

@@ -39,6 +39,7 @@ class ReplicaShard(EmbeddingShard):
     def __init__(self, dim: int, refresh_share: float = REFRESH_SHARE_DEFAULT, **options):
         super().__init__(dim, **options)
         self.refresh_share = float(refresh_share)   # idle rows refreshed per sync, as a share of the changed ones
+        self._created: list[np.ndarray] = []   # keys of rows created since the last take_created
         self.base = np.zeros_like(self.vectors)
         self.base_acc = np.zeros((self.capacity, 1), dtype=np.float32)
         self.contraction = np.zeros(self.capacity, dtype=np.float32)   # since the last collect (the kernel's)
@@ -83,6 +84,7 @@ class ReplicaShard(EmbeddingShard):
                 self.base[new] = self.vectors[new]
                 self.base_acc[new] = self._accum_column(new)
                 self.confirmed[new] = False
+                self._created.append(keys[missing])
             if self.pending_free:
                 self.pending_free.difference_update(keys.tolist())
             return rows
@@ -153,6 +155,21 @@ class ReplicaShard(EmbeddingShard):
         """A batch's contraction of the rows it trained (``sgns_kernel.train_inplace_rows``), added without
         the lock like the kernel's own writes: a sum lost to a race only weakens one row's merge weight."""
         self.contraction[rows] += values
+
+    def take_created(self) -> np.ndarray:
+        """Keys of the rows created here since the last call that no kernel has written since and the servers
+        have not answered: rows to fetch before they are trained (a word new to this replica is rarely new to
+        the cluster)."""
+        with self._lock:
+            if not self._created:
+                return np.zeros(0, dtype=np.uint64)
+            keys = np.unique(np.concatenate(self._created))
+            self._created = []
+            rows = self._index.lookup(keys)
+            live = rows >= 0
+            keys, rows = keys[live], rows[live]
+            untouched = (~self.confirmed[rows]) & (self.row_version[rows] == self.row_born[rows])
+            return keys[untouched]
 
     def mark_stale(self, keys: np.ndarray) -> None:
         """Keys whose rows the servers changed (other replicas' deltas): the next collect refreshes the ones held

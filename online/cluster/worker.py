@@ -213,7 +213,8 @@ class StreamingWorker:
                                         timeout=settings.request_timeout, registry=registry,
                                         refresh_share=settings.refresh_share,
                                         host_replica=self._host_replica_path(settings),
-                                        host_rows=settings.host_replica_rows or 2 * cfg.vocab_capacity)
+                                        host_rows=settings.host_replica_rows or 2 * cfg.vocab_capacity,
+                                        prefetch_rows=cfg.vocab_capacity)
             self.trainer = Trainer(cfg, self.replica)
             self.replica.on_totals = self.trainer.apply_cluster_counts
             self.replica.on_trainable = self.trainer.learn_cluster_trainable

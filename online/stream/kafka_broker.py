@@ -479,6 +479,16 @@ class KafkaBroker:
         self._remove_data()
         log_event(logger, "kafka_broker_stopped", pid=pid, exit_code=code)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crashed host or an operator's ``kill -9`` (the outage tests and the soak): the data
+        directory stays, and ``start()`` brings the broker back from it, on the same port when
+        ``settings.port`` names one."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            self.process.wait(timeout=30)
+        self._terminate(grace=1.0)   # closes its log file
+
     def _terminate(self, grace: float) -> int | None:
         proc, self.process = self.process, None
         code = None
