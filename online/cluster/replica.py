@@ -45,11 +45,22 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   24.1 % for 2 workers sharing one replica. The simulation then showed that a round's k deltas from one base cost
   quality unless each replica's share of the round shrinks faster than 1 / k (8 replicas at 10,000 tokens each
   1.70 % / 0.431, at 2,500 2.49 % / 0.475; 16 at 5,000 1.39 % / 0.395, at 1,000 2.35 % / 0.397), so the default is
-  now **160,000 / workers^2 tokens, at least 1,000** (``WorkerSettings.default_sync_tokens``): 2 workers keep their
+  now **160,000 / workers^2 tokens, at least 1,000** (250 since session 15; ``WorkerSettings.default_sync_tokens``): 2 workers keep their
   40,000, 8 replicas sync every 2,500 tokens and learnt 22.49 % / 0.585 (``bench/README.md``, session 13), within a
   point of one host's replica, at about 3x the bytes per token. Past 16 replicas the simulation still falls behind
   one model (32 replicas: 1.66 % at 625 tokens per sync, 1.68 % at 156; a hot tier synced after every batch recovers 8
   replicas at +35 % rows, ``--hot-rows``, but not yet measured past that).
+* **Session 15: what stalled 32 replicas.** Not the round (32 replicas summing their deltas after every 100 tokens,
+  hogwild's staleness, learnt 0.23 %), not the refresh (every held row refreshed at every sync: 1.76 %), but the rows
+  a replica *created*: a word met here for the first time long after the cluster made it trainable got rows at the
+  initial value with an empty AdaGrad accumulator, so its first step here was full-size, from the wrong point, and
+  summed with the same step of every other replica that met the word late; with k replicas most occurrences of a
+  mid-frequency word are such first meetings. So **the replica holds the rows of every word the cluster makes
+  trainable (the journal's news), fetched with their accumulators in the same sync** (``_hold_new_words``,
+  ``_fetch_new_rows``; at most ``LIVEVEC_VOCAB_CAPACITY`` rows): 32 replicas at 625 tokens 1.66 % / 0.334 -> 2.24 %
+  / 0.394, 16 at 1,000 2.35 % / 0.397 -> 2.54 % / 0.411 (one model 2.92 % / 0.377). It costs the fetch (one pull
+  per chunk when there is news) and the refreshes of the rows held (rows synced per token at 32 replicas 15.7 ->
+  28.7).
 
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
 (``bench/README.md``); the servers only add. A row first touched here starts from the
