@@ -305,19 +305,23 @@ def test_a_word_the_cluster_trains_is_trainable_at_its_first_occurrence_here():
     assert not vocab.trainable[vocab.slot("plum")] and not vocab.trainable[vocab.slot("pear")]
 
 
-def test_a_worker_trains_a_word_from_its_first_occurrence_once_another_worker_made_it_trainable(ps_cluster):
-    """Through a real server: worker A reads "zebra" min_count times and syncs; worker B, which never
-    reported it, learns from the journal at its next sync and trains its very first "zebra"."""
+def _replica_workers(ps_cluster, n: int) -> list[tuple[ReplicaStore, Trainer]]:
+    """``n`` workers of the real cluster, each a ReplicaStore wired to its Trainer as the worker role wires them."""
     _, join = ps_cluster
-    stores, trainers = [], []
-    for _ in range(2):
+    workers = []
+    for _ in range(n):
         store = ReplicaStore(join(), 16, seed=1, timeout=20)
         trainer = Trainer(_config(sample=0.0), store)
         store.on_totals = trainer.apply_cluster_counts
         store.on_trainable = trainer.learn_cluster_trainable
-        stores.append(store)
-        trainers.append(trainer)
-    (a, b), (ta, tb) = stores, trainers
+        workers.append((store, trainer))
+    return workers
+
+
+def test_a_worker_trains_a_word_from_its_first_occurrence_once_another_worker_made_it_trainable(ps_cluster):
+    """Through a real server: worker A reads "zebra" min_count times and syncs; worker B, which never
+    reported it, learns from the journal at its next sync and trains its very first "zebra"."""
+    (a, ta), (b, tb) = _replica_workers(ps_cluster, 2)
     ta.train_records(["zebra lion"] * 3)       # 3 = min_count: trainable on A (and counted on the server)
     a.sync()
     b.sync()                                    # B has never read either word: it only hears the news
@@ -333,16 +337,7 @@ def test_a_worker_holds_the_clusters_row_of_a_new_word_before_it_meets_it(ps_clu
     so B's first "zebra" takes a step the size of the row's history, not the full-size first step of a row
     started from the initial value (summed over every replica that met the word late: issue #26's 32
     replicas, 1.66 % -> 2.24 % analogy in the simulation)."""
-    _, join = ps_cluster
-    stores, trainers = [], []
-    for _ in range(2):
-        store = ReplicaStore(join(), 16, seed=1, timeout=20)
-        trainer = Trainer(_config(sample=0.0), store)
-        store.on_totals = trainer.apply_cluster_counts
-        store.on_trainable = trainer.learn_cluster_trainable
-        stores.append(store)
-        trainers.append(trainer)
-    (a, b), (ta, tb) = stores, trainers
+    (a, ta), (b, tb) = _replica_workers(ps_cluster, 2)
     for _ in range(4):
         ta.train_records(["zebra lion tiger"] * 5)
         a.sync()

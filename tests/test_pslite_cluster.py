@@ -258,13 +258,19 @@ def test_two_servers_two_workers_sum_pushes_and_split_keys_by_range(cluster_fact
     assert c.scheduler.wait_log(r"event=node_stopped role=scheduler")
 
 
-def test_killed_server_is_replaced_under_its_old_id(cluster_factory):
-    c = cluster_factory(2, 1, PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="1.0")
+def _two_servers_and_a_pushing_worker(c: Cluster) -> tuple[dict[int, Proc], Proc]:
+    """Servers 8 and 10 and worker 9 started, and 1.0 pushed to every key of ``KEYS``: (servers by id, worker)."""
     servers = [c.server(f"server{i}") for i in range(2)]
     worker = c.worker()
     assert worker.read()["id"] == 9
     ids = {_node_id(s): s for s in servers}
     assert worker.cmd(op="push", keys=KEYS, vals=[1.0] * len(KEYS)) == {"ok": True}
+    return ids, worker
+
+
+def test_killed_server_is_replaced_under_its_old_id(cluster_factory):
+    c = cluster_factory(2, 1, PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="1.0")
+    ids, worker = _two_servers_and_a_pushing_worker(c)
 
     ids[8].kill9()
     # While server 8 is gone, requests touching its range time out (ps-lite would hang forever).
@@ -288,11 +294,7 @@ def test_a_server_registering_while_schedulers_restart_takes_its_slot(cluster_fa
     the next scheduler hears it before any running node's heartbeat: the server must still get its
     id back (it used to wait for ever, and the cluster with it: CI, issue #28's overlapping faults)."""
     c = cluster_factory(2, 1, PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="1.5")
-    servers = [c.server(f"server{i}") for i in range(2)]
-    worker = c.worker()
-    assert worker.read()["id"] == 9
-    ids = {_node_id(s): s for s in servers}
-    assert worker.cmd(op="push", keys=KEYS, vals=[1.0] * len(KEYS)) == {"ok": True}
+    ids, worker = _two_servers_and_a_pushing_worker(c)
 
     c.scheduler.kill9()
     ids[8].kill9()
