@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Protocol
 
-from ps_bridge.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message, Meta, Node,
-                               Role, id_to_rank, server_rank_to_id, worker_rank_to_id)
+from ps_bridge.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Control, Message,
+                               Meta, Node, Role, id_to_rank, server_rank_to_id, worker_rank_to_id)
 from ps_bridge.metrics import Registry
 from ps_bridge.settings import NodeSettings
 from ps_bridge.structured_logging import log_event
@@ -120,6 +120,10 @@ class SchedulerBook:
         with self.lock:
             return sorted({e.id for e in self.entries if e.role == Role.WORKER})
 
+    def _list_for(self, node_id: int, dead: set[int]) -> list[Node]:
+        """The node list a (re)joining node gets: every live member, itself, and the scheduler."""
+        return [e for e in self.entries if e.id not in dead or e.id == node_id] + [self.me()]
+
     def send_list(self, recver: int, nodes: list[Node]) -> None:
         self.van.send(Message(Meta(customer_id=K_EMPTY, timestamp=self.van.next_timestamp(), recver=recver,
                                    control=Control(cmd=Cmd.ADD_NODE, node=nodes))), block=False)
@@ -158,9 +162,7 @@ class SchedulerBook:
             if member is not None:
                 # sent again (it saw a new connection): its answer may be what was lost, so it gets it again
                 log_event(log, "duplicate_add_node", id=member.id, address=f"{node.hostname}:{node.port}")
-                dead = set(self.dead_nodes())
-                self.send_list(member.id, [e for e in self.entries if e.id not in dead or e.id == member.id]
-                               + [self.me()])
+                self.send_list(member.id, self._list_for(member.id, set(self.dead_nodes())))
             elif not self.po.ready_event.is_set() and self.adopted:
                 self._register_while_adopting(node)
             elif not self.po.ready_event.is_set():
@@ -264,7 +266,7 @@ class SchedulerBook:
         self.reported_dead.discard(node_id)
         self.van.connect(node)
         dead = set(self.dead_nodes())
-        self.send_list(node_id, [e for e in self.entries if e.id not in dead or e.id == node_id] + [self.me()])
+        self.send_list(node_id, self._list_for(node_id, dead))
         for other in self.distinct_ids():
             if other != node_id and other not in dead:
                 self.send_list(other, [node])
