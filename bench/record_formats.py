@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from online.learner.tokenizer import Tokenizer  # noqa: E402
 from online.learner.tokenizers.cjk import segment_chinese, segment_japanese  # noqa: E402
 from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
-from online.stream.batches import decode_record  # noqa: E402
+from online.stream.batches import decode_records  # noqa: E402
 from online.stream.records import RecordFormat  # noqa: E402
 from online.stream.sample_corpus import generate_lines  # noqa: E402
 from online.stream.sample_sessions import iter_sessions  # noqa: E402
@@ -174,11 +174,7 @@ class Case:
 
     def read(self, chunk: list[bytes]) -> list:
         """What the stream does with a batch of values (``_build_batch``): decode, then the record format."""
-        decoded = [decode_record(v, 1 << 20) for v in chunk]
-        if self.fmt.is_text:
-            return [text for text, reason in decoded if reason is None]
-        valid = [v for v, (_text, reason) in zip(chunk, decoded) if reason is None]
-        return [record for record, reason in self.fmt.extract_many(valid, valid_utf8=True) if reason is None]
+        return [text for text, reason in decode_records(chunk, 1 << 20, self.fmt) if reason is None]
 
     def step(self, k: int) -> None:
         """Read and train batch ``k`` (timed), then tokenise it again alone (timed apart)."""

@@ -7,8 +7,9 @@ import lzma
 import pytest
 
 from online.stream.producer import RecordBuilder, TextSource, split_long_line
-from online.stream.batches import OffsetTracker, TextRecord, decode_record
+from online.stream.batches import OffsetTracker, TextRecord, decode_record, decode_records
 from online.stream.reader import FileStream
+from online.stream.records import RecordFormat
 from online.stream.settings import StreamSettings
 from ps_bridge.settings import SettingError
 
@@ -129,3 +130,19 @@ def test_stream_settings_validate_and_name_the_setting():
             StreamSettings.from_env({**env, key: value})
     with pytest.raises(SettingError, match="LIVEVEC_KAFKA_BOOTSTRAP"):
         StreamSettings.from_env({"LIVEVEC_KAFKA_TOPICS": "a"})
+
+
+@pytest.mark.parametrize("fmt", [RecordFormat(), RecordFormat("json", "items")], ids=["text", "json"])
+def test_a_batch_of_values_gets_each_ones_reason_as_one_value_alone_does(fmt):
+    """``decode_records`` checks a JSON batch as a whole (sizes, UTF-8): every value still gets the reason it
+    would get alone, whatever its neighbours, and a character split across two values is not UTF-8."""
+    good = b'{"items": ["sku-1", "\xe6\x9d\xb1\xe4\xba\xac"]}' if not fmt.is_text else "sku-1 東京".encode()
+    cut = good[:-1] + b"\xe6"
+    cases = [(good, None), (None, "empty"), (b"", "empty"), (b" \t\n", "empty"), (b"x" * 101, "too_large"),
+             (b"\xc3\x28", "invalid_utf8"), (cut, "invalid_utf8"), (b"\x9d\xb1" + good, "invalid_utf8")]
+    values = [v for v, _ in cases]
+    alone = [decode_records([v], 100, fmt) for v in values]
+    assert [a[0][1] for a in alone] == [reason for _, reason in cases]
+    for order in (values, values[::-1], [good] * 3 + values):
+        assert decode_records(order, 100, fmt) == [decode_records([v], 100, fmt)[0] for v in order]
+    assert decode_records([good] * 3, 100, fmt) == alone[0] * 3

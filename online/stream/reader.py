@@ -65,7 +65,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStateError, KafkaError
 
 from online.stream.batches import (MALFORMED_REASONS, Batch, OffsetTracker, StreamCounters, TextRecord,
-                                   TopicPartitionKey, decode_record)
+                                   TopicPartitionKey, decode_records)
 from online.stream.client_logs import KafkaReachability, install
 from online.stream.producer import DEFAULT_WORDS_PER_RECORD, RecordBuilder, TextSource
 from online.stream.records import RecordFormat
@@ -138,13 +138,7 @@ class _TextStreamBase:
         ranges: dict[TopicPartitionKey, tuple[int, int]] = {}
         malformed = 0
         nbytes = 0
-        decoded = [decode_record(value, self.max_record_bytes) for _t, _p, _o, value in raw]
-        if not self.record_format.is_text:
-            # JSON: the batch's valid values in one pass (online.stream.json_scan), then in order below
-            extracted = iter(self.record_format.extract_many([value for (_t, _p, _o, value), (_text, reason)
-                                                              in zip(raw, decoded) if reason is None],
-                                                             valid_utf8=True))
-            decoded = [next(extracted) if reason is None else (text, reason) for text, reason in decoded]
+        decoded = decode_records([value for _t, _p, _o, value in raw], self.max_record_bytes, self.record_format)
         for (topic, partition, offset, value), (text, reason) in zip(raw, decoded):
             tp = (topic, partition)
             start, _end = ranges.get(tp, (offset, offset))

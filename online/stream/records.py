@@ -85,6 +85,8 @@ class RecordFormat:
         if self.kind == "text":
             text = value if isinstance(value, str) else value.decode("utf-8", "replace")
             return (" " + text[1:] if TokenList.is_one(text) else text), None
+        if not value.strip():   # blanks alone are no record, as with text records
+            return None, "empty"
         try:
             found = orjson.loads(value)
         except orjson.JSONDecodeError:
@@ -114,13 +116,15 @@ class RecordFormat:
         if self.is_text or not values:
             return [self.extract(v) for v in values]
         if not valid_utf8:
-            try:
-                b"".join(values).decode("utf-8")
+            try:      # an ASCII byte between values: no character can begin in one and end in the next
+                b"\n".join(values).decode("utf-8")
             except UnicodeDecodeError:     # orjson says what a record that is not UTF-8 is
-                utf8 = [_is_utf8(v) for v in values]
+                utf8 = [is_utf8(v) for v in values]
                 good = iter(self.extract_many([v for v, ok in zip(values, utf8) if ok], True))
                 return [next(good) if ok else self.extract(v) for v, ok in zip(values, utf8)]
         statuses, text, starts, ends = scan_records(values, self.path)
+        if statuses.count(OK_LIST) == len(statuses):     # a stream of item lists, the common batch
+            return [(text[a:b], None) for a, b in zip(starts, ends)]
         out: list[tuple[str | None, str | None]] = []
         append = out.append
         for value, status, a, b in zip(values, statuses, starts, ends):
@@ -149,7 +153,7 @@ class RecordFormat:
         return records, malformed
 
 
-def _is_utf8(value: bytes) -> bool:
+def is_utf8(value: bytes) -> bool:
     try:
         value.decode("utf-8")
         return True
