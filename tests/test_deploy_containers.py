@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import uuid
@@ -256,3 +257,43 @@ def test_processes_run_as_10001_and_write_nothing_outside_tmp_and_the_volume(gro
     written = [p for p in group.mfs.rglob("*")]
     assert any(p.name for p in written if "checkpoints" in p.parts)
     assert {p.stat().st_uid for p in written} == {RUN_AS}
+
+
+TERM_GROUP = {"id": "/t", "apps": [
+    {"id": "term", "portDefinitions": [],
+     "cmd": "trap 'echo stopped > got_term; exit 0' TERM; echo up > started; while :; do sleep 0.2; done"}]}
+
+
+def test_a_runner_killed_with_sigkill_stops_its_containers(image, engine, tmp_path):
+    """Killing the ``podman run`` client leaves its container running, so a runner killed with SIGKILL used
+    to leave its whole cluster behind. Now the kernel sends the client SIGTERM, which it passes on: the
+    task gets its graceful stop and the container is removed."""
+    group = tmp_path / "group.json"
+    group.write_text(json.dumps(TERM_GROUP))
+    work = tmp_path / "run"
+    runner = subprocess.Popen([sys.executable, "-c", (
+        "import threading, time\n"
+        "from online.deployment.local_runner import LocalRunner\n"
+        f"r = LocalRunner.from_file({str(group)!r}, work_dir={str(work)!r}, containers={image!r})\n"
+        "t = threading.Thread(target=r.start)\n"    # a thread that ends: the signal must follow the process
+        "t.start(); t.join()\n"
+        "time.sleep(600)\n")], cwd=REPO, stdout=open(tmp_path / "runner.log", "wb"), stderr=subprocess.STDOUT)
+    sandbox = work / "sandboxes" / "t-term-0"
+
+    def containers() -> list[str]:
+        return engine.run("ps", "-a", "--filter", "name=t-term-0-", "--format", "{{.Names}}").stdout.split()
+    try:
+        wait_until(lambda: (sandbox / "started").exists(), 120, 0.2,
+                   message=f"the task's container to start: {(tmp_path / 'runner.log').read_text()[-2000:]}")
+        assert len(containers()) == 1
+        runner.kill()
+        runner.wait(timeout=10)
+        t0 = time.monotonic()
+        wait_until(lambda: not containers(), 30, 0.2, message="the container to be gone")
+        print(f"container gone {time.monotonic() - t0:.2f} s after SIGKILL of the runner")
+        assert (sandbox / "got_term").read_text().strip() == "stopped"   # stopped, not killed
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        for name in containers():
+            engine.run("rm", "--force", "--time", "0", name, check=False)

@@ -17,7 +17,9 @@ task is ``podman run`` (attached, ``--rm``) of the image with:
 - the container's output in the task's log file (``--log-driver passthrough``).
 
 The ``podman run`` client lives as long as the container does, so the runner sees a dead
-container as an exited process and relaunches it. Signals go through ``podman kill``.
+container as an exited process and relaunches it. Signals go through ``podman kill``. A runner
+that dies, even by SIGKILL, stops its containers: the client gets SIGTERM from the kernel and
+passes it on (``online.deployment.orphans``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from online.deployment.image_build import RUN_FLAGS, Engine, podman
+from online.deployment.orphans import spawn
 
 SANDBOX = "/mnt/mesos/sandbox"  # where Mesos mounts a Docker task's sandbox
 RUN_AS = 10001                  # the image's user, and the Kubernetes pods' runAsUser/fsGroup
@@ -94,8 +97,9 @@ class ContainerLauncher:
         argv = self.run_argv(task, spec, env)
         task.container = self.container_name(task)
         task.main_pid = None
-        return subprocess.Popen(argv, env={**self._client_env, **env}, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        # SIGTERM to the client when the runner dies, which it passes to the container (online.deployment.orphans)
+        return spawn(argv, signal.SIGTERM, env={**self._client_env, **env}, stdin=subprocess.DEVNULL, stdout=log,
+                     stderr=subprocess.STDOUT, start_new_session=True)
 
     def run_argv(self, task, spec: Mapping, env: Mapping[str, str]) -> list[str]:
         args = ["run", "--rm", "--name", self.container_name(task), *RUN_FLAGS,

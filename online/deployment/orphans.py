@@ -24,6 +24,11 @@ ends (``spawn``): it dies with the process and only then. A child that finds its
 the signal was armed (the race between fork and prctl) exits at once. Tasks run their ``cmd`` with
 ``exec`` (the deploy files do), so the signal reaches the role itself, not only a shell in front of it.
 
+A container task's process is the ``podman run`` client, and killing it would leave its container running
+(conmon keeps it). So the client gets SIGTERM instead, which it passes on to the container (``podman
+run``'s ``--sig-proxy``, on by default when attached): the role stops as at any SIGTERM (within
+``LIVEVEC_STOP_TIMEOUT``), the container exits and ``--rm`` removes it.
+
 **Shared memory of killed runs.** Each run keeps the agents' /dev/shm (the workers' host replica) in a
 directory of this machine's own, ``/dev/shm/livevec-local-<id>``, removed at a clean stop. A run holds
 ``.runner.lock`` in it (``flock`` shared) for as long as it lives; at start, a runner removes every such
@@ -112,10 +117,11 @@ class _Spawner:
 _SPAWNER = _Spawner()
 
 
-def spawn(argv: list[str], **popen_kwargs) -> subprocess.Popen:
-    """``subprocess.Popen(argv, ...)`` for a task: forked by the spawner thread, killed by the kernel when
-    this process dies."""
-    return _SPAWNER.call(lambda: subprocess.Popen(argv, preexec_fn=parent_death_preexec(), **popen_kwargs))
+def spawn(argv: list[str], death_signal: int = signal.SIGKILL, **popen_kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(argv, ...)`` for a task: forked by the spawner thread, sent ``death_signal`` by the
+    kernel when this process dies."""
+    return _SPAWNER.call(lambda: subprocess.Popen(argv, preexec_fn=parent_death_preexec(death_signal),
+                                                  **popen_kwargs))
 
 
 def hold_run_dir(directory: Path) -> int:
