@@ -218,3 +218,47 @@ def test_a_worker_that_joined_while_a_server_was_dead_reaches_it_once_it_is_back
         cluster.assert_alive()
     finally:
         cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_front_end_that_dies_during_a_checkpoints_pause_does_not_abort_it(tmp_path, kafka_bootstrap, kafka_topic):
+    """The front end joins as a worker node and answers each pause as a reader (no batch to drain). Frozen,
+    then declared dead while a checkpoint waits for its answer, it used to abort that checkpoint, and so a
+    ``livevec checkpoint now`` (CI saw it after the front end was killed). A reader holds nothing a rollback
+    would have to undo: the checkpoint goes on without it."""
+    from tests.cluster_harness import Cluster, free_port
+
+    topic = kafka_topic(4)   # the producer writes to 4 partitions
+    cluster = Cluster(tmp_path, servers=1, workers=1,
+                      env={"LIVEVEC_KAFKA_BOOTSTRAP": kafka_bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+                           "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "16", "LIVEVEC_LOG_LEVEL": "INFO",
+                           "LIVEVEC_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "LIVEVEC_CHECKPOINT_INTERVAL": "0.5",
+                           "PS_HEARTBEAT_TIMEOUT": "3"})
+    (tmp_path / "ckpt").mkdir()
+    producer = Producer(kafka_bootstrap, topic, generate_lines(1200, seed=5), rate=15.0)   # a checkpoint needs news
+    try:
+        cluster.start("scheduler", "scheduler")
+        cluster.start("server0", "server")
+        cluster.start("worker0", "worker")
+        producer.start()
+        frontend = cluster.start("frontend", "frontend", LIVEVEC_MODEL_SOURCE="ps", LIVEVEC_HTTP_HOST="127.0.0.1",
+                                 LIVEVEC_HTTP_PORT=str(free_port()))
+        wait_until(lambda: cluster.log("scheduler").count("event=checkpoint_done") >= 3, 90,
+                   message="checkpoints with the front end in the cluster")
+        joined = re.findall(r"event=worker_joined id=(\d+)", cluster.log("scheduler"))
+        mark = len(cluster.log("scheduler"))
+        frontend.send_signal(signal.SIGSTOP)   # it answers no pause from now on
+        try:
+            dead = wait_until(lambda: re.search(r"event=node_dead id=(\d+)", cluster.log("scheduler")[mark:]), 30,
+                              message="the front end declared dead")
+            assert dead.group(1) in joined
+            after = mark + dead.end()
+            wait_until(lambda: "event=checkpoint_done" in cluster.log("scheduler")[after:], 30,
+                       message="a checkpoint after the front end's death")
+            log = cluster.log("scheduler")[mark:]
+            assert "event=checkpoint_aborted" not in log, log[-3000:]
+        finally:
+            frontend.send_signal(signal.SIGKILL)
+    finally:
+        cluster.stop()
+        producer.join(timeout=60)

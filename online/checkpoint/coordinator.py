@@ -100,6 +100,9 @@ class CheckpointCoordinator(SchedulerExtension):
             "livevec_checkpoint_age_seconds", "seconds since the latest complete checkpoint was written",
             fn=lambda: time.time() - float(self.base.manifest.get("created", started) if self.base else started))
         self.trainers: set[int] = set()
+        # worker nodes that answered a pause as readers (front ends, probes): they hold no batch, so one that
+        # dies during a pause aborts nothing (a front end killed then cost a checkpoint on demand)
+        self.readers: set[int] = set()
         self.dead_servers: set[int] = set()
         self.last_checkpoint: dict | None = None
         self.last_rollback: dict | None = None
@@ -173,7 +176,9 @@ class CheckpointCoordinator(SchedulerExtension):
                 # checkpoint and the workers seek back, exactly as after a restart.
                 self.dead_servers.discard(node_id)
                 self.request_rollback(f"server {node_id} back after being declared dead")
-        elif role == Role.WORKER and node_id in self.trainers and \
+        elif role == Role.WORKER and event == "recovered":   # another process has the id: its role is unknown
+            self.readers.discard(node_id)
+        if role == Role.WORKER and node_id in self.trainers and \
                 event in ("dead", "recovered", "worker_dead", "worker_left"):
             # "recovered": a restarted process took over the dead trainer's id
             self.trainers.discard(node_id)
@@ -379,6 +384,11 @@ class CheckpointCoordinator(SchedulerExtension):
         answers = self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "drain", "id": ckpt_id, "timeout": s.pause_timeout},
                             workers, s.pause_timeout + 5, give_up_on_rollback=True)
         trainers = {n: a for n, a in answers.items() if a and a.get("trainer")}
+        # a reader's answer is empty: it has no handler for the pause
+        self.readers = (self.readers | {n for n, a in answers.items() if a is not None and not a.get("trainer")}) \
+            - set(trainers)
+        members = set(self.po.worker_ids())
+        answers = {n: a for n, a in answers.items() if a is not None or n not in self.readers or n in members}
         paused_ms = round((time.monotonic() - t0) * 1e3, 1)
         problem = None
         if any(a is None or not a.get("ok", True) for a in answers.values()):
