@@ -35,7 +35,7 @@ def test_a_list_of_strings_is_one_sentence_of_tokens_taken_as_they_are():
 @pytest.mark.parametrize("value, reason", [
     (b"not json", "invalid_json"),
     (b'{"event": {"text": "cut', "invalid_json"),
-    (b"\xff\xfe", "invalid_json"),
+    (b"\xff\xfe", "invalid_utf8"),
     (b'{"other": 1}', "missing_field"),
     (b'{"event": {"body": "x"}}', "missing_field"),
     (b'{"event": "flat string"}', "missing_field"),
@@ -205,6 +205,7 @@ def test_the_compiled_scan_gives_orjsons_verdict_on_every_record(field):
     fast = fmt.extract_many(values)
     slow = [fmt.extract(v) for v in values]
     assert [(type(a[0]), a) for a in fast] == [(type(b[0]), b) for b in slow]
+    assert scan_records(values, fmt.path) is None       # some are not UTF-8: the scan reads none of them
     statuses = scan_records([v for v in values if _utf8(v)], fmt.path)[0]
     assert sum(1 for s in statuses if s in (OK_STRING, OK_LIST)) > 50    # the fast path had work to do
     assert {reason for _, reason in slow} >= {None, "invalid_json", "missing_field", "wrong_type"}

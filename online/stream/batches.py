@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from online.stream.records import JSON_REASONS, RecordFormat, is_utf8
+from online.stream.records import JSON_REASONS, RecordFormat
 
 TopicPartitionKey = tuple[str, int]
 MALFORMED_REASONS = ("invalid_utf8", "empty", "too_large", *JSON_REASONS)
@@ -83,22 +83,19 @@ def decode_records(values: list[bytes | None], max_bytes: int,
                    record_format: RecordFormat) -> list[tuple[str | None, str | None]]:
     """What the stream makes of a batch of values: ``decode_record`` of each, then the record format.
 
-    A JSON value is never decoded whole: the batch's values are checked for UTF-8 in one call and the
-    record format's scan cuts the fields out of the bytes, so a record of a few IDs costs no string of
-    its own (one per record cost a sixth of such a stream's reading)."""
+    A JSON value is never decoded whole: the record format's scan checks the batch for UTF-8 in one call
+    and cuts the fields out of the bytes, so a record of a few IDs costs no string of its own (one per
+    record cost a sixth of such a stream's reading)."""
     if record_format.is_text:
         return [decode_record(v, max_bytes) for v in values]
-    try:     # a value of blanks alone is the scan's to call empty
-        b"\n".join(values).decode("utf-8")   # an ASCII byte between values: no character spans two
+    try:     # a value of blanks alone is the scan's to call empty, one not UTF-8 the record format's
         lengths = list(map(len, values))
         if lengths and 0 < min(lengths) and max(lengths) <= max_bytes:
-            return record_format.extract_many(values, valid_utf8=True)
-    except (TypeError, UnicodeDecodeError):  # a None (a tombstone), or a value that is not UTF-8
+            return record_format.extract_many(values)
+    except TypeError:  # a None (a tombstone)
         pass
-    reasons = [decode_record(v, max_bytes)[1] if not v or len(v) > max_bytes or not is_utf8(v) else None
-               for v in values]
-    extracted = iter(record_format.extract_many([v for v, reason in zip(values, reasons) if reason is None],
-                                                valid_utf8=True))
+    reasons = [decode_record(v, max_bytes)[1] if not v or len(v) > max_bytes else None for v in values]
+    extracted = iter(record_format.extract_many([v for v, reason in zip(values, reasons) if reason is None]))
     return [next(extracted) if reason is None else (None, reason) for reason in reasons]
 
 

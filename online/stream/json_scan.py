@@ -108,15 +108,14 @@ def _key_is(data, a, b, path, path_start, path_end):
 
 
 @njit(nogil=True, cache=True)
-def _scan(data, ends, path, path_ends, status, start, length, items_first, items_count, item_start, item_len,
-          word_true, word_false, word_null):
-    """Each record ``data[ends[r-1]:ends[r]]``: its status, the field string's ``start``/``length``, or the
+def _scan(data, starts, ends, path, path_ends, status, start, length, items_first, items_count, item_start,
+          item_len, word_true, word_false, word_null):
+    """Each record ``data[starts[r]:ends[r]]``: its status, the field string's ``start``/``length``, or the
     list's items, written to ``item_start``/``item_len`` from ``items_first[r]`` on; returns the items written.
 
     A failure, or any step that is not what valid JSON has there, leaves the record's loops (``break``)
     with ``status`` FALLBACK."""
     n_path = path_ends.shape[0]
-    a = 0
     n_items = 0
     for r in range(ends.shape[0]):
         end = ends[r]
@@ -126,8 +125,7 @@ def _scan(data, ends, path, path_ends, status, start, length, items_first, items
         length[r] = 0
         count = 0
         nonempty = 0
-        i = _skip_ws(data, a, end)
-        a = end
+        i = _skip_ws(data, starts[r], end)
         if i >= end:           # blanks alone
             st = EMPTY
         elif data[i] == 0x7B:
@@ -281,45 +279,33 @@ def _scan(data, ends, path, path_ends, status, start, length, items_first, items
     return n_items
 
 
-@njit(inline="always")
-def _copy(data, src, n, out, pos):
-    """``n`` bytes of ``data`` from ``src`` to ``out`` at ``pos``; returns the code points they hold (the bytes
-    that do not continue a UTF-8 sequence)."""
-    chars = 0
-    for m in range(n):
-        b = data[src + m]
-        out[pos + m] = b
-        if (b & 0xC0) != 0x80:
-            chars += 1
-    return chars
-
-
 @njit(nogil=True, cache=True)
-def _gather(data, status, start, length, items_first, items_count, item_start, item_len, out, char_start,
-            char_end):
-    """Each record's field into ``out``: a string as it is, a list as a token list (U+001E, then the items
-    separated by U+001F, which no item here holds: control bytes fall back); ``char_start``/``char_end``:
-    where each one is in ``out`` decoded (in code points), so the batch is decoded once and sliced."""
+def _gather(data, status, start, length, items_first, items_count, item_start, item_len, out):
+    """Each record's field into ``out``, and U+001D after each but the last: a string as it is, a list as a
+    token list (U+001E, then the items separated by U+001F). No field read holds a control character (the
+    scan leaves those to orjson), so one ``split`` of the decoded batch gives every record its field."""
     pos = 0
-    chars = 0
     for r in range(status.shape[0]):
-        char_start[r] = chars
+        if r > 0:
+            out[pos] = 0x1D
+            pos += 1
         st = status[r]
         if st == OK_STRING:
-            chars += _copy(data, start[r], length[r], out, pos)
+            src = start[r]
+            for m in range(length[r]):     # byte loops: a slice here is an array view, counted per record
+                out[pos + m] = data[src + m]
             pos += length[r]
         elif st == OK_LIST:
             out[pos] = 0x1E
             pos += 1
-            chars += 1
             for k in range(items_first[r], items_first[r] + items_count[r]):
                 if k > items_first[r]:
                     out[pos] = 0x1F
                     pos += 1
-                    chars += 1
-                chars += _copy(data, item_start[k], item_len[k], out, pos)
+                src = item_start[k]
+                for m in range(item_len[k]):
+                    out[pos + m] = data[src + m]
                 pos += item_len[k]
-        char_end[r] = chars
     return pos
 
 
@@ -328,13 +314,18 @@ _FALSE = np.frombuffer(b"false", dtype=np.uint8)
 _NULL = np.frombuffer(b"null", dtype=np.uint8)
 
 
-def scan_records(values: list[bytes], path: tuple[str, ...]):
-    """(status of each of ``values``, the fields decoded end to end, where each one starts and ends in
-    it): for ``OK_STRING`` the string, for ``OK_LIST`` the items joined by U+001F, else nothing. The
-    values must be UTF-8 (the stream checked them); see the module docstring."""
-    data = b"".join(values)
+def scan_records(values: list[bytes], path: tuple[str, ...]) -> tuple[list[int], list[str]] | None:
+    """(status of each of ``values``, its field): for ``OK_STRING`` the string, for ``OK_LIST`` the items
+    as a token list, else ``""``; None when a value is not UTF-8. See the module docstring."""
+    data = b"\n".join(values)        # an ASCII byte between values: no character spans two
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
     raw = np.frombuffer(data, dtype=np.uint8)
-    ends = np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    ends = np.cumsum(lengths + 1) - 1
+    starts = ends - lengths
     keys = [p.encode("utf-8") for p in path]
     path_bytes = np.frombuffer(b"".join(keys), dtype=np.uint8) if any(keys) else np.zeros(0, dtype=np.uint8)
     path_ends = np.cumsum(np.array([len(k) for k in keys], dtype=np.int64))
@@ -347,12 +338,8 @@ def scan_records(values: list[bytes], path: tuple[str, ...]):
     cap = len(data) // 3 + 1          # an item takes at least 3 bytes: "",
     item_start = np.empty(cap, dtype=np.int64)
     item_len = np.empty(cap, dtype=np.int64)
-    _scan(raw, ends, path_bytes, path_ends, status, start, length, items_first, items_count, item_start, item_len,
-          _TRUE, _FALSE, _NULL)
-    out = np.empty(len(data) + n, dtype=np.uint8)
-    char_start = np.empty(n, dtype=np.int64)
-    char_end = np.empty(n, dtype=np.int64)
-    used = _gather(raw, status, start, length, items_first, items_count, item_start, item_len, out, char_start,
-                   char_end)
-    text = out[:used].tobytes().decode("utf-8")
-    return status.tolist(), text, char_start.tolist(), char_end.tolist()
+    _scan(raw, starts, ends, path_bytes, path_ends, status, start, length, items_first, items_count, item_start,
+          item_len, _TRUE, _FALSE, _NULL)
+    out = np.empty(len(data) + n + 1, dtype=np.uint8)
+    used = _gather(raw, status, start, length, items_first, items_count, item_start, item_len, out)
+    return status.tolist(), str(out[:used].data, "utf-8").split("\x1d")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,8 +90,8 @@ class RecordFormat:
             return None, "empty"
         try:
             found = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None, "invalid_json"
+        except orjson.JSONDecodeError:    # as the stream says of a value that is not UTF-8, whatever its format
+            return None, "invalid_utf8" if isinstance(value, bytes) and not is_utf8(value) else "invalid_json"
         for key in self.path:
             if type(found) is not dict:
                 return None, "missing_field"
@@ -109,29 +110,25 @@ class RecordFormat:
             return (items, None) if any(found) else (None, "empty")
         return None, "wrong_type"
 
-    def extract_many(self, values: list[bytes], valid_utf8: bool = False) -> list[tuple[str | None, str | None]]:
+    def extract_many(self, values: list[bytes]) -> list[tuple[str | None, str | None]]:
         """``extract`` of each of ``values``: JSON records in one compiled pass, and those it cannot vouch for
-        through ``extract`` (``online.stream.json_scan``). The scan reads bytes, so a record that is not
-        UTF-8 goes to ``extract`` too (``valid_utf8``: the caller checked them all, as the stream does)."""
+        through ``extract`` (``online.stream.json_scan``)."""
         if self.is_text or not values:
             return [self.extract(v) for v in values]
-        if not valid_utf8:
-            try:      # an ASCII byte between values: no character can begin in one and end in the next
-                b"\n".join(values).decode("utf-8")
-            except UnicodeDecodeError:     # orjson says what a record that is not UTF-8 is
-                utf8 = [is_utf8(v) for v in values]
-                good = iter(self.extract_many([v for v, ok in zip(values, utf8) if ok], True))
-                return [next(good) if ok else self.extract(v) for v, ok in zip(values, utf8)]
-        statuses, text, starts, ends = scan_records(values, self.path)
+        scanned = scan_records(values, self.path)
+        if scanned is None:     # a value that is not UTF-8: the scan reads the others
+            utf8 = [is_utf8(v) for v in values]
+            good = iter(self.extract_many([v for v, ok in zip(values, utf8) if ok]))
+            return [next(good) if ok else self.extract(v) for v, ok in zip(values, utf8)]
+        statuses, fields = scanned
         if statuses.count(OK_LIST) == len(statuses):     # a stream of item lists, the common batch
-            return [(text[a:b], None) for a, b in zip(starts, ends)]
+            return list(zip(fields, itertools.repeat(None)))
         out: list[tuple[str | None, str | None]] = []
         append = out.append
-        for value, status, a, b in zip(values, statuses, starts, ends):
+        for value, status, field in zip(values, statuses, fields):
             if status == OK_LIST:
-                append((text[a:b], None))
+                append((field, None))
             elif status == OK_STRING:
-                field = text[a:b]
                 append((field, None) if field.strip() else (None, "empty"))
             elif status == EMPTY:
                 append((None, "empty"))
