@@ -294,3 +294,77 @@ async def test_a_producer_rides_out_a_short_outage_and_says_so_once(own_broker, 
     finally:
         await stream.stop()
     assert seen == set(texts)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp_path):
+    """Three brokers (``KafkaCluster``: replication 3, min.insync.replicas 2), restarted one at a time as an
+    upgrade does (SIGTERM, a few seconds down, back from its data) while the producer sends with acks=all and
+    1 server and 2 workers train. Each restart moves partition leaderships and the group's coordinator: the
+    #8 ledger ends with every record trained exactly once, and no worker floods its log."""
+    from online.learner.tokenizer import Tokenizer
+    from online.stream.kafka_cluster import KafkaCluster
+    from online.stream.producer import ensure_topic
+    from online.stream.sample_corpus import generate_lines
+    from tests.cluster_harness import Cluster, assert_trained_exactly_once, wait_until
+    from tests.test_checkpoint_recovery import LINES_PER_RECORD, ClusterProbe, _ledger
+
+    kafka = KafkaCluster(3)
+    kafka.start()
+    topic = f"rolling-{uuid.uuid4().hex[:8]}"
+    asyncio.run(ensure_topic(kafka.bootstrap, topic, PARTITIONS, replication_factor=3))
+    lines = generate_lines(3200, seed=29)
+    records = ["\n".join(lines[i:i + LINES_PER_RECORD]) for i in range(0, len(lines), LINES_PER_RECORD)]  # 800
+    tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(records))
+    workers = ("worker0", "worker1")
+    cluster = Cluster(tmp_path, servers=1, workers=2, env={
+        "LIVEVEC_KAFKA_BOOTSTRAP": kafka.bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+        "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3",
+        "LIVEVEC_KAFKA_BATCH_RECORDS": "15", "LIVEVEC_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "LIVEVEC_CHECKPOINT_INTERVAL": "2", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_REQUEST_TIMEOUT": "4",
+        "LIVEVEC_KAFKA_LOG_SUMMARY_INTERVAL": "10", "LIVEVEC_LOG_LEVEL": "INFO"})
+    probe = None
+    producing_error: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            asyncio.run(_produce(kafka.bootstrap, topic, records, 0, rate=16.0))   # ~50 s, through every restart
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            producing_error.append(exc)
+    try:
+        cluster.start("scheduler", "scheduler")
+        cluster.start("server0", "server")
+        for name in workers:
+            cluster.start(name, "worker")
+        probe = ClusterProbe(cluster.root_port, servers=1)
+        producing = __import__("threading").Thread(target=produce, daemon=True)
+        producing.start()
+        wait_until(lambda: cluster.assert_alive() or (_ledger(probe.stats()) or {}).get("records", 0) >= 60, 90,
+                   interval=0.25, message="training to start")
+        log_offsets = {name: len(cluster.log(name)) for name in workers}
+        report = []
+        for index in range(3):
+            trained = _ledger(probe.stats())["records"]
+            back_in = kafka.restart(index, down_seconds=3.0)
+            # training goes on after each restart, before the next broker goes down
+            wait_until(lambda: cluster.assert_alive() or _ledger(probe.stats())["records"] > trained + 20, 60,
+                       interval=0.25, message=f"training after the restart of broker {index + 1}")
+            report.append(f"broker {index + 1}: back in {back_in:.1f} s, trained {trained} before it")
+        producing.join(timeout=120)
+        assert not producing.is_alive() and not producing_error, producing_error
+        ledger = assert_trained_exactly_once(probe.stats, topic, len(records), tokens_expected,
+                                             partitions=PARTITIONS, timeout=120,
+                                             idle=lambda: cluster.metric("scheduler", "livevec_recovering") == 0.0)
+        cluster.assert_alive()
+        report.append(f"ledger {ledger['records']} records, {ledger['overlaps']} overlaps, {ledger['gaps']} gaps")
+        for name in workers:
+            loud = _loud_lines(cluster.log(name)[log_offsets[name]:])
+            report.append(f"{name}: {len(loud)} warning/error lines over the three restarts")
+            assert len(loud) <= 200, "\n".join(loud[:200])
+        print("\n".join(report))
+    finally:
+        if probe is not None:
+            probe.close()
+        cluster.stop()
+        kafka.stop()

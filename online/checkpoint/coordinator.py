@@ -1,23 +1,21 @@
 """The checkpoint coordinator: runs in the scheduler process and drives checkpoints and rollbacks.
 
-Why the scheduler: it already knows who is in the cluster (registrations, heartbeats, dead
-nodes, elastic joins and leaves), and there is exactly one. ``online.checkpoint.participants`` describes the
-protocol and the invariant; this module decides *when*:
+Why the scheduler: it already knows who is in the cluster (registrations, heartbeats, dead nodes, elastic joins and
+leaves), and there is exactly one. ``online.checkpoint.participants`` describes the protocol and the invariant; this
+module decides *when*:
 
 * a **checkpoint** every ``interval`` seconds (``LIVEVEC_CHECKPOINT_INTERVAL``), every
   ``records`` trained records (``LIVEVEC_CHECKPOINT_RECORDS``, read from server 0's ledger),
   or on demand (``HEAD_CHECKPOINT_REQUEST {"action": "checkpoint"}``, or a request file from
   ``livevec checkpoint now``);
-* a **rollback** when a server dies or is replaced, a trainer is dropped (dead or left), a
-  worker asks for one (it started, its partitions were rebalanced, a batch was retried or not
-  acknowledged), or the coordinator itself (re)starts. Requests arriving within
-  ``ROLLBACK_DELAY`` seconds are served by one rollback; a rollback that cannot complete (a
-  server still dead, a worker not answering) leaves the workers paused and is retried.
+* a **rollback** when a server dies or is replaced, a trainer is dropped (dead or left), a worker asks for one (it
+  started, its partitions were rebalanced, a batch was retried or not acknowledged), or the coordinator itself
+  (re)starts. Requests arriving within ``ROLLBACK_DELAY`` seconds are served by one rollback; a rollback that cannot
+  complete (a server still dead, a worker not answering) leaves the workers paused and is retried.
 
-Rollbacks always win over checkpoints: no checkpoint is taken while one is pending, and a
-checkpoint whose workers report a rebalance since their last rollback (``dirty``) is
-abandoned in favour of a rollback, so a checkpoint can never capture a state that is not
-exactly "records before its offsets, each once".
+Rollbacks always win over checkpoints: no checkpoint is taken while one is pending, and a checkpoint whose workers
+report a rebalance since their last rollback (``dirty``) is abandoned in favour of a rollback, so a checkpoint can
+never capture a state that is not exactly "records before its offsets, each once".
 
 **Storage faults** (the directory is a shared file system: a MooseFS master or chunkserver
 down, a mount gone or read-only, a full disk) never stop training. Every call on the store has
@@ -100,9 +98,7 @@ class CheckpointCoordinator(SchedulerExtension):
             "livevec_checkpoint_age_seconds", "seconds since the latest complete checkpoint was written",
             fn=lambda: time.time() - float(self.base.manifest.get("created", started) if self.base else started))
         self.trainers: set[int] = set()
-        # worker nodes that answered a pause as readers (front ends, probes): they hold no batch, so one that
-        # dies during a pause aborts nothing (a front end killed then cost a checkpoint on demand)
-        self.readers: set[int] = set()
+        self.readers: set[int] = set()   # answered a pause with no batch (front ends): dying in one aborts nothing
         self.dead_servers: set[int] = set()
         self.last_checkpoint: dict | None = None
         self.last_rollback: dict | None = None
@@ -384,11 +380,10 @@ class CheckpointCoordinator(SchedulerExtension):
         answers = self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "drain", "id": ckpt_id, "timeout": s.pause_timeout},
                             workers, s.pause_timeout + 5, give_up_on_rollback=True)
         trainers = {n: a for n, a in answers.items() if a and a.get("trainer")}
-        # a reader's answer is empty: it has no handler for the pause
         self.readers = (self.readers | {n for n, a in answers.items() if a is not None and not a.get("trainer")}) \
-            - set(trainers)
-        members = set(self.po.worker_ids())
-        answers = {n: a for n, a in answers.items() if a is not None or n not in self.readers or n in members}
+            - set(trainers)    # a reader's answer is empty: it has no handler for the pause
+        answers = {n: a for n, a in answers.items() if a is not None or n not in self.readers
+                   or n in self.po.worker_ids()}
         paused_ms = round((time.monotonic() - t0) * 1e3, 1)
         problem = None
         if any(a is None or not a.get("ok", True) for a in answers.values()):

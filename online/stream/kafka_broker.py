@@ -229,11 +229,14 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _server_properties(port: int, controller_port: int, log_dir: Path, sasl_ssl: dict[str, str] | None = None,
-                       host: str = "127.0.0.1") -> str:
+                       host: str = "127.0.0.1", node_id: int = 1, voters: str | None = None,
+                       replicas: int = 1) -> str:
     # One process is controller and broker. Thread counts are cut to fit a 2-core machine shared with the
-    # workers; replication factors are 1 because there is one node; group.initial.rebalance.delay.ms=0 lets a
-    # consumer group form at once instead of waiting 3 s for more members. With ``sasl_ssl`` a SASL_SSL
-    # listener runs next to the plaintext one (which the broker itself and the readiness probe keep using).
+    # workers; replication factors are the node count (1 alone; ``KafkaCluster``'s nodes pass theirs, with
+    # ``voters`` naming every controller); group.initial.rebalance.delay.ms=0 lets a consumer group form at once
+    # instead of waiting 3 s for more members. With ``sasl_ssl`` a SASL_SSL listener runs next to the plaintext
+    # one (which the broker itself and the readiness probe keep using).
+    min_isr = str(2 if replicas >= 3 else 1)
     sasl_ssl = dict(sasl_ssl or {})
     extra_port = sasl_ssl.pop("_port", None)
     listeners = f"PLAINTEXT://{host}:{port},CONTROLLER://127.0.0.1:{controller_port}"
@@ -245,8 +248,8 @@ def _server_properties(port: int, controller_port: int, log_dir: Path, sasl_ssl:
         protocols += ",SASL_SSL:SASL_SSL"
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@127.0.0.1:{controller_port}",
         "listeners": listeners,
         "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
@@ -255,13 +258,14 @@ def _server_properties(port: int, controller_port: int, log_dir: Path, sasl_ssl:
         "log.dirs": str(log_dir),
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": str(replicas),
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": min_isr,
         "transaction.state.log.num.partitions": "4",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "min.insync.replicas": min_isr,
         "group.initial.rebalance.delay.ms": "0",
         "num.network.threads": "2",
         "num.io.threads": "2",
@@ -343,9 +347,14 @@ class KafkaBroker:
     ``livevec kafka start`` turns it off.
     """
 
-    def __init__(self, settings: KafkaBrokerSettings | None = None, *, die_with_parent: bool = True):
+    def __init__(self, settings: KafkaBrokerSettings | None = None, *, die_with_parent: bool = True,
+                 node_id: int = 1, controller_port: int | None = None, voters: str | None = None,
+                 cluster_id: str | None = None, replicas: int = 1):
         self.settings = settings or KafkaBrokerSettings.from_env()
         self.die_with_parent = die_with_parent
+        # a node of a ``KafkaCluster``: its id, its controller's port, every controller, the cluster's id
+        self.node_id, self._controller_port, self.voters = node_id, controller_port, voters
+        self.cluster_id, self.replicas = cluster_id, replicas
         self.port: int | None = None
         self.sasl_ssl_port: int | None = None
         self.controller_port: int | None = None
@@ -404,6 +413,20 @@ class KafkaBroker:
                   data_dir=str(self.data_dir))
         return self.bootstrap
 
+    def launch(self) -> None:
+        """Start the process without waiting for it to answer: a cluster's nodes answer only once a majority
+        of its controllers runs, so ``KafkaCluster`` launches them all, then waits (``wait_ready``)."""
+        self._started = time.monotonic()
+        self._launch(find_java(self.settings.java_home),
+                     os.pathsep.join(str(j) for j in fetch_jars(self.settings)))
+
+    def wait_ready(self) -> str:
+        self._wait_ready()
+        self.start_seconds = time.monotonic() - self._started
+        log_event(logger, "kafka_broker_ready", bootstrap=self.bootstrap, node=self.node_id, pid=self.process.pid,
+                  seconds=round(self.start_seconds, 2), data_dir=str(self.data_dir))
+        return self.bootstrap
+
     def _launch(self, java: str, classpath: str) -> None:
         if self.settings.data_dir is not None:
             self.data_dir = self.settings.data_dir
@@ -413,7 +436,7 @@ class KafkaBroker:
             self.data_dir = Path(tempfile.mkdtemp(prefix="livevec-kafka-"))
             self.owns_data_dir = True
         self.port = self.settings.port or _free_port(self.settings.host)
-        self.controller_port = _free_port()
+        self.controller_port = self._controller_port or _free_port()
         while self.controller_port == self.port:
             self.controller_port = _free_port()
         log_dir = self.data_dir / "kraft-logs"
@@ -432,10 +455,11 @@ class KafkaBroker:
             scram = [arg for credential in scram_credentials(users) for arg in ("--add-scram", credential)]
         # 0600: with a SASL_SSL listener it holds the PLAIN users' passwords
         _write_private(config, _server_properties(self.port, self.controller_port, log_dir, sasl_ssl,
-                                                  self.settings.host))
+                                                  self.settings.host, self.node_id, self.voters, self.replicas))
         base = [java, *_jvm_options(self.settings), "-cp", classpath]
         if not (log_dir / "meta.properties").exists():
-            fmt = subprocess.run([*base, "kafka.tools.StorageTool", "format", "--cluster-id", _new_cluster_id(),
+            fmt = subprocess.run([*base, "kafka.tools.StorageTool", "format",
+                                  "--cluster-id", self.cluster_id or _new_cluster_id(),
                                   "--config", str(config), "--ignore-formatted", *scram],
                                  capture_output=True, text=True, timeout=self.settings.start_timeout)
             if fmt.returncode != 0:
