@@ -314,8 +314,8 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
     kafka.start()
     topic = f"rolling-{uuid.uuid4().hex[:8]}"
     asyncio.run(ensure_topic(kafka.bootstrap, topic, PARTITIONS, replication_factor=3))
-    lines = generate_lines(3200, seed=29)
-    records = ["\n".join(lines[i:i + LINES_PER_RECORD]) for i in range(0, len(lines), LINES_PER_RECORD)]  # 800
+    lines = generate_lines(2000, seed=29)
+    records = ["\n".join(lines[i:i + LINES_PER_RECORD]) for i in range(0, len(lines), LINES_PER_RECORD)]  # 500
     tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(records))
     workers = ("worker0", "worker1")
     cluster = Cluster(tmp_path, servers=1, workers=2, env={
@@ -329,7 +329,7 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
 
     def produce() -> None:
         try:
-            asyncio.run(_produce(kafka.bootstrap, topic, records, 0, rate=16.0))   # ~50 s, through every restart
+            asyncio.run(_produce(kafka.bootstrap, topic, records, 0, rate=16.0))   # ~31 s, through every restart
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             producing_error.append(exc)
     try:
@@ -346,9 +346,9 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
         report = []
         for index in range(3):
             trained = _ledger(probe.stats())["records"]
-            back_in = kafka.restart(index, down_seconds=3.0)
+            back_in = kafka.restart(index, down_seconds=2.0)
             # training goes on after each restart, before the next broker goes down
-            wait_until(lambda: cluster.assert_alive() or _ledger(probe.stats())["records"] > trained + 20, 60,
+            wait_until(lambda: cluster.assert_alive() or _ledger(probe.stats())["records"] > trained + 15, 60,
                        interval=0.25, message=f"training after the restart of broker {index + 1}")
             report.append(f"broker {index + 1}: back in {back_in:.1f} s, trained {trained} before it")
         producing.join(timeout=120)
