@@ -91,7 +91,7 @@ class RecordFormat:
         try:
             found = orjson.loads(value)
         except orjson.JSONDecodeError:    # as the stream says of a value that is not UTF-8, whatever its format
-            return None, "invalid_utf8" if isinstance(value, bytes) and not is_utf8(value) else "invalid_json"
+            return None, "invalid_utf8" if isinstance(value, bytes) and not _is_utf8(value) else "invalid_json"
         for key in self.path:
             if type(found) is not dict:
                 return None, "missing_field"
@@ -117,7 +117,7 @@ class RecordFormat:
             return [self.extract(v) for v in values]
         scanned = scan_records(values, self.path)
         if scanned is None:     # a value that is not UTF-8: the scan reads the others
-            utf8 = [is_utf8(v) for v in values]
+            utf8 = [_is_utf8(v) for v in values]
             good = iter(self.extract_many([v for v, ok in zip(values, utf8) if ok]))
             return [next(good) if ok else self.extract(v) for v, ok in zip(values, utf8)]
         statuses, fields = scanned
@@ -150,7 +150,7 @@ class RecordFormat:
         return records, malformed
 
 
-def is_utf8(value: bytes) -> bool:
+def _is_utf8(value: bytes) -> bool:
     try:
         value.decode("utf-8")
         return True
