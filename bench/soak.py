@@ -261,6 +261,11 @@ def inject_service(rng: random.Random, kind: str, t: float, broker: RestartableB
     _QUOTA["on"] = True
 
     def free():
+        # Not while the master is down: mfsdelquota then blocks in the FUSE mount, and a process waiting there
+        # cannot be killed until the mount gives up, so one attempt held the soak's loop for about 100 s and
+        # the master's own restart with it. The undo is tried again 5 s later.
+        if not mfs.running("master"):
+            raise RuntimeError("the MooseFS master is down")
         mfs.set_quota("checkpoints", None)
         _QUOTA["on"] = False
     fault = Fault(kind, f"checkpoint directory full (hard quota 1 byte) for {seconds:.0f}s", t)
