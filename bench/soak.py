@@ -261,9 +261,8 @@ def inject_service(rng: random.Random, kind: str, t: float, broker: RestartableB
     _QUOTA["on"] = True
 
     def free():
-        # Not while the master is down: mfsdelquota then blocks in the FUSE mount, and a process waiting there
-        # cannot be killed until the mount gives up, so one attempt held the soak's loop for about 100 s and
-        # the master's own restart with it. The undo is tried again 5 s later.
+        # Not while the master is down: mfsdelquota then waits on the mount until its 30 s timeout, and the
+        # master's own restart, due next, waits behind it (seed 1 on 3 December). Tried again 5 s later.
         if not mfs.running("master"):
             raise RuntimeError("the MooseFS master is down")
         mfs.set_quota("checkpoints", None)
