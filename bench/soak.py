@@ -261,8 +261,9 @@ def inject_service(rng: random.Random, kind: str, t: float, broker: RestartableB
     _QUOTA["on"] = True
 
     def free():
-        # Not while the master is down: mfsdelquota then waits on the mount until its 30 s timeout, and the
-        # master's own restart, due next, waits behind it (seed 1 on 3 December). Tried again 5 s later.
+        # Not while the master is down: mfsdelquota then waits in a FUSE request, which its timeout cannot end
+        # until the mount gives the request up; in seed 1's run (3 December) that held the soak's loop, and the
+        # master's restart due next, for 130 s. Tried again 5 s later.
         if not mfs.running("master"):
             raise RuntimeError("the MooseFS master is down")
         mfs.set_quota("checkpoints", None)
