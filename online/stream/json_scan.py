@@ -146,14 +146,7 @@ def _scan(data, starts, ends, path, path_ends, status, start, length, items_firs
                     break
                 c = data[i]
                 if state == _KEY_OR_END or state == _KEY:
-                    if c == 0x7D and state == _KEY_OR_END:
-                        if depth == path_level:
-                            path_level -= 1
-                        depth -= 1
-                        i += 1
-                        if depth == 0:
-                            ok = True
-                            break
+                    if c == 0x7D and state == _KEY_OR_END:   # an empty object: closed as after a value
                         state = _AFTER_VALUE
                         continue
                     if c != 0x22:
@@ -177,9 +170,7 @@ def _scan(data, starts, ends, path, path_ends, status, start, length, items_firs
                     i += 1
                     state = _VALUE
                 elif state == _VALUE or state == _VALUE_OR_END:
-                    if c == 0x5D and state == _VALUE_OR_END:
-                        depth -= 1
-                        i += 1
+                    if c == 0x5D and state == _VALUE_OR_END:   # an empty array: the same
                         state = _AFTER_VALUE
                         continue
                     if c == 0x22:
