@@ -157,6 +157,18 @@ async def _produce(bootstrap: str, topic: str, records: list[str], first: int, r
         await producer.stop()
 
 
+def _ledger_cluster(tmp_path, bootstrap: str, topic: str):
+    """1 server and 2 workers with checkpoints (so server 0 keeps the #8 ledger), reading ``topic``."""
+    from tests.cluster_harness import Cluster
+
+    return Cluster(tmp_path, servers=1, workers=2, env={
+        "LIVEVEC_KAFKA_BOOTSTRAP": bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
+        "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3",
+        "LIVEVEC_KAFKA_BATCH_RECORDS": "15", "LIVEVEC_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "LIVEVEC_CHECKPOINT_INTERVAL": "2", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_REQUEST_TIMEOUT": "4",
+        "LIVEVEC_KAFKA_LOG_SUMMARY_INTERVAL": "10", "LIVEVEC_LOG_LEVEL": "INFO"})
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_path):
@@ -166,7 +178,7 @@ def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_p
     from online.learner.tokenizer import Tokenizer
     from online.stream.producer import ensure_topic
     from online.stream.sample_corpus import generate_lines
-    from tests.cluster_harness import Cluster, assert_trained_exactly_once, wait_until
+    from tests.cluster_harness import assert_trained_exactly_once, wait_until
     from tests.test_checkpoint_recovery import LINES_PER_RECORD, ClusterProbe, _ledger
 
     topic = f"outage-{uuid.uuid4().hex[:8]}"
@@ -177,12 +189,7 @@ def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_p
     tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(records))
     down = 25.0
     workers = ("worker0", "worker1")
-    cluster = Cluster(tmp_path, servers=1, workers=2, env={
-        "LIVEVEC_KAFKA_BOOTSTRAP": own_broker.bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
-        "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3",
-        "LIVEVEC_KAFKA_BATCH_RECORDS": "15", "LIVEVEC_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-        "LIVEVEC_CHECKPOINT_INTERVAL": "2", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_REQUEST_TIMEOUT": "4",
-        "LIVEVEC_KAFKA_LOG_SUMMARY_INTERVAL": "10", "LIVEVEC_LOG_LEVEL": "INFO"})
+    cluster = _ledger_cluster(tmp_path, own_broker.bootstrap, topic)
     probe = None
     try:
         cluster.start("scheduler", "scheduler")
@@ -307,7 +314,7 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
     from online.stream.kafka_cluster import KafkaCluster
     from online.stream.producer import ensure_topic
     from online.stream.sample_corpus import generate_lines
-    from tests.cluster_harness import Cluster, assert_trained_exactly_once, wait_until
+    from tests.cluster_harness import assert_trained_exactly_once, wait_until
     from tests.test_checkpoint_recovery import LINES_PER_RECORD, ClusterProbe, _ledger
 
     kafka = KafkaCluster(3)
@@ -318,12 +325,7 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
     records = ["\n".join(lines[i:i + LINES_PER_RECORD]) for i in range(0, len(lines), LINES_PER_RECORD)]  # 500
     tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(records))
     workers = ("worker0", "worker1")
-    cluster = Cluster(tmp_path, servers=1, workers=2, env={
-        "LIVEVEC_KAFKA_BOOTSTRAP": kafka.bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
-        "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3",
-        "LIVEVEC_KAFKA_BATCH_RECORDS": "15", "LIVEVEC_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-        "LIVEVEC_CHECKPOINT_INTERVAL": "2", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_REQUEST_TIMEOUT": "4",
-        "LIVEVEC_KAFKA_LOG_SUMMARY_INTERVAL": "10", "LIVEVEC_LOG_LEVEL": "INFO"})
+    cluster = _ledger_cluster(tmp_path, kafka.bootstrap, topic)
     probe = None
     producing_error: list[BaseException] = []
 
