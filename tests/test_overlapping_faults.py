@@ -241,6 +241,9 @@ def test_a_front_end_that_dies_during_a_checkpoints_pause_does_not_abort_it(tmp_
         cluster.start("server0", "server")
         cluster.start("worker0", "worker")
         producer.start()
+        # The front end must join after the worker has taken the cluster's one worker place; were it first,
+        # it would hold that place's id and the worker would be the one that joins late (CI saw the race).
+        wait_until(lambda: "event=cluster_ready" in cluster.log("scheduler"), 60, message="the cluster ready")
         frontend = cluster.start("frontend", "frontend", LIVEVEC_MODEL_SOURCE="ps", LIVEVEC_HTTP_HOST="127.0.0.1",
                                  LIVEVEC_HTTP_PORT=str(free_port()))
         wait_until(lambda: cluster.log("scheduler").count("event=checkpoint_done") >= 3, 90,
