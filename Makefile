@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: up test bench install kafka-jars browser container-tools ops-tools moosefs image clean
 
-$(STAMP): pyproject.toml setup.py online/frontend/int8_scan.c
+$(STAMP): pyproject.toml setup.py online/search/int8_scan.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet -e ".[test,bench]"

@@ -42,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from online.frontend.blas_threads import set_blas_threads  # noqa: E402
-from online.frontend.ivf_build import IvfMaintainer, RecallMonitor  # noqa: E402
-from online.frontend.model_index import ModelHolder, SearchConfig, warm_up  # noqa: E402
+from online.search.ivf_build import IvfMaintainer, RecallMonitor  # noqa: E402
+from online.search.model_index import ModelHolder, SearchConfig, warm_up  # noqa: E402
 from online.frontend.sources import ModelDelta  # noqa: E402
 from online.learner.keys import word_keys  # noqa: E402
 

@@ -239,10 +239,10 @@ def offline_recall(n: int, dim: int, queries: int, env: dict) -> dict:
     import numpy as np
 
     from online.frontend.blas_threads import set_blas_threads
-    from online.frontend.ivf_build import IvfMaintainer
-    from online.frontend.model_index import ModelHolder, SearchConfig, warm_up
+    from online.search.ivf_build import IvfMaintainer
+    from online.search.model_index import ModelHolder, SearchConfig, warm_up
     from online.frontend.settings import settings_from
-    from online.frontend.sources import ModelDelta
+    from online.search.delta import ModelDelta
     from online.frontend.synthetic import SyntheticSource
 
     set_blas_threads(1)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from online.frontend.sources import ModelDelta
+from online.search.delta import ModelDelta
 from online.learner.keys import word_keys
 
 HOSTILE = ["a,b", "x/y", "what?", "#tag", "100%", "C++", '"q"', "🙂", "分散", "שלום", "two words"]

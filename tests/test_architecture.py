@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 # online's subpackages from the bottom up: a package may import only those ranked below it.
 # checkpoint and frontend share a rank: neither may import the other. client shares the bottom
 # rank, so it may import no other subpackage: it speaks to the front end over HTTP only.
-RANKS = {"learner": 0, "client": 0, "stream": 1, "cluster": 2, "checkpoint": 3, "frontend": 3, "deployment": 4,
+RANKS = {"learner": 0, "client": 0, "stream": 1, "search": 1, "cluster": 2, "checkpoint": 3, "frontend": 3, "deployment": 4,
          "cli": 5}
 
 MAX_MODULE_LINES = 600

@@ -468,7 +468,7 @@ def test_export_orders_rows_by_count(tmp_path):
 def test_export_escapes_whitespace_and_leaves_out_words_a_word2vec_file_cannot_hold():
     # no file makes such words; a plug-in source or a JSON record might, so the index is built directly
     from online.frontend.export import encode_rows, exportable_rows
-    from online.frontend.model_index import ModelIndex
+    from online.search.model_index import ModelIndex
     from online.learner.keys import word_keys
     words = ["ok", "has space", "", "tab\tx", "fine", "nbsp\u00a0x", "a b", "a%20b"]
     index = ModelIndex.from_arrays(1, word_keys(words), words, np.eye(8, 3, dtype=np.float32), np.arange(8))

@@ -139,7 +139,7 @@ def check_compiler_only_in_the_build_stage(dockerfile) -> list[str]:
     install_at = next(i for i, args in enumerate(runs) if "pip install --no-deps ." in args)
     gcc_at = [i for i, args in enumerate(runs) if "apt-get install" in args and re.search(r"\bgcc\b", args)]
     if not gcc_at or gcc_at[0] > install_at:
-        problems.append("the build stage does not install gcc before pip builds online/frontend/int8_scan.c")
+        problems.append("the build stage does not install gcc before pip builds online/search/int8_scan.c")
     for stage in dockerfile[1:]:
         for ins, args in stage["steps"]:
             if ins == "RUN" and re.search(r"\b(gcc|g\+\+|clang|build-essential)\b", args):

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from online.frontend.app import create_app
 from online.frontend.settings import FrontendSettings
-from online.frontend.sources import ModelDelta, Word2VecFileSource
+from online.frontend.sources import Word2VecFileSource
+from online.search.delta import ModelDelta
 from online.learner.keys import word_key
 from online.learner.word2vec_format import write_binary, write_text
 

@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from online.frontend import int8_prefilter, row_store
+from online.search import int8_prefilter, row_store
 from online.frontend.app import ENGINE, create_app
-from online.frontend.int8_prefilter import TILE_ROWS, code_matrix, quantise
-from online.frontend.ivf_build import IvfMaintainer, calibrate_floor
-from online.frontend.model_index import ModelHolder, ModelIndex, SearchConfig
+from online.search.int8_prefilter import TILE_ROWS, code_matrix, quantise
+from online.search.ivf_build import IvfMaintainer, calibrate_floor
+from online.search.model_index import ModelHolder, ModelIndex, SearchConfig
 from online.frontend.query_engine import QueryEngine
 from online.frontend.settings import FrontendSettings
-from online.frontend.sources import ModelDelta
+from online.search.delta import ModelDelta
 from online.learner.keys import word_key, word_keys
 
 SCANS = int8_prefilter.available_scans()

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from online.frontend import int8_prefilter
-from online.frontend.int8_prefilter import code_matrix, quantise
-from online.frontend.model_index import ModelIndex
+from online.search import int8_prefilter
+from online.search.int8_prefilter import code_matrix, quantise
+from online.search.model_index import ModelIndex
 from online.frontend.settings import FrontendSettings
-from online.frontend.sources import ModelDelta
+from online.search.delta import ModelDelta
 from online.learner.keys import word_key
 
 MAX_K = FrontendSettings().max_k

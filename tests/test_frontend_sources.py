@@ -9,9 +9,9 @@ import pytest
 from gensim.models import KeyedVectors
 
 from online.learner.embedding_shard import EmbeddingShard
-from online.frontend.model_index import ModelIndex
-from online.frontend.sources import (EmbeddingShardSource, ModelDelta, ModelSource, Word2VecFileSource,
-                                     trainer_source)
+from online.search.model_index import ModelIndex
+from online.frontend.sources import EmbeddingShardSource, ModelSource, Word2VecFileSource, trainer_source
+from online.search.delta import ModelDelta
 from online.learner.keys import is_input_row, output_rows, word_key, word_keys
 from online.learner.word2vec_format import (Word2VecFormatError, read_vocab_counts, read_word2vec,
                                             sniff_format, write_binary, write_text)

@@ -21,10 +21,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from online.frontend.app import create_app
-from online.frontend.model_index import ModelIndex
+from online.search.model_index import ModelIndex
 from online.frontend.query_engine import QueryEngine
 from online.frontend.settings import FrontendSettings
-from online.frontend.sources import ModelDelta
+from online.search.delta import ModelDelta
 from ps_bridge.metrics import Registry
 from online.learner.keys import word_key, word_keys
 
@@ -279,7 +279,7 @@ def test_incremental_deltas_equal_a_full_rebuild(seed):
 
 def test_dimension_mismatch_and_shape_errors_are_rejected():
     index = ModelIndex.from_arrays(1, word_keys(["a", "b"]), ["a", "b"], np.ones((2, 3), np.float32))
-    from online.frontend.model_index import ModelDeltaError
+    from online.search.delta import ModelDeltaError
     with pytest.raises(ModelDeltaError, match="dimension"):
         index.apply(ModelDelta(word_keys(["c"]), ["c"], np.ones((1, 4), np.float32), np.zeros(1, np.int64), 2))
     with pytest.raises(ModelDeltaError, match="must match"):
@@ -337,7 +337,7 @@ async def test_a_full_load_is_frozen_out_of_the_collector_and_the_model_it_repla
     import gc
     import weakref
 
-    from online.frontend.model_index import ModelHolder
+    from online.search.model_index import ModelHolder
     from online.frontend.sync import ModelSync
 
     class Handover:                      # a reference cycle through the store, as the IVF hand-over makes
@@ -369,7 +369,7 @@ async def test_a_full_load_is_frozen_out_of_the_collector_and_the_model_it_repla
 async def test_without_gc_freeze_nothing_is_frozen():
     import gc
 
-    from online.frontend.model_index import ModelHolder
+    from online.search.model_index import ModelHolder
     from online.frontend.sync import ModelSync
 
     gc.unfreeze()

@@ -21,9 +21,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from online.frontend.app import create_app
-from online.frontend.model_index import ModelHolder, ModelIndex
+from online.search.model_index import ModelHolder, ModelIndex
 from online.frontend.settings import FrontendSettings, settings_from
-from online.frontend.sources import ModelDelta, trainer_source
+from online.frontend.sources import trainer_source
+from online.search.delta import ModelDelta
 from online.frontend.whats_new import HistoryLookupError, WhatsNew
 from online.learner.keys import word_keys
 from online.learner.trainer import LearnerConfig, Trainer

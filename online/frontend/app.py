@@ -25,9 +25,9 @@ from online.frontend.blas_threads import set_blas_threads
 from online.frontend.export import Export
 from online.frontend.guards import Guards, GuardedRunner
 from online.frontend.http_metrics import HttpMetrics
-from online.frontend import int8_prefilter
-from online.frontend.ivf_build import IvfMaintainer
-from online.frontend.model_index import ModelHolder, SearchConfig, warm_up
+from online.search import int8_prefilter
+from online.search.ivf_build import IvfMaintainer
+from online.search.model_index import ModelHolder, SearchConfig, warm_up
 from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_CHECKPOINT_LENGTH, MAX_PREFIX_LENGTH, MAX_SINCE,
                                      MAX_VOCAB_LIMIT, MAX_WORD_LENGTH, build_openapi)
 from online.frontend import query_body, vector_queries

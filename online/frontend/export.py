@@ -46,7 +46,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from online.frontend.model_index import ModelHolder, ModelIndex
+from online.search.model_index import ModelHolder, ModelIndex
 from online.learner.word2vec_format import WHITESPACE, escape_word
 from ps_bridge.structured_logging import log_event
 

@@ -27,7 +27,7 @@ import orjson
 from online.cluster import ps_commands as pc
 from online.cluster.training_signal import summarise_reports, summed_reasons
 from online.frontend.settings import ps_node_settings
-from online.frontend.sources import ModelDelta
+from online.search.delta import ModelDelta
 from ps_bridge.structured_logging import log_event
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.roles import start_worker

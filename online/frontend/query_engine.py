@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from online.frontend.model_index import ModelHolder, Neighbour
+from online.search.model_index import ModelHolder, Neighbour
 from online.frontend import vector_queries
 from online.frontend.vector_queries import QueryRejected, Term
 from ps_bridge.metrics import Registry

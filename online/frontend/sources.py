@@ -39,43 +39,19 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from online.learner.word2vec_format import read_vocab_counts, read_word2vec
 from online.learner.keys import is_input_row, word_keys
+from online.search.delta import ModelDelta
 
 if TYPE_CHECKING:  # pragma: no cover
     from online.learner.embedding_shard import EmbeddingShard
     from online.frontend.settings import FrontendSettings
 
 _EMPTY_U64 = np.zeros(0, dtype=np.uint64)
-
-
-@dataclass
-class ModelDelta:
-    """Rows to add or replace, keys to remove, and the version they bring the caller to."""
-
-    keys: np.ndarray                  # uint64 [n] word keys (online.learner.keys.word_key)
-    words: list[str]                  # [n]
-    vectors: np.ndarray               # float32 [n, dim], the INPUT vectors
-    counts: np.ndarray                # int64 [n]
-    version: int                      # pass this to the next changes_since
-    full: bool = False                # True: this is the whole model, replace the copy
-    removed: np.ndarray = field(default_factory=lambda: _EMPTY_U64)   # uint64 keys to drop
-
-    @property
-    def dim(self) -> int:
-        return int(self.vectors.shape[1]) if self.vectors.ndim == 2 else 0
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @classmethod
-    def unchanged(cls, version: int, dim: int = 0) -> "ModelDelta":
-        return cls(_EMPTY_U64, [], np.zeros((0, dim), np.float32), np.zeros(0, np.int64), version)
 
 
 @runtime_checkable

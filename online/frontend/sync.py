@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from online.frontend.model_index import ModelHolder
+from online.search.model_index import ModelHolder
 from online.frontend.sources import ModelSource
 from ps_bridge.metrics import Registry
 from ps_bridge.structured_logging import log_event

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from online.cluster.training_signal import summarise_reports
-from online.frontend.sources import ModelDelta
+from online.search.delta import ModelDelta
 from online.stream.sample_corpus import PLANTED_PAIRS, TOPICS
 from online.learner.keys import word_keys
 from online.learner.settings import MODEL

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from online.frontend.model_index import ModelIndex, Neighbour
+from online.search.model_index import ModelIndex, Neighbour
 
 KINDS = ("add", "mul", "closer")
 COSMUL_EPSILON = 1e-6                # gensim's

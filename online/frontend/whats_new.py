@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from online.frontend.model_index import ModelHolder, ModelIndex, Neighbour
+from online.search.model_index import ModelHolder, ModelIndex, Neighbour
 from online.learner.keys import word_key
 from ps_bridge.structured_logging import log_event
 

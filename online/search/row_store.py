@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from online.frontend import int8_prefilter
-from online.frontend.int8_prefilter import TILE_ROWS
+from online.search import int8_prefilter
+from online.search.int8_prefilter import TILE_ROWS
 
 PIN_WAIT = 0.5          # seconds the sync waits for the other buffer's last reader before it copies instead
 GROWTH = 1.5            # capacity factor when rows or tiles run out

@@ -33,7 +33,7 @@ MIN_ROWS_FOR_CODES = 8192       # below this the float32 product is cheap enough
 _ROUNDING_PER_DIM = 4 * 2.0 ** -24
 
 try:
-    from online.frontend import _int8_scan
+    from online.search import _int8_scan
 except ImportError:             # built without a C compiler: the numpy fallback serves
     _int8_scan = None
 

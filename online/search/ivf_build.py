@@ -43,7 +43,7 @@ import time
 import numpy as np
 from numba import njit
 
-from online.frontend import ivf as ivf_lists
+from online.search import ivf as ivf_lists
 from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.frontend.ivf")

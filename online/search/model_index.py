@@ -26,17 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from online.frontend import int8_prefilter
-from online.frontend import ivf as ivf_lists
-from online.frontend.sources import ModelDelta
-from online.frontend.word_lookup import AlphaIndex, KeyIndex, WordsView
+from online.search import int8_prefilter
+from online.search import ivf as ivf_lists
+from online.search import snapshot_writer
+from online.search.delta import ModelDelta
+from online.search.word_lookup import AlphaIndex, KeyIndex, WordsView
 from online.learner.keys import word_key
 
 SEARCH_MODES = ("auto", "exact")
-
-
-class ModelDeltaError(ValueError):
-    """A delta from a source is malformed (wrong shapes, wrong dimension)."""
 
 
 @dataclass(frozen=True)
@@ -132,12 +129,12 @@ def warm_up() -> None:
     _select_top_k(np.zeros((1, 3), np.float32), np.zeros(2, np.int64), np.zeros(0, np.int64), 2,
                   np.empty((1, 2), np.int64), np.empty((1, 2), np.float32))
     int8_prefilter.warm_up()
-    from online.frontend import ivf_build
+    from online.search import ivf_build
     rows = np.eye(4, dtype=np.float32)
     ivf_lists.nearest_among(rows, np.arange(4), np.zeros(4, np.int64), np.zeros((1, 1), np.int64), rows[:1])
     ivf_lists.moved_far(rows, np.arange(4), rows, np.arange(4), 0.9)
     ivf_lists._probe(rows, 2, np.arange(5, dtype=np.int64), np.arange(4, dtype=np.int64))
-    from online.frontend import row_store
+    from online.search import row_store
     row_store.scatter_rows(rows.copy(), np.arange(4), rows, np.arange(4))
     for a in (np.zeros(4, np.float32), np.zeros(4, np.int64)):
         row_store.scatter(a, np.arange(4), a.copy(), np.arange(4))
@@ -213,7 +210,6 @@ class ModelIndex:
 
     def apply(self, delta: ModelDelta) -> "ModelIndex":
         """The snapshot after ``delta`` (this one is left untouched)."""
-        from online.frontend import snapshot_writer
         return snapshot_writer.apply(self, delta)
 
     def needs_apply(self) -> bool:

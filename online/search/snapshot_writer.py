@@ -25,15 +25,19 @@ import operator
 import time
 import weakref
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from online.frontend import int8_prefilter
-from online.frontend import ivf as ivf_lists
-from online.frontend.int8_prefilter import TILE_ROWS
-from online.frontend.model_index import ModelDeltaError, ModelIndex
-from online.frontend.row_store import Buffer, Change, Store, copy_prefix, scatter, scatter_rows
-from online.frontend.sources import ModelDelta
-from online.frontend.word_lookup import AlphaIndex, KeyIndex
+from online.search import int8_prefilter
+from online.search import ivf as ivf_lists
+from online.search.int8_prefilter import TILE_ROWS
+from online.search.row_store import Buffer, Change, Store, copy_prefix, scatter, scatter_rows
+from online.search.delta import ModelDelta, ModelDeltaError
+from online.search.word_lookup import AlphaIndex, KeyIndex
+
+if TYPE_CHECKING:  # pragma: no cover
+    from online.search.model_index import ModelIndex
 
 HEADROOM = 1.25        # rows of capacity per row at a full build
 PIECE = 8192           # rows per numpy call in the sync's path (numpy holds the GIL; the event loop waits)
@@ -83,7 +87,7 @@ def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, n
 def apply(index: ModelIndex, delta: ModelDelta) -> ModelIndex:
     keys, words, vectors, counts, removed, bad = check_delta(delta)
     if delta.full or (index.n == 0 and len(keys)):
-        return build(index.config, delta.version, keys, words, counts, vectors=vectors, bad_rows=bad)
+        return build(type(index), index.config, delta.version, keys, words, counts, vectors=vectors, bad_rows=bad)
     if index.n == 0:
         return _same(index, delta.version)
     if len(keys) and vectors.shape[1] != index.dim:
@@ -113,7 +117,7 @@ def _publish(store: Store, snapshot: ModelIndex) -> ModelIndex:
 
 def _same(index: ModelIndex, version: int) -> ModelIndex:
     """The same rows under another version number (nothing changed)."""
-    snapshot = ModelIndex(version, index.store, index._buffer, index.n, index.n_tiles, index.keys, index.words._words,
+    snapshot = type(index)(version, index.store, index._buffer, index.n, index.n_tiles, index.keys, index.words._words,
                           index.counts, index.key_index, index.alpha, index.ivf, index.bad_rows, config=index.config)
     return _publish(index.store, snapshot) if index.store is not None else snapshot
 
@@ -123,7 +127,7 @@ def _capacity(n: int) -> tuple[int, int]:
     return rows, -(-rows // TILE_ROWS) + int(math.ceil(math.sqrt(rows))) + 64
 
 
-def build(config, version: int, keys: np.ndarray, words: list[str], counts: np.ndarray, *,
+def build(snapshot_type: type, config, version: int, keys: np.ndarray, words: list[str], counts: np.ndarray, *,
           vectors: np.ndarray | None = None, unit: np.ndarray | None = None, norms: np.ndarray | None = None,
           bad_rows: int = 0, ivf: ivf_lists.IvfLists | None = None, assign: np.ndarray | None = None) -> ModelIndex:
     """A new store holding these rows (raw ``vectors``, or ``unit`` and ``norms`` already normalised);
@@ -156,7 +160,7 @@ def build(config, version: int, keys: np.ndarray, words: list[str], counts: np.n
     keys_all[:n] = keys
     store = Store(config, dim, keys_all, list(words), buffer)
     buffer.state = store.next_state()
-    snapshot = ModelIndex(version, store, buffer, n, n_tiles, keys_all, store.words_all,
+    snapshot = snapshot_type(version, store, buffer, n, n_tiles, keys_all, store.words_all,
                           np.array(counts, dtype=np.int64), KeyIndex.build(keys), AlphaIndex.build(words), ivf,
                           bad_rows, config=config)
     return _publish(store, snapshot)
@@ -189,7 +193,7 @@ def _rebuild(index: ModelIndex, keys, words, vectors, counts, rows, drop, bad, v
         assign = np.empty(n_kept + n_new, np.int64)
         assign[:n_kept] = index.ivf.list_of_slots(index.row_slot[kept])
         assign[new_rows] = ivf_lists.nearest(changed_unit, index.ivf.centroids)
-    return build(index.config, version, all_keys, all_words, all_counts, unit=unit, norms=norms,
+    return build(type(index), index.config, version, all_keys, all_words, all_counts, unit=unit, norms=norms,
                  bad_rows=index.bad_rows + bad, ivf=index.ivf, assign=assign)
 
 
@@ -320,6 +324,6 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
             store.pending_ivf, store.watch, store.building = None, None, False
         else:
             store.mark_changed(rows)
-    snapshot = ModelIndex(version, store, target, n, n_tiles, keys_all, words_all, new_counts, key_index, alpha, ivf,
+    snapshot = type(index)(version, store, target, n, n_tiles, keys_all, words_all, new_counts, key_index, alpha, ivf,
                           index.bad_rows + bad, config=index.config)
     return _publish(store, snapshot)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numba import njit
 
-from online.frontend.int8_prefilter import TILE_ROWS
+from online.search.int8_prefilter import TILE_ROWS
 
 NEIGHBOURS = 16           # lists a changed row may move to: its own and the nearest others
 FAR_COSINE = 0.9          # below this cosine to its previous vector a changed row is filed from scratch

@@ -1,0 +1,13 @@
+"""The search index: the model as queries read it, and the kernels that search it.
+
+Owns the immutable snapshots queries read (``model_index``) and how the next one is built
+from a source's delta (``delta``, ``snapshot_writer``), the rows behind them in two buffers so
+a sync costs O(changed rows) (``row_store``), the exact int8-then-float32 scan and its C
+kernel (``int8_prefilter``, ``int8_scan.c``), the inverted file and its background build
+and recall monitor (``ivf``, ``ivf_build``), and finding words by key and by prefix
+(``word_lookup``).
+
+It knows nothing of HTTP, Kafka or the parameter servers: the front end feeds it deltas
+and asks it queries. May import: ``online.learner`` (word keys) and ``ps_bridge``'s
+structured logging. Never ``online.frontend``.
+"""
