@@ -353,7 +353,7 @@ def test_a_held_snapshot_or_array_is_never_written(monkeypatch):
     kept = holder.current                                  # a reader (an export) keeps this snapshot
     frozen = {name: np.array(getattr(kept, name)) for name in ("unit", "norms", "counts", "codes", "code_scale",
                                                                 "slot_row", "row_slot", "keys")}
-    view = holder.current.unit                             # ... and someone keeps only an array of the next one
+    view = holder.current.row_phys                         # ... and someone keeps only an array of the next one
     step(4)
     view_copy, view_version = view.copy(), holder.current.version
     for version in range(5, 12):
@@ -363,14 +363,22 @@ def test_a_held_snapshot_or_array_is_never_written(monkeypatch):
     assert len(kept.words) == kept.n and kept.words[-1] == "n3"
     assert np.array_equal(view, view_copy), view_version
     assert holder.current.store.counters["pinned_copies"] >= 1
+    # the pool kept every row the pinned snapshot reads: 300 changed rows of each of the 8 later syncs
+    assert holder.current.store.pool.retired_rows() >= 8 * 300
     check_layout(holder.current)
     # without pins the buffers are reused: catch-up copies, not full ones
     before = dict(holder.current.store.counters)
     del kept, view
-    for version in range(12, 18):
+    step(12)
+    pool = holder.current.store.pool
+    cap, grown = pool.cap, pool.counters["grown"]
+    for version in range(13, 30):
         step(version)
     after = holder.current.store.counters
     assert after["full_copies"] - before["full_copies"] <= 1 and after["catch_up_rows"] > before["catch_up_rows"]
+    # ... and the pool's rows are reused: what one sync leaves is free again two syncs later
+    assert pool.retired_rows() <= 2 * 300 and (pool.cap, pool.counters["grown"]) == (cap, grown)
+    assert np.allclose(np.linalg.norm(holder.current.unit, axis=1), 1, atol=1e-5)
 
 
 def test_recall_monitor_and_rebuild_policy():

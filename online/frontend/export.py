@@ -93,7 +93,7 @@ def encode_rows(index: ModelIndex, rows: np.ndarray, fmt: str, escaped: dict[int
     if fmt == "vocab":
         counts = index.counts[rows].tolist()
         return "".join(f"{words[r]} {c}\n" for r, c in zip(rows_list, counts)).encode("utf-8")
-    vectors = (index.unit[rows] * index.norms[rows, None]).astype("<f4", copy=False)
+    vectors = (index.unit_rows(rows) * index.norms[rows, None]).astype("<f4", copy=False)
     if fmt == "binary":
         return b"".join(words[r].encode("utf-8") + b" " + v.tobytes() + b"\n" for r, v in zip(rows_list, vectors))
     line = " ".join(["%.9g"] * index.dim)

@@ -82,7 +82,7 @@ def direction(index: ModelIndex, terms: list[Term], rows: list[int]) -> np.ndarr
     it is, so every score is 0 (gensim's ``unitvec`` leaves a zero vector unchanged too)."""
     total = np.zeros(index.dim, np.float64)
     for term, row in zip(terms, rows):
-        total += term.weight * (index.unit[row] if row >= 0 else term.item)
+        total += term.weight * (index.unit_row(row) if row >= 0 else term.item)
     norm = float(np.linalg.norm(total))
     return (total / norm if norm > 0 else total).astype(np.float32)
 
@@ -91,13 +91,13 @@ def cosmul_top_k(index: ModelIndex, terms: list[Term], rows: list[int], k: int) 
     """3CosMul's top ``k`` over every row, the query's words left out (exact; gensim's formula). The
     similarities are one float32 product against the rows (no float64 copy of the model); their
     product is taken in float64, so that a few large vectors do not overflow where gensim's would."""
-    positive = [index.unit[r] if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight > 0]
-    negative = [index.unit[r] if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight < 0]
+    positive = [index.unit_row(r) if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight > 0]
+    negative = [index.unit_row(r) if r >= 0 else t.item for t, r in zip(terms, rows) if t.weight < 0]
     if not positive:
         raise QueryRejected("bad_positive", "3CosMul needs at least one positive term")
     with np.errstate(over="ignore", invalid="ignore"):
-        scores = np.prod((1 + (index.unit @ np.asarray(positive, np.float32).T).astype(np.float64)) / 2, axis=1)
-        below = np.prod((1 + (index.unit @ np.asarray(negative, np.float32).T).astype(np.float64)) / 2, axis=1) \
+        scores = np.prod((1 + index.scores_against(np.asarray(positive, np.float32).T).astype(np.float64)) / 2, axis=1)
+        below = np.prod((1 + index.scores_against(np.asarray(negative, np.float32).T).astype(np.float64)) / 2, axis=1) \
             if negative else 1.0
         scores = scores / (below + COSMUL_EPSILON)
     if not np.all(np.isfinite(scores)):
@@ -118,7 +118,7 @@ def export_order(index: ModelIndex, rows: np.ndarray) -> np.ndarray:
 def closer_than(index: ModelIndex, row1: int, row2: int) -> list[Neighbour]:
     """Rows more similar to ``row1`` than ``row2`` is (``row1`` itself left out), as gensim's
     ``closer_than``: its distances are ``1 - cosine`` in float32, compared strictly."""
-    distances = np.float32(1) - index.unit @ index.unit[row1]
+    distances = np.float32(1) - index.scores_against(index.unit_row(row1))
     closer = np.flatnonzero(distances < distances[row2])
     closer = export_order(index, closer[closer != row1])
     return [Neighbour(index.words[r], round(float(1 - distances[r]), 6)) for r in closer.tolist()]

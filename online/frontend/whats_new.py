@@ -90,7 +90,9 @@ class PastModel:
         self.version = index.version
         self.words = index.words
         self.keys = index.keys
-        self.unit = index.unit.astype(np.float16)
+        self.unit = np.empty((self.n, index.dim), np.float16)
+        for start in range(0, self.n, _BLOCK):      # in blocks: no float32 copy of the whole model
+            self.unit[start:start + _BLOCK] = index.unit_rows(np.arange(start, min(self.n, start + _BLOCK)))
         norms = np.empty(self.n, np.float32)
         for start in range(0, self.n, _BLOCK):
             norms[start:start + _BLOCK] = np.linalg.norm(self.unit[start:start + _BLOCK].astype(np.float32), axis=1)
@@ -164,7 +166,7 @@ def _samples_of(counts: np.ndarray) -> np.ndarray:
 
 
 def _neighbours(index: ModelIndex, row: int, k: int) -> list[Neighbour]:
-    query = np.ascontiguousarray(index.unit[row][None, :], dtype=np.float32)
+    query = np.ascontiguousarray(index.unit_row(row)[None, :], dtype=np.float32)
     return index.top_k(query, [[row]], [k])[0]
 
 
@@ -376,7 +378,7 @@ class WhatsNew:
         if row < 0:
             raise HistoryLookupError("unknown_word", f"not in the vocabulary (model version {index.version}): "
                                      f"{word[:100]!r}", unknown=[word])
-        matched, version, vector = index.words[row], index.version, index.unit[row].copy()
+        matched, version, vector = index.words[row], index.version, index.unit_row(row).copy()
         now_nb = _neighbours(index, row, k)
         del index                            # let go of the served snapshot's rows before the longer scan
         past = cp.model

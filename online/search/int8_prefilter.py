@@ -217,10 +217,11 @@ def _insert(out_rows, out_scores, i, k, filled, row, acc):
 
 @njit(nogil=True, cache=True)
 def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, constant, error, slot_row, exclude_ptr,
-                exclude_rows, unit, queries, k, cap, out_rows, out_scores, status):
+                exclude_rows, unit, row_phys, queries, k, cap, out_rows, out_scores, status):
     """Candidates over the tiles each query scanned (``scan_tiles``: query i's tiles are
     ``tile_ids[tile_ptr[i]:tile_ptr[i + 1]]``, their scores ``approx[64 j : 64 j + 64]``; the full
-    scan is the case where every query lists every tile) and the exact re-rank in one call.
+    scan is the case where every query lists every tile) and the exact re-rank in one call
+    (row r's unit vector is ``unit[row_phys[r]]``).
     ``out_rows``/``out_scores`` get the exact top k of the scanned rows (ties: lower row first;
     -1 / -inf where unfilled); ``status[i]`` is the number of candidates.
 
@@ -285,13 +286,14 @@ def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, consta
         filled = 0
         for o in range(c):                              # the k best lower bounds (and ties) first
             if lb[o] >= threshold:
-                filled = _insert(out_rows, out_scores, i, k, filled, rows[o], _dot(unit, rows[o], queries, i))
+                filled = _insert(out_rows, out_scores, i, k, filled, rows[o],
+                                 _dot(unit, row_phys[rows[o]], queries, i))
         for o in range(c):                              # then whatever can still reach the k-th
             if lb[o] >= threshold or ub[o] < threshold:
                 continue
             if filled >= k and ub[o] < out_scores[i, k - 1]:
                 continue
-            filled = _insert(out_rows, out_scores, i, k, filled, rows[o], _dot(unit, rows[o], queries, i))
+            filled = _insert(out_rows, out_scores, i, k, filled, rows[o], _dot(unit, row_phys[rows[o]], queries, i))
 
 
 @njit(nogil=True, cache=True)
@@ -420,15 +422,16 @@ def _best(rows_i: np.ndarray, scores: np.ndarray, kk: int, top: np.ndarray, top_
     top_scores[i, :m] = scores[order]
 
 
-def prefiltered_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, queries: np.ndarray,
+def prefiltered_top_k(unit: np.ndarray, row_phys: np.ndarray, codes, tile_errors: np.ndarray, queries: np.ndarray,
                       ptr: np.ndarray, flat: np.ndarray, kk: int, slot_row: np.ndarray | None = None,
                       row_slot: np.ndarray | None = None, slots: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rows and scores of the exact top ``kk`` of each query ([b, kk]; -1 / -inf where unfilled),
     excluding rows ``flat[ptr[i]:ptr[i + 1]]`` for query i. ``slot_row``/``row_slot`` map the
     code slots to rows and back (default: slot r is row r); ``slots`` is how many are in use.
-    Every tile is scanned, then ``_ivf_select`` picks and re-ranks as for the probed lists."""
+    Every tile is scanned, then ``_ivf_select`` picks and re-ranks as for the probed lists.
+    Row r's unit vector is ``unit[row_phys[r]]``."""
     packed, scale, error, csum = codes
-    b, n = len(queries), len(unit)
+    b, n = len(queries), len(row_phys)
     dim = unit.shape[1]
     slots = n if slots is None else slots
     tiles = -(-slots // TILE_ROWS)
@@ -444,12 +447,13 @@ def prefiltered_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, queries:
     tile_ids = np.tile(np.arange(tiles, dtype=np.int64), b)
     tile_ptr = np.arange(b + 1, dtype=np.int64) * tiles
     _ivf_select(approx.reshape(-1), tile_max.reshape(-1), tile_ids, tile_ptr, tile_errors, factor, constant, error,
-                np.ascontiguousarray(slot_row, dtype=np.int64), ptr, flat, unit, queries, kk, 4 * kk + 1024, top,
+                np.ascontiguousarray(slot_row, dtype=np.int64), ptr, flat, unit, row_phys, queries, kk, 4 * kk + 1024, top,
                 top_scores, np.empty(b, dtype=np.int64))
     return top, top_scores
 
 
-def probed_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, slot_row: np.ndarray, queries: np.ndarray,
+def probed_top_k(unit: np.ndarray, row_phys: np.ndarray, codes, tile_errors: np.ndarray, slot_row: np.ndarray,
+                 queries: np.ndarray,
                  tile_ids: np.ndarray, tile_ptr: np.ndarray, ptr: np.ndarray, flat: np.ndarray,
                  kk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Like ``prefiltered_top_k``, but query i searches only the slots of the tiles
@@ -465,7 +469,7 @@ def probed_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, slot_row: np.
     searched = np.diff(tile_ptr) * TILE_ROWS
     if SCAN == "numpy":            # no kernel: score the probed rows exactly in float32
         for i in range(b):
-            _best_of_scanned(unit, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores, i)
+            _best_of_scanned(unit, row_phys, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores, i)
         return top, top_scores, searched
     groups = packed.shape[1]
     packed_q = np.empty((b, groups * 4), np.uint8)
@@ -479,17 +483,18 @@ def probed_top_k(unit: np.ndarray, codes, tile_errors: np.ndarray, slot_row: np.
                           isa=ISA[SCAN])
     status = np.empty(b, dtype=np.int64)
     _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_errors, factor, constant, error, slot_row, ptr, flat,
-                unit, queries, kk, 4 * kk + 1024, top, top_scores, status)
+                unit, row_phys, queries, kk, 4 * kk + 1024, top, top_scores, status)
     return top, top_scores, searched
 
 
-def _best_of_scanned(unit, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores, i) -> None:
+def _best_of_scanned(unit, row_phys, slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk, top, top_scores,
+                     i) -> None:
     slots = (tile_ids[tile_ptr[i]:tile_ptr[i + 1], None] * TILE_ROWS + np.arange(TILE_ROWS)).ravel()
     rows_i = slot_row[slots]
     rows_i = np.sort(rows_i[(rows_i >= 0) & ~np.isin(rows_i, flat[ptr[i]:ptr[i + 1]])])
     top[i] = -1
     top_scores[i] = -np.inf
-    _best(rows_i, unit[rows_i] @ queries[i], kk, top, top_scores, i)
+    _best(rows_i, unit[row_phys[rows_i]] @ queries[i], kk, top, top_scores, i)
 
 
 def warm_up() -> None:
@@ -504,5 +509,5 @@ def warm_up() -> None:
     three[:3] = np.arange(3)
     _ivf_select(np.zeros(64, np.float32), np.zeros(1, np.float32), np.zeros(1, np.int64), np.array([0, 1], np.int64),
                 np.zeros(1, np.float32), np.ones(1, np.float32), np.ones(1, np.float32), error, three,
-                np.zeros(2, np.int64), np.zeros(0, np.int64), unit, unit[:1].copy(), 2, 8,
+                np.zeros(2, np.int64), np.zeros(0, np.int64), unit, np.arange(3, dtype=np.int64), unit[:1].copy(), 2, 8,
                 np.empty((1, 2), np.int64), np.empty((1, 2), np.float32), np.empty(1, np.int64))

@@ -156,7 +156,7 @@ def build(current, lists: int | None = None, seed: int = 0) -> BuildResult | Non
         lists = min(lists or default_lists(n), n)
         sample_rows = np.sort(rng.choice(n, min(n, max(lists * SAMPLE_PER_LIST, min(n, MAX_SAMPLE // 4)),
                                                     MAX_SAMPLE), replace=False))
-        sample = index.unit[sample_rows]
+        sample = index.unit_rows(sample_rows)
         sample = sample[np.linalg.norm(sample, axis=1) > 0]
         del index
         centroids = train(sample, lists, rng)
@@ -166,7 +166,7 @@ def build(current, lists: int | None = None, seed: int = 0) -> BuildResult | Non
             index = current()
             if index.store is not store or store.generation != generation:
                 return None
-            chunk = index.unit[lo:min(n, lo + READ_CHUNK)].copy()
+            chunk = index.unit_rows(np.arange(lo, min(n, lo + READ_CHUNK)))
             del index
             assign[lo:lo + len(chunk)] = assigner(chunk)
         return BuildResult(store, generation, centroids, ivf_lists.neighbour_lists(centroids), assign, version,
@@ -204,7 +204,7 @@ class RecallMonitor:
         rows = rows[index.norms[rows] > 0]
         if not len(rows):
             return None
-        q = index.unit[rows].copy()
+        q = index.unit_rows(rows)
         exclude = [[int(r)] for r in rows]
         approx, _ = index.search(q, exclude, [k] * len(rows), exact=False)
         lists_only, _ = index.search(q, exclude, [k] * len(rows), exact=False, floor=0.0)

@@ -171,13 +171,16 @@ class ModelIndex:
         self.counts = counts
         if buffer is None:
             dim = 0
-            self.unit, self.norms = np.zeros((0, 0), np.float32), np.zeros(0, np.float32)
+            self._pool, self.norms = np.zeros((0, 0), np.float32), np.zeros(0, np.float32)
+            self.row_phys = np.zeros(0, np.int64)
             self.row_slot, self.slot_row = np.zeros(0, np.int64), np.zeros(0, np.int64)
-            self.codes, self.code_scale, self.code_error, self.code_sum = int8_prefilter.quantise(self.unit)
+            self.codes, self.code_scale, self.code_error, self.code_sum = int8_prefilter.quantise(self._pool)
             self.tile_err = np.zeros(0, np.float32)
         else:
             dim = buffer.dim
-            self.unit, self.norms = buffer.unit[:n], buffer.norms[:n]       # unit * norms = the vectors
+            # row r's unit vector is _pool[row_phys[r]] (row_store: one copy, written out of place);
+            # unit * norms = the vectors
+            self._pool, self.row_phys, self.norms = buffer.pool_array.view(), buffer.row_phys[:n], buffer.norms[:n]
             self.row_slot, self.slot_row = buffer.row_slot[:n], buffer.slot_row[:slots]
             # int8 copy of unit in the kernel's packed layout, by slot (row order without an
             # inverted file, list by list with one); per slot: scale, |x - x_hat|, code sum
@@ -189,7 +192,7 @@ class ModelIndex:
         self.ivf = ivf
         self.bad_rows = bad_rows
         self.updated_at = time.time() if updated_at is None else updated_at
-        for a in (self.keys, self.counts, self.unit, self.norms, self.row_slot, self.slot_row, self.codes,
+        for a in (self.keys, self.counts, self._pool, self.row_phys, self.norms, self.row_slot, self.slot_row, self.codes,
                   self.code_scale, self.code_error, self.code_sum, self.tile_err):
             a.flags.writeable = False
 
@@ -238,9 +241,28 @@ class ModelIndex:
     def alpha_rows(self) -> np.ndarray:
         return self.alpha.rows()
 
+    def unit_rows(self, rows) -> np.ndarray:
+        """The unit vectors of ``rows`` (a new [len(rows), dim] array; ``unit_row`` for one)."""
+        return self._pool[self.row_phys[np.asarray(rows, dtype=np.int64)]]
+
+    def unit_row(self, row: int) -> np.ndarray:
+        """Row ``row``'s unit vector (a copy: a view would outlive the snapshot, and the pool reuses
+        a row once no snapshot reads it)."""
+        return self._pool[self.row_phys[row]].copy()
+
+    @property
+    def unit(self) -> np.ndarray:
+        """All unit vectors in row order (a new array, O(n): for scripts and tests, not the query path)."""
+        return self._pool[self.row_phys]
+
+    def scores_against(self, vectors: np.ndarray) -> np.ndarray:
+        """``unit @ vectors`` for every row (``vectors``: [dim] or [dim, m]) without a copy of the
+        rows: one product against the pool, then the rows' entries in row order."""
+        return (self._pool @ vectors)[self.row_phys]
+
     def vector(self, row: int) -> np.ndarray:
         """The vector of ``row`` as the source sent it (to float32 rounding)."""
-        return self.unit[row] * self.norms[row]
+        return self.unit_row(row) * self.norms[row]
 
     @property
     def vectors(self) -> np.ndarray:
@@ -271,9 +293,9 @@ class ModelIndex:
 
     def query_vector(self, positive_rows: list[int], negative_rows: list[int]) -> np.ndarray:
         """3CosAdd direction: sum of the unit vectors of positive minus negative, normalised."""
-        q = self.unit[positive_rows].sum(axis=0)
+        q = self.unit_rows(positive_rows).sum(axis=0)
         if negative_rows:
-            q = q - self.unit[negative_rows].sum(axis=0)
+            q = q - self.unit_rows(negative_rows).sum(axis=0)
         norm = float(np.linalg.norm(q))
         return (q / norm if norm > 0 else q).astype(np.float32)
 
@@ -300,7 +322,7 @@ class ModelIndex:
         ptr, flat = _exclusions(exclude)
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         tile_ids, tile_ptr = ivf_lists.probe(self.ivf, queries, self.config.ivf_nprobe)
-        top, top_scores, _ = int8_prefilter.probed_top_k(self.unit, self._code_arrays, self.tile_err,
+        top, top_scores, _ = int8_prefilter.probed_top_k(self._pool, self.row_phys, self._code_arrays, self.tile_err,
                                                          self.slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk)
         answers = self._neighbours(top, top_scores, ks)
         reasons = ["ivf"] * b
@@ -337,10 +359,11 @@ class ModelIndex:
                          and b <= int8_prefilter.MAX_BATCH_FOR_CODES[int8_prefilter.SCAN])
         if prefilter and self.dim:
             top, top_scores = int8_prefilter.prefiltered_top_k(
-                self.unit, self._code_arrays, self.tile_err, queries, ptr, flat, kk, self.slot_row, self.row_slot,
+                self._pool, self.row_phys, self._code_arrays, self.tile_err, queries, ptr, flat, kk, self.slot_row,
+                self.row_slot,
                 self.n_tiles * int8_prefilter.TILE_ROWS)
         else:
-            scores = queries @ self.unit.T                   # [b, n], one BLAS call for the whole batch
+            scores = queries @ self.unit.T                   # [b, n], one BLAS call (small models, no int8 kernel)
             top = np.empty((b, kk), dtype=np.int64)
             top_scores = np.empty((b, kk), dtype=np.float32)
             _select_top_k(scores, ptr, flat, kk, top, top_scores)

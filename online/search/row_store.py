@@ -1,33 +1,39 @@
-"""The rows behind the snapshots: two physical copies, so a sync costs O(changed rows).
+"""The rows behind the snapshots: one copy of the float32 rows, two of everything small.
 
 A ``ModelIndex`` must never change while anyone holds it (a query batch, an export that
 streams for a minute). Copy-on-write gives that, but copies the whole model per sync: at
 1M x 100 that is 400 MB of float32 plus 100 MB of int8 codes every 0.5 s (150 - 400 ms of
-the front end's core). Here each lineage of snapshots (a ``Store``) owns two ``Buffer``s.
-The newest snapshot reads one; the next sync writes the *other* one, which only older
-snapshots read:
+the front end's core). Two kinds of storage avoid that:
 
-1. wait until nothing refers to the other buffer's arrays but the buffer itself. Every
-   numpy view of an array holds a reference to it, so ``sys.getrefcount`` counts the
-   snapshots on that buffer *and* any array anyone took from one of them (a slice kept
-   after its snapshot died counts too). The query thread lets go of its snapshot after
-   every batch, so this is a few ms. If a reference stays longer than ``PIN_WAIT`` (an
-   export streaming one snapshot), give up on that buffer: it stays with whoever holds it
-   and is freed with them, and a fresh copy takes its place (the one O(n) case besides
-   growth and rebuilds).
-2. catch it up: it is one sync behind, so copy from the newest buffer the rows and slots
-   the last sync wrote (``Change``), O(changed rows).
-3. write this sync's changes into it, publish the new snapshot on it.
+- **The float32 unit rows live once, in a pool written out of place** (``UnitPool``). A sync
+  writes each changed row into a free physical row and points the row at it; the physical
+  row it left is *retired* with the sync's state, and is only reused once no snapshot older
+  than that state is alive. So a reader never sees a row change under it, and the rows cost
+  1x their size plus the rows retired in the last sync or two (a pinned snapshot, an export,
+  keeps what it reads; the pool grows meanwhile). Two copies of the rows were 8 GB of a 10M-word
+  front end's 19 GB.
+- **Everything else a snapshot reads is small and lives in two ``Buffer``s** per lineage of
+  snapshots (a ``Store``): per row the physical row, norm and code slot; per slot (tiles of 64,
+  the kernel's layout) the int8 code, scale, error, code sum and the row it holds (-1: empty);
+  per tile the largest error. The newest snapshot reads one buffer; the next sync writes the
+  *other* one, which only older snapshots read:
 
-So no array anyone can still see is ever written; the price is twice the memory of the
-rows (the second buffer is allocated at the first delta, so a static model pays nothing).
-Counts are not in the buffers: they are small (8 bytes a row) and kept by reference as
-history (``whats_new``), so each snapshot that changes them gets its own array.
+  1. wait until nothing refers to the other buffer's arrays but the buffer itself. Every
+     numpy view of an array holds a reference to it, so ``sys.getrefcount`` counts the
+     snapshots on that buffer *and* any array anyone took from one of them (a slice kept
+     after its snapshot died counts too). The query thread lets go of its snapshot after
+     every batch, so this is a few ms. If a reference stays longer than ``PIN_WAIT`` (an
+     export streaming one snapshot), give up on that buffer: it stays with whoever holds it
+     and is freed with them, and a fresh copy takes its place (the one O(n) case besides
+     growth and rebuilds).
+  2. catch it up: it is one sync behind, so copy from the newest buffer the rows and slots
+     the last sync wrote (``Change``), O(changed rows).
+  3. write this sync's changes into it, publish the new snapshot on it.
 
-What a buffer holds, per row: the unit vector, norm and the slot of its int8 code;
-per slot (tiles of 64, the kernel's layout): the code, scale, error, code sum and the row
-it holds (-1: empty); per tile: the largest error. Rows beyond a snapshot's ``n`` and tiles
-beyond its ``tiles`` are spare capacity (``np.zeros``: untouched pages cost no memory).
+So no array anyone can still see is ever written. Counts are not in the buffers: they are
+small (8 bytes a row) and kept by reference as history (``whats_new``), so each snapshot that
+changes them gets its own array. Rows beyond a snapshot's ``n`` and tiles beyond its ``tiles``
+are spare capacity (``np.zeros``: untouched pages cost no memory).
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ from online.search.int8_prefilter import TILE_ROWS
 
 PIN_WAIT = 0.5          # seconds the sync waits for the other buffer's last reader before it copies instead
 GROWTH = 1.5            # capacity factor when rows or tiles run out
-ARRAYS = ("unit", "norms", "row_slot", "codes", "scale", "error", "csum", "slot_row", "tile_err")
+ARRAYS = ("row_phys", "norms", "row_slot", "codes", "scale", "error", "csum", "slot_row", "tile_err")
 CHUNK_BYTES = 4 << 20   # a numpy call that holds the GIL moves at most this much (the event loop waits meanwhile)
 
 
@@ -96,7 +102,8 @@ class Buffer:
         groups = -(-dim // 4) if dim else 1
         slots = cap_tiles * TILE_ROWS
         self.dim = dim
-        self.unit = np.zeros((cap_rows, dim), np.float32)
+        self.row_phys = filled(cap_rows, -1, np.int64)   # each row's place in the pool's array
+        self.pool_array: np.ndarray | None = None        # the pool's array as of this buffer's last write
         self.norms = np.zeros(cap_rows, np.float32)
         self.row_slot = filled(cap_rows, -1, np.int64)
         self.codes = np.zeros((cap_tiles, groups, 4, 16, 4), np.int8)
@@ -132,8 +139,9 @@ class Buffer:
         """This buffer := ``src`` on its first ``n_rows`` rows and ``n_tiles`` tiles (and spare tiles
         beyond are cleared, so a tile taken from the pool later starts empty)."""
         s = n_tiles * TILE_ROWS
-        for name in ("unit", "norms", "row_slot"):
+        for name in ("row_phys", "norms", "row_slot"):
             copy_prefix(getattr(self, name), getattr(src, name), n_rows)
+        self.pool_array = src.pool_array
         for name in ("scale", "error", "csum", "slot_row"):
             copy_prefix(getattr(self, name), getattr(src, name), s)
         copy_prefix(self.codes, src.codes, n_tiles)
@@ -145,7 +153,7 @@ class Buffer:
     def copy_change(self, src: "Buffer", change: "Change") -> None:
         rows, slots, tiles = change.rows, change.slots, change.tiles
         if len(rows):
-            scatter_rows(self.unit, rows, src.unit, rows)
+            scatter(self.row_phys, rows, src.row_phys, rows)
             scatter(self.norms, rows, src.norms, rows)
             scatter(self.row_slot, rows, src.row_slot, rows)
         if len(slots):
@@ -155,6 +163,7 @@ class Buffer:
             scatter(self.tile_err, tiles, src.tile_err, tiles)
         self.used_tiles = max(self.used_tiles, change.n_tiles)
         self.state = change.to_state
+        self.pool_array = src.pool_array
 
     def clear_tiles(self, tiles: np.ndarray) -> None:
         """Empty whole tiles (codes, per-slot arrays, tile error)."""
@@ -168,6 +177,70 @@ class Buffer:
             self.slot_row[slots] = -1
             self.tile_err[part] = 0
             time.sleep(0)
+
+
+class UnitPool:
+    """The float32 unit rows of one lineage, written out of place (see the module docstring).
+
+    ``array`` holds the rows; a snapshot reads it through its buffer's ``row_phys``. ``take``
+    hands out free physical rows, ``retire`` files the rows a write left under that write's
+    state, and ``reclaim(s)`` frees those retired by writes up to state ``s`` once every
+    live snapshot reads a state >= ``s``. When no free row is left the array grows by
+    ``GROWTH`` into a new array: snapshots already published keep reading the old one, which is
+    never written again."""
+
+    def __init__(self, cap: int, dim: int, used: int = 0):
+        self.array = np.zeros((cap, dim), np.float32)
+        self.free = np.arange(cap - 1, used - 1, -1, dtype=np.int64)   # a stack: the lowest rows first
+        self.n_free = cap - used
+        self.retired: list[tuple[int, np.ndarray]] = []
+        self.counters = {"grown": 0, "retired_rows": 0}
+
+    @property
+    def cap(self) -> int:
+        return len(self.array)
+
+    def take(self, k: int) -> np.ndarray:
+        if k > self.n_free:
+            self._grow(k)
+        self.n_free -= k
+        return self.free[self.n_free:self.n_free + k][::-1].copy()
+
+    def retire(self, state: int, phys: np.ndarray) -> None:
+        if len(phys):
+            self.retired.append((state, np.asarray(phys, np.int64)))
+            self.counters["retired_rows"] += len(phys)
+
+    def retired_rows(self) -> int:
+        return sum(len(p) for _, p in self.retired)
+
+    def reclaim(self, oldest_live_state: int) -> None:
+        keep = []
+        for state, phys in self.retired:
+            if state <= oldest_live_state:
+                self._give_back(phys)
+            else:
+                keep.append((state, phys))
+        self.retired = keep
+
+    def _give_back(self, phys: np.ndarray) -> None:
+        if self.n_free + len(phys) > len(self.free):
+            grown = np.empty(max(self.n_free + len(phys), len(self.free) * 2), np.int64)
+            grown[:self.n_free] = self.free[:self.n_free]
+            self.free = grown
+        self.free[self.n_free:self.n_free + len(phys)] = phys
+        self.n_free += len(phys)
+
+    def _grow(self, k: int) -> None:
+        cap = max(int(self.cap * GROWTH), self.cap + k, 1024)
+        grown = np.zeros((cap, self.array.shape[1]), np.float32)
+        copy_prefix(grown, self.array, self.cap)
+        self._give_back(np.arange(cap - 1, self.cap - 1, -1, dtype=np.int64))
+        self.array = grown                      # published snapshots keep the old array
+        self.counters["grown"] += 1
+
+    def nbytes(self) -> int:
+        return self.array.nbytes + self.free.nbytes
 
 
 @dataclass
@@ -189,9 +262,12 @@ class Store:
     """One lineage of snapshots: its two buffers, the append-only key and word arrays they
     share, the last ``Change``, and the inverted file's hand-over (``pending_ivf``, ``watch``)."""
 
-    def __init__(self, config, dim: int, keys_all: np.ndarray, words_all: list[str], buffer: Buffer):
+    def __init__(self, config, dim: int, keys_all: np.ndarray, words_all: list[str], buffer: Buffer,
+                 pool: UnitPool):
         self.config = config
         self.dim = dim
+        self.pool = pool
+        self.left: list[tuple[weakref.ref, int]] = []   # buffers given up while still read, and their state
         self.keys_all = keys_all              # append-only; a snapshot reads its first n entries
         self.words_all = words_all
         self.buffers: list[Buffer] = [buffer]
@@ -214,19 +290,23 @@ class Store:
             cap_tiles = max(need_tiles, int(src.cap_tiles * GROWTH), -(-cap_rows // TILE_ROWS) + 16)
             target = Buffer(cap_rows, cap_tiles, self.dim)
             target.copy_used(src, n_rows, n_tiles)
-            self.buffers = [target]           # the old pair stays with the snapshots that read it
+            self._leave(self.buffers)         # the old pair stays with the snapshots that read it
+            self.buffers = [target]
             self.counters["grown"] += 1
+            self._reclaim()
             return target
         others = [b for b in self.buffers if b is not src]
         target = others[0] if others else None
         if target is not None and not _drained(target):
             self.counters["pinned_copies"] += 1
+            self._leave([target])
             target = None
         if target is None:
             target = Buffer(src.cap_rows, src.cap_tiles, self.dim)
             target.copy_used(src, n_rows, n_tiles)
             self.buffers = [src, target]
             self.counters["full_copies"] += 1
+            self._reclaim()
             return target
         change = self.change
         if (change is not None and not change.everything and change.to_state == src.state
@@ -236,14 +316,27 @@ class Store:
         elif target.state != src.state:
             target.copy_used(src, n_rows, n_tiles)
             self.counters["full_copies"] += 1
+        self._reclaim()
         return target
+
+    def _leave(self, buffers: list[Buffer]) -> None:
+        for b in buffers:
+            if b.in_use():
+                self.left.append((weakref.ref(b), b.state))
+
+    def _reclaim(self) -> None:
+        """Free the pool rows no live snapshot can read: the buffers in use are the newest one
+        (``buffers[0]`` or the one just written) and those left to pinned snapshots."""
+        self.left = [(ref, state) for ref, state in self.left if ref() is not None and ref().in_use()]
+        states = [b.state for b in self.buffers if b.state > 0] + [state for _, state in self.left]
+        self.pool.reclaim(min(states) if states else 0)
 
     def next_state(self) -> int:
         self.seq += 1
         return self.seq
 
     def nbytes(self) -> int:
-        return sum(b.nbytes() for b in self.buffers) + self.keys_all.nbytes
+        return sum(b.nbytes() for b in self.buffers) + self.keys_all.nbytes + self.pool.nbytes()
 
     # ------------------------------------------------------------- key/words
     def append_rows(self, n: int, keys: np.ndarray, words: list[str]) -> tuple[np.ndarray, list[str]]:

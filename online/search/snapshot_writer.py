@@ -32,7 +32,7 @@ import numpy as np
 from online.search import int8_prefilter
 from online.search import ivf as ivf_lists
 from online.search.int8_prefilter import TILE_ROWS
-from online.search.row_store import Buffer, Change, Store, copy_prefix, scatter, scatter_rows
+from online.search.row_store import Buffer, Change, Store, UnitPool, copy_prefix, scatter, scatter_rows
 from online.search.delta import ModelDelta, ModelDeltaError
 from online.search.word_lookup import AlphaIndex, KeyIndex
 
@@ -146,19 +146,23 @@ def build(snapshot_type: type, config, version: int, keys: np.ndarray, words: li
         slot_of_row = np.arange(n, dtype=np.int64)
         n_tiles = -(-n // TILE_ROWS)
     buffer = Buffer(cap_rows, cap_tiles, dim)
+    pool = UnitPool(cap_rows, dim, used=n)       # row r at physical row r to begin with
     if vectors is not None:
-        normalise_into(vectors, buffer.unit[:n], buffer.norms[:n])
+        normalise_into(vectors, pool.array[:n], buffer.norms[:n])
     else:
-        buffer.unit[:n], buffer.norms[:n] = unit, norms
+        copy_prefix(pool.array, unit, n)
+        buffer.norms[:n] = norms
     all_rows = np.arange(n, dtype=np.int64)
+    copy_prefix(buffer.row_phys, all_rows, n)
+    buffer.pool_array = pool.array
     copy_prefix(buffer.row_slot, slot_of_row, n)
     scatter(buffer.slot_row, slot_of_row, all_rows, all_rows)
-    int8_prefilter.quantise(buffer.unit, all_rows, buffer.code_arrays, slot_of_row)
+    int8_prefilter.quantise(pool.array, all_rows, buffer.code_arrays, slot_of_row)
     buffer.tile_err[:n_tiles] = int8_prefilter.tile_error(buffer.error[:n_tiles * TILE_ROWS])
     buffer.used_tiles = n_tiles
     keys_all = np.zeros(cap_rows, np.uint64)
     keys_all[:n] = keys
-    store = Store(config, dim, keys_all, list(words), buffer)
+    store = Store(config, dim, keys_all, list(words), buffer, pool)
     buffer.state = store.next_state()
     snapshot = snapshot_type(version, store, buffer, n, n_tiles, keys_all, store.words_all,
                           np.array(counts, dtype=np.int64), KeyIndex.build(keys), AlphaIndex.build(words), ivf,
@@ -178,7 +182,7 @@ def _rebuild(index: ModelIndex, keys, words, vectors, counts, rows, drop, bad, v
     new_rows[is_new] = np.arange(n_kept, n_kept + n_new)
     unit = np.empty((n_kept + n_new, index.dim), np.float32)
     norms = np.empty(n_kept + n_new, np.float32)
-    unit[:n_kept], norms[:n_kept] = index.unit[kept], index.norms[kept]
+    unit[:n_kept], norms[:n_kept] = index.unit_rows(kept), index.norms[kept]
     changed_unit, changed_norms = normalise(vectors)
     unit[new_rows], norms[new_rows] = changed_unit, changed_norms
     all_counts = np.concatenate([index.counts[kept], np.zeros(n_new, np.int64)])
@@ -210,7 +214,7 @@ class _Install:
         if watch is not None:
             redo = np.concatenate([np.flatnonzero(watch[:b]), redo])
         if len(redo):
-            assign[redo] = pending.assigner(np.ascontiguousarray(index.unit[redo]))
+            assign[redo] = pending.assigner(index.unit_rows(redo))
         lists = len(pending.centroids)
         self.slot_of_row, list_ptr, list_tiles, tile_list, free = ivf_lists.plan_layout(assign, lists)
         self.assign, self.redone = assign, len(redo)
@@ -252,7 +256,7 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         targets = np.empty(len(rows), np.int64)
         targets[old] = ivf_lists.nearest_among(unit_rows, old, current, ivf.neighbours, ivf.centroids)
         # a row that jumped (not a small training step) may belong far from its list's neighbours
-        far = old[ivf_lists.moved_far(unit_rows, old, src.unit, rows[old], ivf_lists.FAR_COSINE)]
+        far = old[ivf_lists.moved_far(unit_rows, old, src.pool_array, src.row_phys[rows[old]], ivf_lists.FAR_COSINE)]
         targets[far] = ivf_lists.nearest(unit_rows[far], ivf.centroids)
         targets[fresh] = ivf_lists.nearest(unit_rows[fresh], ivf.centroids)
         moving = targets[old] != current
@@ -263,10 +267,18 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         need_tiles = -(-n // TILE_ROWS)
     target = store.writable(src, n_old, index.n_tiles, n, need_tiles)
     target.state = -1                      # half-written until the end: a failure leaves it to a full copy
+    state = store.next_state()
     if install is not None:
         install.lay_out(target, src, n_old)
     order = np.arange(len(rows), dtype=np.int64)
-    scatter_rows(target.unit, rows, unit_rows, order)
+    # out of place: new physical rows; the ones left stay readable by older snapshots until reclaimed
+    pool = store.pool
+    left = target.row_phys[rows[old]]
+    phys = pool.take(len(rows))
+    scatter_rows(pool.array, phys, unit_rows, order)
+    scatter(target.row_phys, rows, phys, order)
+    target.pool_array = pool.array
+    pool.retire(state, left)
     scatter(target.norms, rows, norm_rows, order)
     cleared = np.zeros(0, np.int64)
     new_tiles = np.zeros(0, np.int64)
@@ -286,10 +298,10 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         slots[inserts] = placed
         target.row_slot[rows[inserts]] = placed
         n_tiles = ivf.n_tiles
-    int8_prefilter.quantise(target.unit, rows, target.code_arrays, slots)
+    int8_prefilter.quantise(pool.array, phys, target.code_arrays, slots)
     np.maximum.at(target.tile_err, slots // TILE_ROWS, target.error[slots])
     touched = np.concatenate([slots, cleared])
-    change = Change(src.state, store.next_state(), rows, touched,
+    change = Change(src.state, state, rows, touched,
                     np.union1d(touched // TILE_ROWS, new_tiles), n, n_tiles, everything=install is not None)
     # the shared key and word arrays, the lookups, the counts
     new_counts = np.empty(n, np.int64)
