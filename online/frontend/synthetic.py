@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from online.cluster.training_signal import summarise_reports
 from online.search.delta import ModelDelta
@@ -29,23 +30,53 @@ from online.learner.settings import MODEL
 from ps_bridge.settings import Setting, SettingGroup
 
 
-_PIECE = 8192
+_PIECE = 8192             # rows per compiled call (each lets go of the GIL)
 
 
-def _take(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``a[rows]`` in pieces (numpy's fancy indexing holds the GIL while it copies)."""
-    out = np.empty((len(rows),) + a.shape[1:], a.dtype)
-    for lo in range(0, len(rows), _PIECE):
-        out[lo:lo + _PIECE] = a[rows[lo:lo + _PIECE]]
-        time.sleep(0)
-    return out
+_IRWIN_HALL_MEAN = 2.0 * 65535.0
+_IRWIN_HALL_SD = (4.0 * (65536.0 ** 2 - 1.0) / 12.0) ** 0.5
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _normal(seed, row, step, t):
+    """About N(0, 1), depending only on (seed, row, step, t), so that no row has to be stored to be
+    produced again: one splitmix64 hash, its four 16-bit quarters summed (Irwin-Hall; a benchmark's
+    clusters need no better tails) and standardised."""
+    x = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(row) * np.uint64(0xBF58476D1CE4E5B9)
+         + np.uint64(step) * np.uint64(0x94D049BB133111EB) + np.uint64(t) * np.uint64(0xD6E8FEB86659FD93))
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    m = np.uint64(0xFFFF)
+    total = (x & m) + ((x >> np.uint64(16)) & m) + ((x >> np.uint64(32)) & m) + (x >> np.uint64(48))
+    return (np.float64(total) - _IRWIN_HALL_MEAN) / _IRWIN_HALL_SD
+
+
+@njit(nogil=True, cache=True)
+def _rows(seed, rows, named, centres, which, steps, out):
+    """Row ``rows[i]``'s vector into ``out[i]``: the named words' vectors (rows below
+    ``len(named)``) or its cluster's centre plus 0.5 N(0, 1), and after s training steps of
+    0.05 N(0, 1) each a displacement of the same spread, 0.05 sqrt(s) N(0, 1)."""
+    d = out.shape[1]
+    for i in range(len(rows)):
+        r = rows[i]
+        s = steps[r]
+        walk = 0.05 * math.sqrt(s)
+        for t in range(d):
+            base = named[r, t] if r < len(named) else centres[which[r], t] + 0.5 * _normal(seed, r, 0, t)
+            out[i, t] = base + (walk * _normal(seed, r, s, t) if s else 0.0)
 
 
 class SyntheticSource:
+    """Its rows are computed, not stored (``_rows``): the source lives in the front end's process
+    (the query-load bench), and a float32 copy of a 10M-word model would be 4 GB of that process's
+    memory that a front end fed by the parameter servers never holds."""
+
     def __init__(self, n: int = 10_000, dim: int = 100, *, update_rows_per_second: float = 0.0,
                  new_words_per_second: float = 0.0, clusters: int = 200, seed: int = 0,
                  words_per_second: float = 250_000.0):
         self.dim = dim
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.update_rows_per_second = update_rows_per_second
         self.new_words_per_second = new_words_per_second
@@ -61,28 +92,33 @@ class SyntheticSource:
             centre = self.rng.standard_normal(dim)
             words += [a, b]
             vectors += [centre + 0.05 * self.rng.standard_normal(dim), centre + 0.05 * self.rng.standard_normal(dim)]
+        self.named = np.asarray(vectors, np.float64).reshape(len(words), dim)
         self.centres = self.rng.standard_normal((clusters, dim))
         rest = max(0, n - len(words))
-        which = self.rng.integers(0, clusters, rest)
+        total = len(words) + rest
+        self.which = np.zeros(total, np.int32)
+        self.which[len(words):] = self.rng.integers(0, clusters, rest)
         self.words = words + [f"w{i}" for i in range(rest)]
-        self.vectors = np.empty((len(words) + rest, dim), np.float32)
-        self.vectors[:len(words)] = np.asarray(vectors)
-        for lo in range(0, rest, 1 << 18):      # in float32 chunks: 10M x 100 in float64 would need 8 GB at once
-            hi = min(rest, lo + (1 << 18))
-            self.vectors[len(words) + lo:len(words) + hi] = (self.centres[which[lo:hi]]
-                                                             + 0.5 * self.rng.standard_normal((hi - lo, dim)))
         self.keys = word_keys(self.words)
         self.counts = np.sort(self.rng.zipf(1.3, len(self.words)).astype(np.int64) % 10_000_000)[::-1].copy()
         self.row_version = np.ones(len(self.words), dtype=np.int64)
-        # small steps drawn once: generating fresh normals for every changed row would cost
-        # this process more than the change it simulates
-        self._noise = (0.05 * self.rng.standard_normal((max(min(len(self.words), 1 << 20), 1), dim))
-                       ).astype(np.float32)
+        self.steps = np.zeros(len(self.words), dtype=np.int32)
         self.version = 1
         self.started = self._last_step = time.monotonic()
         self.words_trained = 0.0
         self._added = 0
         self._lock = asyncio.Lock()
+
+    def vectors_of(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), self.dim), np.float32)
+        for lo in range(0, len(rows), _PIECE):
+            _rows(self.seed, rows[lo:lo + _PIECE], self.named, self.centres, self.which, self.steps, out[lo:lo + _PIECE])
+        return out
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """Every row's vector (a new array; for tests)."""
+        return self.vectors_of(np.arange(len(self.words), dtype=np.int64))
 
     def _step(self) -> None:
         now = time.monotonic()
@@ -97,47 +133,37 @@ class SyntheticSource:
         if changed:
             rows = self.rng.choice(n, changed, replace=False) if changed * 8 > n else \
                 np.unique(self.rng.integers(0, n, changed))      # (a choice without replacement permutes all n)
-            changed = len(rows)
-            start = int(self.rng.integers(0, len(self._noise) - changed + 1)) if changed < len(self._noise) else 0
-            noise = self._noise[start:start + changed]
-            for lo in range(0, len(noise), _PIECE):   # in pieces: fancy indexing holds the GIL, and this source
-                part = rows[lo:lo + _PIECE]          # runs in the front end's process
-                self.vectors[part] += noise[lo:lo + len(part)]
-                time.sleep(0)
+            self.steps[rows] += 1
             self.counts[rows] += 1
             self.row_version[rows] = self.version
         if fresh:
             new_words = [f"new{self._added + i}" for i in range(fresh)]
             self._added += fresh
-            vecs = (self.centres[self.rng.integers(0, len(self.centres), fresh)]
-                    + 0.5 * self.rng.standard_normal((fresh, self.dim))).astype(np.float32)
             n = len(self.words)
-            if n + fresh > len(self.vectors):          # grow by doubling, not by one copy per new word
-                cap = max(2 * len(self.vectors), n + fresh)
-                for name in ("vectors", "keys", "counts", "row_version"):
+            if n + fresh > len(self.keys):             # grow by doubling, not by one copy per new word
+                cap = max(2 * len(self.keys), n + fresh)
+                for name in ("keys", "counts", "row_version", "steps", "which"):
                     old = getattr(self, name)
                     grown = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
                     grown[:n] = old[:n]
                     setattr(self, name, grown)
             self.words += new_words
-            self.vectors[n:n + fresh] = vecs
+            self.which[n:n + fresh] = self.rng.integers(0, len(self.centres), fresh)
             self.keys[n:n + fresh] = word_keys(new_words)
             self.counts[n:n + fresh] = 1
             self.row_version[n:n + fresh] = self.version
 
     def _changes_since(self, version: int) -> ModelDelta:
         self._step()
-        if version <= 0 or version > self.version:      # the whole model, as views (no copy of 10M rows)
-            n = len(self.words)
-            return ModelDelta(self.keys[:n], list(self.words), self.vectors[:n], self.counts[:n], self.version,
-                              full=True)
+        n = len(self.words)
+        if version <= 0 or version > self.version:      # the whole model
+            return ModelDelta(self.keys[:n], list(self.words), self.vectors_of(np.arange(n, dtype=np.int64)),
+                              self.counts[:n], self.version, full=True)
         elif version == self.version:
             return ModelDelta.unchanged(version, self.dim)
-        else:
-            rows = np.flatnonzero(self.row_version[:len(self.words)] > version)
-            full = False
-        return ModelDelta(self.keys[rows], [self.words[r] for r in rows.tolist()], _take(self.vectors, rows),
-                          self.counts[rows], self.version, full=full)
+        rows = np.flatnonzero(self.row_version[:n] > version)
+        return ModelDelta(self.keys[rows], [self.words[r] for r in rows.tolist()], self.vectors_of(rows),
+                          self.counts[rows], self.version)
 
     async def changes_since(self, version: int) -> ModelDelta:
         async with self._lock:

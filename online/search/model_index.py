@@ -20,6 +20,7 @@ An HNSW graph was rejected: it cannot follow a model that changes 10^5 rows per 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 
@@ -391,6 +392,37 @@ class ModelIndex:
             raise KeyError(missing)
         q = self.query_vector(pos, neg)[None, :]
         return self.top_k(q, [pos + neg], [k])[0]
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this snapshot's lineage holds, by structure (``/v1/stats`` ``search.memory``). Capacities,
+        not pages touched: spare rows and tiles of ``np.zeros`` arrays cost no memory until written.
+        The words' Python strings are estimated from a sample of 1,000 (one ``sys.getsizeof`` each)."""
+        out = {"rows_float32": int(self._pool.nbytes), "norms": int(self.norms.nbytes), "codes_int8": 0,
+               "per_slot": 0, "per_row_maps": 0, "keys": int(self.keys.nbytes), "counts": int(self.counts.nbytes),
+               "key_index": sum(int(a.nbytes) for a in (self.key_index.base_keys, self.key_index.base_rows,
+                                                         self.key_index.recent_keys, self.key_index.recent_rows)),
+               "alpha_index": 8 * (len(self.alpha.base_words) + len(self.alpha.recent_words))
+               + int(self.alpha.base_rows.nbytes + self.alpha.recent_rows.nbytes),
+               "ivf_lists": 0, "words": 0}
+        buffers = self.store.buffers if self.store is not None else []
+        for b in buffers:
+            out["codes_int8"] += int(b.codes.nbytes)
+            out["per_slot"] += int(b.scale.nbytes + b.error.nbytes + b.csum.nbytes + b.slot_row.nbytes
+                                   + b.tile_err.nbytes)
+            out["per_row_maps"] += int(b.row_phys.nbytes + b.row_slot.nbytes)
+            out["norms"] += int(b.norms.nbytes)
+        if buffers:
+            out["norms"] -= int(self.norms.nbytes)            # the snapshot's norms are a view of a buffer's
+        if self.ivf is not None:
+            out["ivf_lists"] = sum(int(getattr(self.ivf, f).nbytes) for f in
+                                   ("centroids", "neighbours", "list_ptr", "list_tiles", "tile_list", "free"))
+        n = self.n
+        if n:
+            sample = np.random.default_rng(0).integers(0, n, min(n, 1000))
+            words = self.words._words
+            out["words"] = int(n * (8 + np.mean([sys.getsizeof(words[r]) for r in sample.tolist()])))
+        out["total"] = sum(out.values())
+        return out
 
     def describe_search(self) -> dict:
         """The search's state for ``/v1/stats``."""
