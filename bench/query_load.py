@@ -458,6 +458,8 @@ def run_size(args, n: int, empty_url: str) -> dict:
         out["mean_batch"], out["ms_per_query"] = queries / max(batches, 1), 1e3 * compute / max(queries, 1)
         out["ivf"] = search["ivf"]
         out["buffers"] = search.get("buffers")
+        out["pool"] = search.get("pool")
+        out["breakdown"] = {**search["memory"], "whats_new": after.get("whats_new_bytes")}
         if trainer is not None:
             line = stop(trainer).strip().splitlines()
             trainer = None
@@ -468,6 +470,8 @@ def run_size(args, n: int, empty_url: str) -> dict:
               f"{out['answered']}, shed {sum(out['shed'].values())}; recall@10 (monitor) {out['recall_online']} "
               f"over {out['recall_samples']} queries; training {out.get('training_wps') or 0:.0f} words/s",
               flush=True)
+        print("  memory by structure (capacity, MB): " + ", ".join(
+            f"{k} {v / 1e6:.0f}" for k, v in out["breakdown"].items() if v is not None), flush=True)
     finally:
         if trainer is not None:
             stop(trainer)

@@ -383,3 +383,22 @@ async def test_without_gc_freeze_nothing_is_frozen():
     finally:
         sync.stop()
         await task
+
+
+def test_the_float32_rows_are_held_once_through_syncs():
+    """The rows were double-buffered (two float32 copies, 8 GB at 10M words); now one pool holds them,
+    written out of place, and the memory report says so."""
+    rng = np.random.default_rng(21)
+    n, dim = 20_000, 32
+    words = [f"w{i}" for i in range(n)]
+    index = ModelIndex.from_arrays(1, word_keys(words), words, rng.standard_normal((n, dim)).astype(np.float32))
+    for version in range(2, 8):
+        rows = rng.choice(n, 2_000, replace=False)
+        index = index.apply(ModelDelta(word_keys([words[r] for r in rows]), [words[r] for r in rows],
+                                       rng.standard_normal((len(rows), dim)).astype(np.float32),
+                                       np.ones(len(rows), np.int64), version))
+    memory = index.memory()
+    assert len(index.store.buffers) == 2                    # the small arrays are double-buffered ...
+    assert memory["rows_float32"] <= 1.3 * n * dim * 4      # ... the rows are not (1.25x capacity)
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+    assert memory["words"] > n * 8

@@ -304,6 +304,7 @@ async def stats(request: web.Request) -> web.Response:
         "source": source_stats,
         "queries": app[HTTP_METRICS].summary(),
         "search": {**index.describe_search(), **app[ENGINE].report(), **app[MAINTAINER].report(index)},
+        "whats_new_bytes": app[WHATS_NEW].nbytes(),
         "history": list(sync.history),
     })
 

@@ -402,6 +402,12 @@ class WhatsNew:
                 "left": listed(n for n in then_nb if n.word not in now_set),
                 "now": listed(now_nb), "then": listed(then_nb)}
 
+    def nbytes(self) -> int:
+        """What the history holds: the drift checkpoints' rows, the rising samples and the arrivals."""
+        with self._lock:
+            past = sum(c.model.unit.nbytes + c.model.inverse_norms.nbytes for c in self._checkpoints)
+            return int(past + sum(a.nbytes for _, a in self._samples) + sum(k.nbytes for _, k in self._arrivals))
+
     def history(self) -> dict[str, Any]:
         """What the front end remembers: checkpoints, the samples' reach, the arrivals kept."""
         with self._lock:

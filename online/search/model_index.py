@@ -440,6 +440,9 @@ class ModelIndex:
         if self.store is not None:
             out["buffers"] = {"count": len(self.store.buffers), "bytes": self.store.nbytes(),
                               **self.store.counters}
+            pool = self.store.pool
+            out["pool"] = {"rows": pool.cap, "free": pool.n_free, "retired": pool.retired_rows(), **pool.counters}
+        out["memory"] = self.memory()
         return out
 
 
