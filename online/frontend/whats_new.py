@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from online.frontend.count_samples import CountSamples
 from online.search.model_index import ModelHolder, ModelIndex, Neighbour
 from online.learner.keys import word_key
 from ps_bridge.structured_logging import log_event
@@ -71,7 +72,6 @@ log = logging.getLogger("livevec.frontend.whats_new")
 MAX_LIMIT = 1000
 RANKINGS = ("rise", "lift")
 _BLOCK = 65_536              # checkpoint rows scored at once (a 25 MB float32 temporary at dim 100)
-_INT32_MAX = np.iinfo(np.int32).max
 
 
 class HistoryLookupError(LookupError):
@@ -173,10 +173,6 @@ def _same_start(longer: np.ndarray, shorter: np.ndarray) -> bool:
                                 and longer.strides == shorter.strides)
 
 
-def _samples_of(counts: np.ndarray) -> np.ndarray:
-    return counts.astype(np.int32) if not len(counts) or counts.max() <= _INT32_MAX else counts.copy()
-
-
 def _neighbours(index: ModelIndex, row: int, k: int) -> list[Neighbour]:
     query = np.ascontiguousarray(index.unit_row(row)[None, :], dtype=np.float32)
     return index.top_k(query, [[row]], [k])[0]
@@ -206,7 +202,7 @@ class WhatsNew:
         self._arrivals: deque[tuple[float, np.ndarray]] = deque()   # (first served at, keys), oldest first
         self._remembered = 0
         self.forgotten_until: float | None = None      # arrivals up to this time were dropped from the ring
-        self._samples: deque[tuple[float, np.ndarray]] = deque(maxlen=self.rising_samples + 1)
+        self._samples = CountSamples(self.rising_samples + 1)
         self._checkpoints: deque[Checkpoint] = deque(maxlen=self.drift_keep)
         self._next_id = 1
 
@@ -233,8 +229,8 @@ class WhatsNew:
                 self._follow(self._last_keys, index, now)
             self._last, self._last_keys = weakref.ref(index), index.keys
         self._last_at = now
-        if not self._samples or now - self._samples[-1][0] >= self.rising_interval:
-            self._samples.append((now, _samples_of(index.counts)))
+        if not len(self._samples) or now - self._samples.times()[-1] >= self.rising_interval:
+            self._samples.add(now, index.counts)
         if self.drift_keep and (not self._checkpoints or (now - self._checkpoints[-1].taken_at >= self.drift_interval
                                                           and self._checkpoints[-1].served() is not index)):
             self._checkpoints.append(Checkpoint(self._next_id, now, PastModel(index), weakref.ref(index)))
@@ -252,11 +248,7 @@ class WhatsNew:
             pos = np.minimum(np.searchsorted(ordered, new_keys), n_old - 1)     # n_old >= 1 here
             rows_in_old = np.where(ordered[pos] == new_keys, order[pos], -1)
             fresh = new_keys[rows_in_old < 0]
-            for i, (t, counts) in enumerate(self._samples):
-                kept = (rows_in_old >= 0) & (rows_in_old < len(counts))
-                moved = np.full(new.n, -1, dtype=counts.dtype)
-                moved[kept] = counts[rows_in_old[kept]]
-                self._samples[i] = (t, moved)
+            self._samples.remap(rows_in_old)
         if len(fresh):
             self._arrivals.append((now, fresh.copy()))   # a copy: a view would keep the whole key array alive
             self._remembered += len(fresh)
@@ -327,22 +319,16 @@ class WhatsNew:
         with self._lock:
             now = self.clock()
             index = self._observe(now)
-            chosen = next((s for s in reversed(self._samples) if s[0] <= now - window), None)
-            partial = chosen is None
-            if partial and self._samples:
-                chosen = self._samples[0]
+            chosen = None if index is None else self._samples.then(now - window, index.counts)
         if index is None or chosen is None:
             raise HistoryLookupError("not_ready", "no model has been observed yet")
         version, words, current = index.version, index.words, index.counts   # not its row buffers
         del index
-        t_then, then = chosen
-        then = then[:min(len(then), len(current))]
-        present = np.flatnonzero(then >= 0)
-        c_then = then[present]
-        total_then = max(int(c_then.sum()), 1)
-        rise = current[present] - c_then
+        t_then, partial, moved, c_then, total_then = chosen
+        total_then = max(total_then, 1)
+        rise = current[moved] - c_then
         up = rise > 0                       # a rollback to a checkpoint can lower counts: not a rise
-        rows, c_then, rise = present[up], c_then[up], rise[up]
+        rows, c_then, rise = moved[up], c_then[up], rise[up]
         expected = c_then / total_then * int(rise.sum())     # the rise the word's earlier share predicts
         lift = (rise + 1.0) / (expected + 1.0)
         score = rise.astype(np.float64) if by == "rise" else lift
@@ -418,14 +404,14 @@ class WhatsNew:
         """What the history holds: the drift checkpoints' rows, the rising samples and the arrivals."""
         with self._lock:
             past = sum(c.model.nbytes for c in self._checkpoints)
-            return int(past + sum(a.nbytes for _, a in self._samples) + sum(k.nbytes for _, k in self._arrivals))
+            return int(past + self._samples.nbytes() + sum(k.nbytes for _, k in self._arrivals))
 
     def history(self) -> dict[str, Any]:
         """What the front end remembers: checkpoints, the samples' reach, the arrivals kept."""
         with self._lock:
             now = self.clock()
             index = self._observe(now)
-            oldest = self._samples[0][0] if self._samples else None
+            oldest = self._samples.times()[0] if len(self._samples) else None
             return {
                 "now": round(now, 3), "version": None if index is None else index.version,
                 "observed_since": _rounded(self.observed_since),
