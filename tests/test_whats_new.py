@@ -327,13 +327,13 @@ def test_rise_over_a_window_from_bounded_count_samples():
     for i, t in enumerate([1005.0, 1010.0, 1020.0, 1030.0], start=2):
         step(holder, clock, wn, delta(i, ["the"], counts=[10_000 + 100 * (i - 1)]), t)
     step(holder, clock, wn, delta(9, ["the", "of", "burst"], counts=[11_000, 5_100, 450]), 1035.0)
-    assert [t for t, _ in wn._samples] == [1000.0, 1010.0, 1020.0, 1030.0]   # one per interval, samples + 1 kept
+    assert wn._samples.times() == [1000.0, 1010.0, 1020.0, 1030.0]   # one per interval, samples + 1 kept
     assert wn.max_window == 30.0
     clock.t = 1041.0
     by_rise = wn.rising(10.0, 10, "rise")                      # against the sample of 1030
     assert by_rise["from"] == 1030.0 and by_rise["span_seconds"] == 11.0 and not by_rise["partial"]
     assert [(w["word"], w["rise"]) for w in by_rise["words"]] == [("the", 600), ("burst", 400), ("of", 100)]
-    assert [t for t, _ in wn._samples] == [1010.0, 1020.0, 1030.0, 1041.0]
+    assert wn._samples.times() == [1010.0, 1020.0, 1030.0, 1041.0]
     by_lift = wn.rising(10.0, 10, "lift")                      # burst rose far beyond its share; "the" did not
     assert [w["word"] for w in by_lift["words"]] == ["burst", "the", "of"]
     assert by_lift["words"][0]["lift"] > 50 and by_lift["words"][1]["lift"] < 1
