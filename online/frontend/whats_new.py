@@ -13,11 +13,11 @@ arrivals (``/v1/new``)
     (``observed_since``); a word evicted and admitted again arrives again. Kept in a ring
     of at most ``LIVEVEC_NEW_WORDS_KEEP`` keys, oldest forgotten first.
 count samples (``/v1/rising``)
-    Every ``LIVEVEC_RISING_INTERVAL`` seconds, a copy of the served snapshot's counts, as
-    int32 (int64 once a count passes 2^31). At most ``LIVEVEC_RISING_SAMPLES + 1`` are kept,
-    so a window reaches back ``interval x samples`` seconds. Samples stay aligned with the
-    rows of the latest snapshot (rows only get appended between syncs); after a removal or
-    a full reload they are re-indexed once by key. The rise of a word over a window is its
+    Every ``LIVEVEC_RISING_INTERVAL`` seconds, a sample of the served snapshot's counts,
+    kept as the rows that changed before the next sample (``count_samples``). At most
+    ``LIVEVEC_RISING_SAMPLES + 1`` are kept, so a window reaches back ``interval x samples``
+    seconds. Samples stay aligned with the rows of the latest snapshot (rows only get
+    appended between syncs); after a removal or a full reload they are re-indexed once by key. The rise of a word over a window is its
     count now minus its count in the newest sample at least ``window`` seconds old.
 checkpoints (``/v1/drift``)
     The first snapshot, then every ``LIVEVEC_DRIFT_INTERVAL`` seconds a compact copy of the
@@ -36,9 +36,9 @@ checkpoints (``/v1/drift``)
     entered (``in_checkpoint`` false).
 
 Cost bounds. Memory, all of it fixed by the settings: arrivals 8 bytes per remembered key;
-samples 4 bytes per word each; checkpoints ``dim + 28`` bytes per word each. With the
-defaults (2 checkpoints, 31 samples) that is about 380 bytes per word at dim 100 (the
-rising samples are a third of it); ``LIVEVEC_DRIFT_KEEP=0`` keeps no checkpoint. Time per
+samples 16 bytes per row that changed before the next sample (``count_samples``: the
+newest is the served counts array itself); checkpoints ``dim + 28`` bytes per word each.
+With the defaults (2 checkpoints) that is about 260 bytes per word at dim 100; ``LIVEVEC_DRIFT_KEEP=0`` keeps no checkpoint. Time per
 observation with a change: one comparison of the key arrays (about 1 ms per million words),
 O(n log n) only after a removal or a full reload (as ``ModelIndex.apply`` pays anyway), and
 per sample or checkpoint one pass over the counts or vectors. Requests: ``new`` O(a log n)
