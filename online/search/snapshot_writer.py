@@ -72,7 +72,9 @@ def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, n
     if not (len(words) == n and vectors.shape[0] == n and len(counts) == n):
         raise ModelDeltaError(f"delta has {n} keys, {len(words)} words, {vectors.shape[0]} vectors and "
                               f"{len(counts)} counts; they must match")
-    bad = ~np.isfinite(vectors).all(axis=1) if n else np.zeros(0, bool)
+    bad = np.zeros(n, bool)
+    for lo in range(0, n, PIECE):       # in pieces: a bool copy of a 10M x 100 delta is 1 GB at the full load's peak
+        bad[lo:lo + PIECE] = ~np.isfinite(vectors[lo:lo + PIECE]).all(axis=1)
     if bad.any():                       # a NaN row would win every top-k; serve it as a zero vector
         vectors = vectors.copy()
         vectors[bad] = 0.0
