@@ -349,11 +349,11 @@ def _whats_new_paths(settings: FrontendSettings, k_param: dict, word_schema: dic
             "summary": "a word's neighbours now against a past checkpoint: overlap@k, entered and left",
             "description": "Checkpoints are this front end's own, in memory: the first model it served, then "
                            f"one every LIVEVEC_DRIFT_INTERVAL={settings.drift_interval:g} s while the model "
-                           f"changes, the last LIVEVEC_DRIFT_KEEP={settings.drift_keep} kept (each an int8 "
-                           "copy of the unit vectors, dim + 28 bytes per word), numbered from 1 since its start; "
+                           f"changes, the last LIVEVEC_DRIFT_KEEP={settings.drift_keep} kept (each a float16 "
+                           "copy of the vectors, 2 dim + 20 bytes per word), numbered from 1 since its start; "
                            "not the cluster's coordinated checkpoints. oldest is the oldest kept, previous the "
                            "newest that differs from the served model. Neighbours now are exact, as /v1/similar; "
-                           "neighbours then are exact over the int8 vectors (scores within about 0.004). Cost: "
+                           "neighbours then are exact over the float16 vectors (scores within about 1e-3). Cost: "
                            "two searches. A word that arrived after the checkpoint has in_checkpoint false and "
                            "all its neighbours entered. " + recorded,
             "parameters": [

@@ -77,8 +77,8 @@ FRONTEND = SettingGroup("front end", (
     Setting("drift_interval", "LIVEVEC_DRIFT_INTERVAL", float, 600.0, minimum=0.05, maximum=7 * 86400,
             help="seconds between the in-memory model checkpoints /v1/drift compares against"),
     Setting("drift_keep", "LIVEVEC_DRIFT_KEEP", int, 2, minimum=0, maximum=1000,
-            help="checkpoints kept for /v1/drift, each an int8 copy of the unit vectors "
-                 "(dim + 28 bytes per word; 0 = none)"),
+            help="checkpoints kept for /v1/drift, each a float16 copy of the vectors "
+                 "(2 x dim + 20 bytes per word; 0 = none)"),
     # under abuse (README "Security", docs/operations.md 10.3)
     Setting("max_body_bytes", "LIVEVEC_MAX_BODY_BYTES", int, 4 * 1024 * 1024, minimum=1024, maximum=1 << 30,
             help="largest request body; larger is answered 413 without reading it all"),

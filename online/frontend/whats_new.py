@@ -22,29 +22,30 @@ count samples (``/v1/rising``)
 checkpoints (``/v1/drift``)
     The first snapshot, then every ``LIVEVEC_DRIFT_INTERVAL`` seconds a compact copy of the
     served snapshot (none while the model is unchanged): its words and keys by reference and
-    its unit vectors in int8 with a scale per row, so a checkpoint costs dim + 28 bytes per
-    word, not the 5 dim + 40 of a ``ModelIndex`` with its int8 search copy (a 1M x 100 model:
-    128 MB, not 540; float16 took 220). At most ``LIVEVEC_DRIFT_KEEP`` are kept, numbered 1, 2, ... from the front end's
+    its unit vectors in float16, so a checkpoint costs 2 dim + 20 bytes per word, not the
+    5 dim + 40 of a ``ModelIndex`` with its int8 search copy (a 1M x 100 model: 220 MB, not
+    540). At most ``LIVEVEC_DRIFT_KEEP`` are kept, numbered 1, 2, ... from the front end's
     start. They are the front end's own, in memory: not the cluster's coordinated
     checkpoints, which live on the servers' storage (the front end may not import
     ``online.checkpoint``, and need not see that storage). A word's drift is its k nearest
     neighbours now against those in a checkpoint: overlap@k and the words that entered and
     left. Neighbours now are exact (as ``/v1/similar``); neighbours then are exact over the
-    int8 vectors (scores within about 0.004 of what ``/v1/similar`` said then). ``oldest``
+    float16 vectors (scores within about 1e-3 of what ``/v1/similar`` said then). ``oldest``
     is the oldest kept, ``previous`` the newest that differs from the model being served. A
     word that arrived after the checkpoint has no neighbours there: all of its neighbours
     entered (``in_checkpoint`` false).
 
 Cost bounds. Memory, all of it fixed by the settings: arrivals 8 bytes per remembered key;
 samples 16 bytes per row that changed before the next sample (``count_samples``: the
-newest is the served counts array itself); checkpoints ``dim + 28`` bytes per word each.
-With the defaults (2 checkpoints) that is about 260 bytes per word at dim 100; ``LIVEVEC_DRIFT_KEEP=0`` keeps no checkpoint. Time per
+newest is the served counts array itself); checkpoints ``2 dim + 20`` bytes per word each.
+With the defaults (2 checkpoints) that is about 420 bytes per word at dim 100;
+``LIVEVEC_DRIFT_KEEP=0`` keeps no checkpoint. Time per
 observation with a change: one comparison of the key arrays (about 1 ms per million words),
 O(n log n) only after a removal or a full reload (as ``ModelIndex.apply`` pays anyway), and
 per sample or checkpoint one pass over the counts or vectors. Requests: ``new`` O(a log n)
 for the a remembered arrivals since ``since``; ``rising`` one vectorised pass over the
 vocabulary; ``drift`` one exact top-k search now (as ``/v1/similar``) and one over the
-checkpoint's int8 vectors, in blocks of ``_BLOCK`` rows so the temporary stays small.
+checkpoint's float16 vectors, in blocks of ``_BLOCK`` rows so the temporary stays small.
 Lists are capped by the request's ``limit`` (at most ``MAX_LIMIT``) and windows by the
 samples kept.
 """
@@ -83,36 +84,24 @@ class HistoryLookupError(LookupError):
 
 
 class PastModel:
-    """What ``drift`` needs of a past snapshot: words and keys (by reference), and int8 unit vectors
-    with a scale per row (max |x| / 127), a quarter of float32's bytes (float16 was half: 2 GB a
-    checkpoint at 10M words). Scores are cosines of the stored, rounded vectors: each row's
-    rounding moves a cosine by at most about 0.004 (the half step over sqrt(dim) components)."""
+    """What ``drift`` needs of a past snapshot: words and keys (by reference), float16 unit vectors and
+    their norms after the rounding (so that scores are cosines of the stored vectors)."""
 
     def __init__(self, index: ModelIndex):
         self.version = index.version
         self.words = index.words
         self.keys = index.keys
-        n = len(self.words)
-        self.codes = np.empty((n, index.dim), np.int8)
-        self.scale = np.zeros(n, np.float32)
-        norms = np.zeros(n, np.float32)
-        for start in range(0, n, _BLOCK):      # in blocks: no float32 copy of the whole model
-            unit = index.unit_rows(np.arange(start, min(n, start + _BLOCK)))
-            top = np.abs(unit).max(axis=1) if unit.shape[1] else np.zeros(len(unit), np.float32)
-            scale = np.where(top > 0, top / 127, 1).astype(np.float32)
-            codes = np.rint(unit / scale[:, None]).astype(np.int8)
-            self.codes[start:start + len(unit)] = codes
-            self.scale[start:start + len(unit)] = scale
-            norms[start:start + len(unit)] = np.linalg.norm(codes.astype(np.float32), axis=1) * scale
+        self.unit = np.empty((self.n, index.dim), np.float16)
+        for start in range(0, self.n, _BLOCK):      # in blocks: no float32 copy of the whole model
+            self.unit[start:start + _BLOCK] = index.unit_rows(np.arange(start, min(self.n, start + _BLOCK)))
+        norms = np.empty(self.n, np.float32)
+        for start in range(0, self.n, _BLOCK):
+            norms[start:start + _BLOCK] = np.linalg.norm(self.unit[start:start + _BLOCK].astype(np.float32), axis=1)
         self.inverse_norms = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.codes.nbytes + self.scale.nbytes + self.inverse_norms.nbytes)
-
     def vector(self, row: int) -> np.ndarray:
-        """The unit vector of ``row`` (float32, renormalised after the rounding to int8)."""
-        return self.codes[row].astype(np.float32) * (self.scale[row] * self.inverse_norms[row])
+        """The unit vector of ``row`` (float32, renormalised after the rounding to float16)."""
+        return self.unit[row].astype(np.float32) * self.inverse_norms[row]
 
     @property
     def n(self) -> int:
@@ -120,7 +109,7 @@ class PastModel:
 
     @property
     def dim(self) -> int:
-        return int(self.codes.shape[1])
+        return int(self.unit.shape[1])
 
     def row(self, word: str) -> int:
         """Row of exactly ``word`` (a scan of the keys: one per request, about 1 ms per million words)."""
@@ -128,12 +117,12 @@ class PastModel:
         return next((int(r) for r in hits if self.words[r] == word), -1)
 
     def neighbours(self, row: int, k: int) -> list[Neighbour]:
-        """Exact top k by cosine over the stored int8 vectors, the word itself left out; ties by row."""
+        """Exact top k by cosine over the float16 vectors, the word itself left out; ties by row."""
         query = self.vector(row)
         scores = np.empty(self.n, dtype=np.float32)
         for start in range(0, self.n, _BLOCK):
-            scores[start:start + _BLOCK] = self.codes[start:start + _BLOCK].astype(np.float32) @ query
-        scores *= self.scale * self.inverse_norms
+            scores[start:start + _BLOCK] = self.unit[start:start + _BLOCK].astype(np.float32) @ query
+        scores *= self.inverse_norms
         scores[row] = -np.inf
         top = _top(scores, min(k, self.n - 1))
         return [Neighbour(self.words[r], round(float(scores[r]), 6)) for r in top.tolist()]
@@ -403,7 +392,7 @@ class WhatsNew:
     def nbytes(self) -> int:
         """What the history holds: the drift checkpoints' rows, the rising samples and the arrivals."""
         with self._lock:
-            past = sum(c.model.nbytes for c in self._checkpoints)
+            past = sum(c.model.unit.nbytes + c.model.inverse_norms.nbytes for c in self._checkpoints)
             return int(past + self._samples.nbytes() + sum(k.nbytes for _, k in self._arrivals))
 
     def history(self) -> dict[str, Any]:
