@@ -78,7 +78,7 @@ def test_the_image_has_no_compiler_no_pip_cache_and_runs_as_10001(engine, image)
 def test_every_module_and_the_int8_kernel_are_installed(engine, image):
     # the installed copy, not the repository: the list of modules it has, and the compiled kernel
     done = _run(engine, image, "-c", "import online, ps_bridge, pathlib; "
-                "from online.frontend import _int8_scan, int8_prefilter; print(int8_prefilter.SCAN); "
+                "from online.search import _int8_scan, int8_prefilter; print(int8_prefilter.SCAN); "
                 "[print(p.relative_to(pathlib.Path(m.__file__).parent.parent)) for m in (online, ps_bridge) "
                 "for p in pathlib.Path(m.__file__).parent.rglob('*.py')]", entrypoint="python")
     assert done.returncode == 0, done.stderr
