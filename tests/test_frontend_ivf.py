@@ -73,8 +73,13 @@ def check_layout(index: ModelIndex) -> None:
         assert sorted(ivf.list_tiles.tolist()) == list(range(ivf.n_tiles))
         owner = np.repeat(np.arange(ivf.lists), np.diff(ivf.list_ptr))
         assert np.array_equal(ivf.tile_list[ivf.list_tiles], owner)
-        free = np.bincount(ivf.tile_list[np.flatnonzero(slot_row < 0) // TILE_ROWS], minlength=ivf.lists)
+        free = np.bincount(ivf.tile_list[np.flatnonzero(slot_row == -1) // TILE_ROWS], minlength=ivf.lists)
         assert np.array_equal(free, ivf.free)
+    # a slot a row left (-2) is free again only once reclaimed: it is one the pool holds as retired or freed
+    left = np.flatnonzero(slot_row == -2)
+    pool = index.store.pool
+    held = np.concatenate([np.zeros(0, np.int64)] + [slots for _, _, slots in pool.retired] + pool.freed_slots)
+    assert np.isin(left, held).all()
 
 
 def recall(index: ModelIndex, rows: np.ndarray, k: int = 10) -> tuple[float, list[str]]:
@@ -351,15 +356,24 @@ def test_a_held_snapshot_or_array_is_never_written(monkeypatch):
 
     step(3)
     kept = holder.current                                  # a reader (an export) keeps this snapshot
-    frozen = {name: np.array(getattr(kept, name)) for name in ("unit", "norms", "counts", "codes", "code_scale",
-                                                                "slot_row", "row_slot", "keys")}
+    def seen(index):
+        """What a reader of ``index`` reads: its maps and rows, and the codes of the slots it files."""
+        out = {name: np.array(getattr(index, name)) for name in ("unit", "norms", "counts", "slot_row", "row_slot",
+                                                                  "keys")}
+        out["filed codes"] = code_matrix(index.codes, len(index.slot_row), index.dim)[index.row_slot]
+        out["filed scales"] = index.code_scale[index.row_slot]
+        return out
+
+    frozen, all_codes = seen(kept), kept.codes.copy()
     view = holder.current.row_phys                         # ... and someone keeps only an array of the next one
     step(4)
     view_copy, view_version = view.copy(), holder.current.version
     for version in range(5, 12):
         step(version)
-    for name, before in frozen.items():
-        assert np.array_equal(getattr(kept, name), before), name
+    for name, before in seen(kept).items():
+        assert np.array_equal(frozen[name], before), name
+    # the codes are held once: later syncs wrote into their array, in slots the kept snapshot files nowhere
+    assert not np.array_equal(kept.codes, all_codes)
     assert len(kept.words) == kept.n and kept.words[-1] == "n3"
     assert np.array_equal(view, view_copy), view_version
     assert holder.current.store.counters["pinned_copies"] >= 1
@@ -503,3 +517,62 @@ async def test_overload_is_answered_503_quickly_instead_of_queued():
     assert max(ok) < 3.0, sorted(ok)[-5:]
     assert max(t for t, _, _ in shed) < 3.0
     assert sum(stats["search"]["shed"].values()) == len(shed)
+
+
+def test_queries_during_syncs_answer_exactly_for_the_snapshot_they_read():
+    """The codes are held once and a sync writes into slots no published snapshot files, while queries
+    scan the same arrays from another thread: every answer must still be the exact top 10 of the rows
+    of the snapshot it was computed on (both the int8 pre-filter and the lists' re-rank)."""
+    import threading
+
+    vectors = clustered(12_000, 16, 40, seed=31)
+    holder = with_lists(vectors)
+    words = list(holder.current.words)
+    stop, problems, answered = threading.Event(), [], [0]
+
+    def reader():
+        rng = np.random.default_rng(32)
+        while not stop.is_set():
+            index = holder.current
+            unit, filed = index.unit, filed_codes(index)   # what this snapshot holds when the reader takes it
+            rows = rng.choice(index.n, 8, replace=False)
+            q, ex = unit[rows].copy(), [[int(r)] for r in rows]
+            for got, want_rows in zip(index.top_k(q, ex, [10] * 8), _brute(unit, q, rows)):
+                if [index.row(nb.word) for nb in got] != want_rows.tolist():
+                    problems.append((index.version, [nb.word for nb in got], want_rows.tolist()))
+            probed, _ = index.search(q, ex, [10] * 8, exact=False, floor=0.0)
+            for qi, got in zip(q, probed):                 # the lists' answer: exact scores of real rows
+                for nb in got:
+                    if abs(nb.score - float(unit[index.row(nb.word)] @ qi)) > 1e-5:
+                        problems.append((index.version, nb.word, nb.score))
+            time.sleep(0.005)                              # hold it across a sync or two, as a slow reader does
+            if not (np.array_equal(index.unit, unit) and np.array_equal(filed_codes(index), filed)):
+                problems.append((index.version, "written while read"))
+            answered[0] += 1
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    rng = np.random.default_rng(33)
+    try:
+        for version in range(2, 40):
+            rows = rng.choice(len(words), 1500, replace=False)
+            ws = [words[r] for r in rows]
+            holder.swap(holder.current.apply(ModelDelta(word_keys(ws), ws, clustered(1500, 16, 40, seed=version),
+                                                        np.ones(1500, np.int64), version)))
+    finally:
+        stop.set()
+        thread.join()
+    assert answered[0] >= 5 and problems == []
+    check_layout(holder.current)
+
+
+def _brute(unit, q, rows):
+    scores = q @ unit.T
+    scores[np.arange(len(rows)), rows] = -np.inf
+    return np.argsort(-scores, axis=1, kind="stable")[:, :10]
+
+
+def filed_codes(index):
+    """The codes and scales of the slots a snapshot files, in row order."""
+    return np.concatenate([code_matrix(index.codes, len(index.slot_row), index.dim)[index.row_slot],
+                           index.code_scale[index.row_slot].view(np.int8).reshape(index.n, -1)], axis=1)

@@ -104,20 +104,6 @@ def _quantise_rows(unit, rows, slots, codes, scale, error, csum):
 
 
 @njit(nogil=True, cache=True)
-def _clear_slots(slots, codes, scale, error, csum):
-    """Zero codes (an empty slot scores 0 and is skipped through ``slot_row``)."""
-    groups = codes.shape[1]
-    for slot in slots:
-        tile, sub, lane = slot >> 6, (slot >> 4) & 3, slot & 15
-        for g in range(groups):
-            for t in range(4):
-                codes[tile, g, sub, lane, t] = 0
-        scale[slot] = 0
-        error[slot] = 0
-        csum[slot] = 0
-
-
-@njit(nogil=True, cache=True)
 def _copy_words(src, dst, src_words, words):
     """``words[tile(b), :, sub(b), lane(b)] = src_words[...a...]`` for pairs (a, b) of slots: a
     slot's code is one int32 (4 dims) per group in the packed layout viewed as int32."""
@@ -502,7 +488,6 @@ def warm_up() -> None:
     unit = np.eye(3, dtype=np.float32)
     codes, scale, error, csum = quantise(unit)
     _dequantise(codes, scale, 0, 3, np.empty((3, 3), np.float32))
-    _clear_slots(np.zeros(0, np.int64), codes, scale, error, csum)
     _copy_slots(np.zeros(1, np.int64), np.ones(1, np.int64), codes, scale, error, csum, codes, scale, error, csum)
     _quantise_queries(unit, 1, np.empty((3, 4), np.uint8), *[np.empty(3, np.float32) for _ in range(4)])
     three = np.full(64, -1, np.int64)

@@ -155,7 +155,7 @@ def _take_free(targets, list_ptr, list_tiles, free, slot_row, rows, out):
             base = list_tiles[j] * 64
             found = -1
             for t in range(64):
-                if slot_row[base + t] < 0:
+                if slot_row[base + t] == -1:           # -2: left by a row, not free until reclaimed
                     found = base + t
                     break
             if found >= 0:
@@ -166,17 +166,19 @@ def _take_free(targets, list_ptr, list_tiles, free, slot_row, rows, out):
 
 
 def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.ndarray,
-          freed_lists: np.ndarray, cap_tiles: int) -> tuple[IvfLists, np.ndarray, np.ndarray]:
-    """Slots in lists ``targets`` for ``rows`` (new rows, and rows that move), marked in ``slot_row``
-    (the buffer being written); ``freed_lists`` gained one free slot each (rows that moved away).
+          freed_lists: np.ndarray, cap_tiles: int, drift: int | None = None) -> tuple[IvfLists, np.ndarray, np.ndarray]:
+    """Slots in lists ``targets`` for ``rows`` (every row a sync writes), marked in ``slot_row``
+    (the buffer being written); ``freed_lists`` gained one free slot each (slots reclaimed);
+    ``drift``: how many of the rows are new or changed list (default all).
     Returns the next lists, the slots, and the tiles taken from the spare ones."""
+    drift = len(rows) if drift is None else drift
     free = ivf.free.copy()
     np.add.at(free, freed_lists, 1)
     slots = np.empty(len(rows), np.int64)
     _take_free(targets, ivf.list_ptr, ivf.list_tiles, free, slot_row, rows, slots)
     full = np.flatnonzero(slots < 0)
     if not len(full):
-        return replace(ivf, free=free, drift=ivf.drift + len(rows)), slots, np.zeros(0, np.int64)
+        return replace(ivf, free=free, drift=ivf.drift + drift), slots, np.zeros(0, np.int64)
     by_list = np.argsort(targets[full], kind="stable")
     full = full[by_list]
     lists, first, counts = np.unique(targets[full], return_index=True, return_counts=True)
@@ -206,7 +208,7 @@ def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.nda
     list_tiles[new_pos] = new_tiles
     tile_list = np.concatenate([ivf.tile_list[:ivf.n_tiles], owner])
     return (replace(ivf, list_ptr=list_ptr, list_tiles=list_tiles, tile_list=tile_list, free=free,
-                    n_tiles=ivf.n_tiles + total, drift=ivf.drift + len(rows)), slots, new_tiles)
+                    n_tiles=ivf.n_tiles + total, drift=ivf.drift + drift), slots, new_tiles)
 
 
 def probe(ivf: IvfLists, queries: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:

@@ -185,9 +185,10 @@ class ModelIndex:
             self.row_slot, self.slot_row = buffer.row_slot[:n], buffer.slot_row[:slots]
             # int8 copy of unit in the kernel's packed layout, by slot (row order without an
             # inverted file, list by list with one); per slot: scale, |x - x_hat|, code sum
-            self.codes = buffer.codes[:self.n_tiles]
-            self.code_scale, self.code_error = buffer.scale[:slots], buffer.error[:slots]
-            self.code_sum, self.tile_err = buffer.csum[:slots], buffer.tile_err[:self.n_tiles]
+            cs = buffer.code_store            # one copy: a sync writes only slots this snapshot does not file
+            self.codes = cs.codes[:self.n_tiles]
+            self.code_scale, self.code_error = cs.scale[:slots], cs.error[:slots]
+            self.code_sum, self.tile_err = cs.csum[:slots], cs.tile_err[:self.n_tiles]
         self._dim = dim
         self.key_index, self.alpha = key_index, alpha
         self.ivf = ivf
@@ -405,10 +406,12 @@ class ModelIndex:
                + int(self.alpha.base_rows.nbytes + self.alpha.recent_rows.nbytes),
                "ivf_lists": 0, "words": 0}
         buffers = self.store.buffers if self.store is not None else []
+        if self.store is not None:
+            cs = self.store.codes
+            out["codes_int8"] = int(cs.codes.nbytes)
+            out["per_slot"] = int(cs.scale.nbytes + cs.error.nbytes + cs.csum.nbytes + cs.tile_err.nbytes)
         for b in buffers:
-            out["codes_int8"] += int(b.codes.nbytes)
-            out["per_slot"] += int(b.scale.nbytes + b.error.nbytes + b.csum.nbytes + b.slot_row.nbytes
-                                   + b.tile_err.nbytes)
+            out["per_slot"] += int(b.slot_row.nbytes)
             out["per_row_maps"] += int(b.row_phys.nbytes + b.row_slot.nbytes)
             out["norms"] += int(b.norms.nbytes)
         if buffers:

@@ -1,22 +1,25 @@
-"""The rows behind the snapshots: one copy of the float32 rows, two of everything small.
+"""The rows behind the snapshots: one copy of the rows and codes, two of the small maps.
 
 A ``ModelIndex`` must never change while anyone holds it (a query batch, an export that
 streams for a minute). Copy-on-write gives that, but copies the whole model per sync: at
 1M x 100 that is 400 MB of float32 plus 100 MB of int8 codes every 0.5 s (150 - 400 ms of
-the front end's core). Two kinds of storage avoid that:
+the front end's core). Keeping two copies and writing the one no reader holds avoids the
+copy but doubles the memory: 10 GB of a 10M-word front end's 19. So:
 
-- **The float32 unit rows live once, in a pool written out of place** (``UnitPool``). A sync
-  writes each changed row into a free physical row and points the row at it; the physical
-  row it left is *retired* with the sync's state, and is only reused once no snapshot older
-  than that state is alive. So a reader never sees a row change under it, and the rows cost
-  1x their size plus the rows retired in the last sync or two (a pinned snapshot, an export,
-  keeps what it reads; the pool grows meanwhile). Two copies of the rows were 8 GB of a 10M-word
-  front end's 19 GB.
-- **Everything else a snapshot reads is small and lives in two ``Buffer``s** per lineage of
-  snapshots (a ``Store``): per row the physical row, norm and code slot; per slot (tiles of 64,
-  the kernel's layout) the int8 code, scale, error, code sum and the row it holds (-1: empty);
-  per tile the largest error. The newest snapshot reads one buffer; the next sync writes the
-  *other* one, which only older snapshots read:
+- **The float32 unit rows and the int8 codes live once, written out of place.** A sync writes
+  each changed row into a free physical row of the pool (``UnitPool``) and its code into a free
+  slot (of its list, with an inverted file; else the slot of its physical row, ``CodeStore``),
+  and points the row at both. What the row left is *retired* with the sync's state: the old
+  slot reads -2 (filed nowhere, not free) in the maps of the newer snapshots, and the old
+  physical row and slot are reused only once no snapshot older than that state is alive. So a
+  reader never sees a row or a code it uses change, and the rows and codes cost 1x their size
+  plus what the last sync or two left (a pinned snapshot, an export, keeps what it reads, and
+  the pool and the lists lend new room meanwhile). A tile's largest error only grows, so it
+  stays a bound for every snapshot that reads the tile.
+- **The small maps live in two ``Buffer``s** per lineage of snapshots (a ``Store``): per row its
+  physical row, norm and code slot; per slot the row it holds (-1 empty, -2 left). The newest
+  snapshot reads one buffer; the next sync writes the *other* one, which only older snapshots
+  read:
 
   1. wait until nothing refers to the other buffer's arrays but the buffer itself. Every
      numpy view of an array holds a reference to it, so ``sys.getrefcount`` counts the
@@ -30,10 +33,12 @@ the front end's core). Two kinds of storage avoid that:
      the last sync wrote (``Change``), O(changed rows).
   3. write this sync's changes into it, publish the new snapshot on it.
 
-So no array anyone can still see is ever written. Counts are not in the buffers: they are
-small (8 bytes a row) and kept by reference as history (``whats_new``), so each snapshot that
-changes them gets its own array. Rows beyond a snapshot's ``n`` and tiles beyond its ``tiles``
-are spare capacity (``np.zeros``: untouched pages cost no memory).
+So no array element anyone can still read is ever written. New lists (an inverted file built
+in the background) get new code arrays, laid out for them; the old ones stay with the
+snapshots that read them. Counts are not in the buffers: they are small (8 bytes a row) and
+kept by reference as history (``whats_new``), so each snapshot that changes them gets its own
+array. Rows beyond a snapshot's ``n`` and tiles beyond its ``tiles`` are spare capacity
+(``np.zeros``: untouched pages cost no memory).
 """
 from __future__ import annotations
 
@@ -46,12 +51,11 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from online.search import int8_prefilter
 from online.search.int8_prefilter import TILE_ROWS
 
 PIN_WAIT = 0.5          # seconds the sync waits for the other buffer's last reader before it copies instead
 GROWTH = 1.5            # capacity factor when rows or tiles run out
-ARRAYS = ("row_phys", "norms", "row_slot", "codes", "scale", "error", "csum", "slot_row", "tile_err")
+ARRAYS = ("row_phys", "norms", "row_slot", "slot_row")
 CHUNK_BYTES = 4 << 20   # a numpy call that holds the GIL moves at most this much (the event loop waits meanwhile)
 
 
@@ -95,23 +99,57 @@ def copy_fill(out: np.ndarray, value) -> None:
         time.sleep(0)
 
 
-class Buffer:
-    """One physical copy of the rows and codes (see the module docstring)."""
+class CodeStore:
+    """The int8 codes by slot (tiles of 64, the kernel's layout), once per lineage: per slot the
+    code, scale, error and code sum, per tile the largest error. A sync writes codes only into
+    slots that no live snapshot files (see the module docstring), so these arrays need no second
+    copy. A tile's largest error only grows between layouts, which keeps it a bound for every
+    snapshot that reads the tile."""
 
-    def __init__(self, cap_rows: int, cap_tiles: int, dim: int):
+    def __init__(self, cap_tiles: int, dim: int):
         groups = -(-dim // 4) if dim else 1
         slots = cap_tiles * TILE_ROWS
-        self.dim = dim
-        self.row_phys = filled(cap_rows, -1, np.int64)   # each row's place in the pool's array
-        self.pool_array: np.ndarray | None = None        # the pool's array as of this buffer's last write
-        self.norms = np.zeros(cap_rows, np.float32)
-        self.row_slot = filled(cap_rows, -1, np.int64)
         self.codes = np.zeros((cap_tiles, groups, 4, 16, 4), np.int8)
         self.scale = np.zeros(slots, np.float32)
         self.error = np.zeros(slots, np.float32)
         self.csum = np.zeros(slots, np.int32)
-        self.slot_row = filled(slots, -1, np.int64)
         self.tile_err = np.zeros(cap_tiles, np.float32)
+
+    @property
+    def cap_tiles(self) -> int:
+        return len(self.tile_err)
+
+    @property
+    def code_arrays(self):
+        return self.codes, self.scale, self.error, self.csum
+
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scale.nbytes + self.error.nbytes + self.csum.nbytes
+                   + self.tile_err.nbytes)
+
+    def grown(self, cap_tiles: int, n_tiles: int) -> "CodeStore":
+        """A larger copy (its first ``n_tiles`` tiles); published snapshots keep reading this one."""
+        out = CodeStore(cap_tiles, self.codes.shape[1] * 4)
+        s = n_tiles * TILE_ROWS
+        copy_prefix(out.codes, self.codes, n_tiles)
+        for name in ("scale", "error", "csum"):
+            copy_prefix(getattr(out, name), getattr(self, name), s)
+        copy_prefix(out.tile_err, self.tile_err, n_tiles)
+        return out
+
+
+class Buffer:
+    """One copy of the small per-row and per-slot maps (see the module docstring)."""
+
+    def __init__(self, cap_rows: int, cap_tiles: int, dim: int):
+        slots = cap_tiles * TILE_ROWS
+        self.dim = dim
+        self.row_phys = filled(cap_rows, -1, np.int64)   # each row's place in the pool's array
+        self.pool_array: np.ndarray | None = None        # the pool's array as of this buffer's last write
+        self.code_store: CodeStore | None = None         # the codes as of this buffer's last write
+        self.norms = np.zeros(cap_rows, np.float32)
+        self.row_slot = filled(cap_rows, -1, np.int64)
+        self.slot_row = filled(slots, -1, np.int64)      # -1 empty, -2 left by a row (not free yet)
         self.state = 0                  # which write of its store it holds (Store.seq; 0: none yet)
         self.used_tiles = 0             # tiles that may hold data (what a full copy has to clear beyond)
 
@@ -121,11 +159,7 @@ class Buffer:
 
     @property
     def cap_tiles(self) -> int:
-        return len(self.tile_err)
-
-    @property
-    def code_arrays(self):
-        return self.codes, self.scale, self.error, self.csum
+        return len(self.slot_row) // TILE_ROWS
 
     def nbytes(self) -> int:
         return sum(getattr(self, name).nbytes for name in ARRAYS)
@@ -141,11 +175,8 @@ class Buffer:
         s = n_tiles * TILE_ROWS
         for name in ("row_phys", "norms", "row_slot"):
             copy_prefix(getattr(self, name), getattr(src, name), n_rows)
-        self.pool_array = src.pool_array
-        for name in ("scale", "error", "csum", "slot_row"):
-            copy_prefix(getattr(self, name), getattr(src, name), s)
-        copy_prefix(self.codes, src.codes, n_tiles)
-        copy_prefix(self.tile_err, src.tile_err, n_tiles)
+        self.pool_array, self.code_store = src.pool_array, src.code_store
+        copy_prefix(self.slot_row, src.slot_row, s)
         self.clear_tiles(np.arange(n_tiles, min(self.cap_tiles, max(n_tiles, self.used_tiles)), dtype=np.int64))
         self.used_tiles = n_tiles
         self.state = src.state
@@ -157,25 +188,16 @@ class Buffer:
             scatter(self.norms, rows, src.norms, rows)
             scatter(self.row_slot, rows, src.row_slot, rows)
         if len(slots):
-            int8_prefilter._copy_slots(slots, slots, src.codes, src.scale, src.error, src.csum, *self.code_arrays)
             scatter(self.slot_row, slots, src.slot_row, slots)
-        if len(tiles):
-            scatter(self.tile_err, tiles, src.tile_err, tiles)
         self.used_tiles = max(self.used_tiles, change.n_tiles)
         self.state = change.to_state
-        self.pool_array = src.pool_array
+        self.pool_array, self.code_store = src.pool_array, src.code_store
 
     def clear_tiles(self, tiles: np.ndarray) -> None:
-        """Empty whole tiles (codes, per-slot arrays, tile error)."""
+        """Empty whole tiles of the slot map (their codes need no clearing: an empty slot is not read)."""
         for lo in range(0, len(tiles), 256):             # in pieces: numpy holds the GIL
             part = tiles[lo:lo + 256]
-            self.codes[part] = 0
-            slots = (part[:, None] * TILE_ROWS + np.arange(TILE_ROWS)).ravel()
-            self.scale[slots] = 0
-            self.error[slots] = 0
-            self.csum[slots] = 0
-            self.slot_row[slots] = -1
-            self.tile_err[part] = 0
+            self.slot_row[(part[:, None] * TILE_ROWS + np.arange(TILE_ROWS)).ravel()] = -1
             time.sleep(0)
 
 
@@ -193,7 +215,10 @@ class UnitPool:
         self.array = np.zeros((cap, dim), np.float32)
         self.free = np.arange(cap - 1, used - 1, -1, dtype=np.int64)   # a stack: the lowest rows first
         self.n_free = cap - used
-        self.retired: list[tuple[int, np.ndarray]] = []
+        self.high = used                             # rows below this have been written at some time
+        # (state, physical rows, the code slots they held): what a write left, free once no snapshot reads it
+        self.retired: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.freed_slots: list[np.ndarray] = []      # slots reclaimed, for the next write to mark empty
         self.counters = {"grown": 0, "retired_rows": 0}
 
     @property
@@ -201,27 +226,46 @@ class UnitPool:
         return len(self.array)
 
     def take(self, k: int) -> np.ndarray:
+        self.reserve(k)
+        self.n_free -= k
+        out = self.free[self.n_free:self.n_free + k][::-1].copy()
+        if len(out):
+            self.high = max(self.high, int(out.max()) + 1)
+        return out
+
+    def reserve(self, k: int) -> None:
+        """Make sure ``k`` rows can be taken without growing later (the caller sizes by ``cap``)."""
         if k > self.n_free:
             self._grow(k)
-        self.n_free -= k
-        return self.free[self.n_free:self.n_free + k][::-1].copy()
 
-    def retire(self, state: int, phys: np.ndarray) -> None:
-        if len(phys):
-            self.retired.append((state, np.asarray(phys, np.int64)))
+    def retire(self, state: int, phys: np.ndarray, slots: np.ndarray) -> None:
+        if len(phys) or len(slots):
+            self.retired.append((state, np.asarray(phys, np.int64), np.asarray(slots, np.int64)))
             self.counters["retired_rows"] += len(phys)
 
     def retired_rows(self) -> int:
-        return sum(len(p) for _, p in self.retired)
+        return sum(len(p) for _, p, _ in self.retired)
 
     def reclaim(self, oldest_live_state: int) -> None:
         keep = []
-        for state, phys in self.retired:
+        for state, phys, slots in self.retired:
             if state <= oldest_live_state:
                 self._give_back(phys)
+                if len(slots):
+                    self.freed_slots.append(slots)
             else:
-                keep.append((state, phys))
+                keep.append((state, phys, slots))
         self.retired = keep
+
+    def take_freed_slots(self) -> np.ndarray:
+        out = np.concatenate(self.freed_slots) if self.freed_slots else np.zeros(0, np.int64)
+        self.freed_slots = []
+        return out
+
+    def forget_slots(self) -> None:
+        """A new layout of the codes: the slots of the old one mean nothing in it."""
+        self.retired = [(state, phys, np.zeros(0, np.int64)) for state, phys, _ in self.retired]
+        self.freed_slots = []
 
     def _give_back(self, phys: np.ndarray) -> None:
         if self.n_free + len(phys) > len(self.free):
@@ -263,10 +307,11 @@ class Store:
     share, the last ``Change``, and the inverted file's hand-over (``pending_ivf``, ``watch``)."""
 
     def __init__(self, config, dim: int, keys_all: np.ndarray, words_all: list[str], buffer: Buffer,
-                 pool: UnitPool):
+                 pool: UnitPool, codes: CodeStore):
         self.config = config
         self.dim = dim
         self.pool = pool
+        self.codes = codes
         self.left: list[tuple[weakref.ref, int]] = []   # buffers given up while still read, and their state
         self.keys_all = keys_all              # append-only; a snapshot reads its first n entries
         self.words_all = words_all
@@ -290,6 +335,8 @@ class Store:
             cap_tiles = max(need_tiles, int(src.cap_tiles * GROWTH), -(-cap_rows // TILE_ROWS) + 16)
             target = Buffer(cap_rows, cap_tiles, self.dim)
             target.copy_used(src, n_rows, n_tiles)
+            if cap_tiles > self.codes.cap_tiles:
+                self.codes = self.codes.grown(cap_tiles, max(n_tiles, src.used_tiles))
             self._leave(self.buffers)         # the old pair stays with the snapshots that read it
             self.buffers = [target]
             self.counters["grown"] += 1
@@ -336,7 +383,7 @@ class Store:
         return self.seq
 
     def nbytes(self) -> int:
-        return sum(b.nbytes() for b in self.buffers) + self.keys_all.nbytes + self.pool.nbytes()
+        return sum(b.nbytes() for b in self.buffers) + self.keys_all.nbytes + self.pool.nbytes() + self.codes.nbytes()
 
     # ------------------------------------------------------------- key/words
     def append_rows(self, n: int, keys: np.ndarray, words: list[str]) -> tuple[np.ndarray, list[str]]:

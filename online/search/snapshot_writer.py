@@ -32,7 +32,7 @@ import numpy as np
 from online.search import int8_prefilter
 from online.search import ivf as ivf_lists
 from online.search.int8_prefilter import TILE_ROWS
-from online.search.row_store import Buffer, Change, Store, UnitPool, copy_prefix, scatter, scatter_rows
+from online.search.row_store import Buffer, Change, CodeStore, Store, UnitPool, copy_prefix, scatter, scatter_rows
 from online.search.delta import ModelDelta, ModelDeltaError
 from online.search.word_lookup import AlphaIndex, KeyIndex
 
@@ -154,17 +154,18 @@ def build(snapshot_type: type, config, version: int, keys: np.ndarray, words: li
     else:
         copy_prefix(pool.array, unit, n)
         buffer.norms[:n] = norms
+    codes = CodeStore(cap_tiles, dim)
     all_rows = np.arange(n, dtype=np.int64)
     copy_prefix(buffer.row_phys, all_rows, n)
-    buffer.pool_array = pool.array
+    buffer.pool_array, buffer.code_store = pool.array, codes
     copy_prefix(buffer.row_slot, slot_of_row, n)
     scatter(buffer.slot_row, slot_of_row, all_rows, all_rows)
-    int8_prefilter.quantise(pool.array, all_rows, buffer.code_arrays, slot_of_row)
-    buffer.tile_err[:n_tiles] = int8_prefilter.tile_error(buffer.error[:n_tiles * TILE_ROWS])
+    int8_prefilter.quantise(pool.array, all_rows, codes.code_arrays, slot_of_row)
+    codes.tile_err[:n_tiles] = int8_prefilter.tile_error(codes.error[:n_tiles * TILE_ROWS])
     buffer.used_tiles = n_tiles
     keys_all = np.zeros(cap_rows, np.uint64)
     keys_all[:n] = keys
-    store = Store(config, dim, keys_all, list(words), buffer, pool)
+    store = Store(config, dim, keys_all, list(words), buffer, pool, codes)
     buffer.state = store.next_state()
     snapshot = snapshot_type(version, store, buffer, n, n_tiles, keys_all, store.words_all,
                           np.array(counts, dtype=np.int64), KeyIndex.build(keys), AlphaIndex.build(words), ivf,
@@ -224,18 +225,21 @@ class _Install:
                                       len(list_tiles), pending.version, len(pending.assign),
                                       build_seconds=pending.seconds)
 
-    def lay_out(self, target: Buffer, src: Buffer, n: int) -> None:
-        """``target`` := the rows of ``src`` with their codes moved to the new slots."""
+    def lay_out(self, store: Store, target: Buffer, src: Buffer, n: int) -> None:
+        """``target`` := the rows of ``src`` with their codes copied to the new slots, in new code
+        arrays (the old ones stay with the snapshots that read them)."""
         t = self.ivf.n_tiles
+        codes = CodeStore(target.cap_tiles, store.dim)
         target.clear_tiles(np.arange(max(target.used_tiles, t), dtype=np.int64))
         old = src.row_slot[:n]
-        int8_prefilter._copy_slots(old, self.slot_of_row, src.codes, src.scale, src.error, src.csum,
-                                   *target.code_arrays)
+        int8_prefilter._copy_slots(old, self.slot_of_row, *src.code_store.code_arrays, *codes.code_arrays)
         copy_prefix(target.row_slot, self.slot_of_row, n)
         all_rows = np.arange(n, dtype=np.int64)
         scatter(target.slot_row, self.slot_of_row, all_rows, all_rows)
-        target.tile_err[:t] = int8_prefilter.tile_error(target.error[:t * TILE_ROWS])
+        codes.tile_err[:t] = int8_prefilter.tile_error(codes.error[:t * TILE_ROWS])
         target.used_tiles = t
+        store.codes, target.code_store = codes, codes
+        store.pool.forget_slots()
 
 
 def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, version, pending) -> ModelIndex:
@@ -261,48 +265,45 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         far = old[ivf_lists.moved_far(unit_rows, old, src.pool_array, src.row_phys[rows[old]], ivf_lists.FAR_COSINE)]
         targets[far] = ivf_lists.nearest(unit_rows[far], ivf.centroids)
         targets[fresh] = ivf_lists.nearest(unit_rows[fresh], ivf.centroids)
-        moving = targets[old] != current
-        moves, freed = old[moving], current[moving]
-        inserts = np.concatenate([moves, fresh])
-        need_tiles = ivf.n_tiles + len(np.unique(targets[inserts])) + -(-len(inserts) // TILE_ROWS)
+        placed_since_build = int((targets[old] != current).sum()) + len(fresh)   # moves and new rows
+        # every changed row takes a free slot: its old one stays readable by older snapshots
+        need_tiles = ivf.n_tiles + len(np.unique(targets)) + -(-len(rows) // TILE_ROWS)
     else:
-        need_tiles = -(-n // TILE_ROWS)
+        store.pool.reserve(len(rows))      # slot = physical row: all of them within the tiles sized here
+        need_tiles = -(-store.pool.cap // TILE_ROWS)
     target = store.writable(src, n_old, index.n_tiles, n, need_tiles)
     target.state = -1                      # half-written until the end: a failure leaves it to a full copy
     state = store.next_state()
     if install is not None:
-        install.lay_out(target, src, n_old)
+        install.lay_out(store, target, src, n_old)
     order = np.arange(len(rows), dtype=np.int64)
-    # out of place: new physical rows; the ones left stay readable by older snapshots until reclaimed
-    pool = store.pool
+    # Out of place: new physical rows and code slots. The ones left stay readable by older snapshots
+    # (slot -2 here: filed nowhere, not free) until no snapshot reads them; then they are free again.
+    pool, codes = store.pool, store.codes
     left = target.row_phys[rows[old]]
+    left_slots = target.row_slot[rows[old]]
+    freed = pool.take_freed_slots()
+    target.slot_row[freed] = -1
+    target.slot_row[left_slots] = -2
     phys = pool.take(len(rows))
     scatter_rows(pool.array, phys, unit_rows, order)
     scatter(target.row_phys, rows, phys, order)
-    target.pool_array = pool.array
-    pool.retire(state, left)
+    target.pool_array, target.code_store = pool.array, codes
     scatter(target.norms, rows, norm_rows, order)
-    cleared = np.zeros(0, np.int64)
     new_tiles = np.zeros(0, np.int64)
     if ivf is None:
-        slots = rows
-        target.row_slot[rows[fresh]] = rows[fresh]
-        target.slot_row[rows[fresh]] = rows[fresh]
-        n_tiles = -(-n // TILE_ROWS)
+        slots = phys                       # without lists a row's code sits in its physical row's slot
+        n_tiles = -(-pool.high // TILE_ROWS)
     else:
-        slots = np.empty(len(rows), np.int64)
-        slots[old] = target.row_slot[rows[old]]
-        cleared = slots[moves]
-        target.slot_row[cleared] = -1
-        int8_prefilter._clear_slots(cleared, *target.code_arrays)
-        ivf, placed, new_tiles = ivf_lists.place(ivf, targets[inserts], rows[inserts], target.slot_row, freed,
-                                                 target.cap_tiles)
-        slots[inserts] = placed
-        target.row_slot[rows[inserts]] = placed
+        ivf, slots, new_tiles = ivf_lists.place(ivf, targets, rows, target.slot_row, ivf.list_of_slots(freed),
+                                                target.cap_tiles, placed_since_build)
         n_tiles = ivf.n_tiles
-    int8_prefilter.quantise(pool.array, phys, target.code_arrays, slots)
-    np.maximum.at(target.tile_err, slots // TILE_ROWS, target.error[slots])
-    touched = np.concatenate([slots, cleared])
+    target.row_slot[rows] = slots
+    target.slot_row[slots] = rows
+    int8_prefilter.quantise(pool.array, phys, codes.code_arrays, slots)
+    np.maximum.at(codes.tile_err, slots // TILE_ROWS, codes.error[slots])
+    pool.retire(state, left, left_slots)
+    touched = np.concatenate([slots, left_slots, freed])
     change = Change(src.state, state, rows, touched,
                     np.union1d(touched // TILE_ROWS, new_tiles), n, n_tiles, everything=install is not None)
     # the shared key and word arrays, the lookups, the counts
