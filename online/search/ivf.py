@@ -144,14 +144,28 @@ def plan_layout(assign: np.ndarray, lists: int) -> tuple[np.ndarray, np.ndarray,
 
 
 @njit(nogil=True, cache=True)
-def _take_free(targets, list_ptr, list_tiles, free, slot_row, rows, out):
-    """A free slot of list ``targets[i]`` for row ``rows[i]`` (marked taken), or -1 if it has none."""
+def _take_free(targets, list_ptr, list_tiles, free, slot_row, rows, freed, freed_ptr, out):
+    """A free slot of list ``targets[i]`` for row ``rows[i]`` (marked taken), or -1 if it has none.
+    The slots reclaimed for this write (``freed``, grouped by list: ``freed_ptr``) are taken first:
+    in steady state a sync takes about as many slots per list as an earlier one left, so the scan
+    of a list's tiles (last first: that is where the gaps are) is the exception."""
+    nxt = freed_ptr[:-1].copy()
     for i in range(len(targets)):
         lst = targets[i]
         out[i] = -1
         if free[lst] <= 0:
             continue
-        for j in range(list_ptr[lst + 1] - 1, list_ptr[lst] - 1, -1):    # last tiles first: that is where the gaps are
+        while nxt[lst] < freed_ptr[lst + 1]:
+            s = freed[nxt[lst]]
+            nxt[lst] += 1
+            if slot_row[s] == -1:
+                slot_row[s] = rows[i]
+                free[lst] -= 1
+                out[i] = s
+                break
+        if out[i] >= 0:
+            continue
+        for j in range(list_ptr[lst + 1] - 1, list_ptr[lst] - 1, -1):
             base = list_tiles[j] * 64
             found = -1
             for t in range(64):
@@ -165,17 +179,23 @@ def _take_free(targets, list_ptr, list_tiles, free, slot_row, rows, out):
                 break
 
 
-def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.ndarray,
-          freed_lists: np.ndarray, cap_tiles: int, drift: int | None = None) -> tuple[IvfLists, np.ndarray, np.ndarray]:
+def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.ndarray, freed_slots: np.ndarray,
+          cap_tiles: int, drift: int | None = None) -> tuple[IvfLists, np.ndarray, np.ndarray]:
     """Slots in lists ``targets`` for ``rows`` (every row a sync writes), marked in ``slot_row``
-    (the buffer being written); ``freed_lists`` gained one free slot each (slots reclaimed);
+    (the buffer being written); ``freed_slots`` are free again (reclaimed), one more in each one's list;
     ``drift``: how many of the rows are new or changed list (default all).
     Returns the next lists, the slots, and the tiles taken from the spare ones."""
     drift = len(rows) if drift is None else drift
+    freed_slots = np.asarray(freed_slots, np.int64)
+    freed_lists = ivf.list_of_slots(freed_slots)
     free = ivf.free.copy()
     np.add.at(free, freed_lists, 1)
     slots = np.empty(len(rows), np.int64)
-    _take_free(targets, ivf.list_ptr, ivf.list_tiles, free, slot_row, rows, slots)
+    by_list = np.argsort(freed_lists, kind="stable")
+    freed_ptr = np.zeros(ivf.lists + 1, np.int64)
+    np.cumsum(np.bincount(freed_lists, minlength=ivf.lists), out=freed_ptr[1:])
+    _take_free(targets, ivf.list_ptr, ivf.list_tiles, free, slot_row, rows,
+               np.ascontiguousarray(freed_slots[by_list], dtype=np.int64), freed_ptr, slots)
     full = np.flatnonzero(slots < 0)
     if not len(full):
         return replace(ivf, free=free, drift=ivf.drift + drift), slots, np.zeros(0, np.int64)

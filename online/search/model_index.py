@@ -145,7 +145,7 @@ def warm_up() -> None:
                            rows[:1])
     ivf_lists._take_free(np.zeros(1, np.int64), np.array([0, 1], np.int64), np.zeros(1, np.int64),
                          np.zeros(1, np.int64), np.full(64, -1, np.int64), np.zeros(1, np.int64),
-                         np.empty(1, np.int64))
+                         np.zeros(0, np.int64), np.zeros(2, np.int64), np.empty(1, np.int64))
 
 
 class ModelIndex:

@@ -295,8 +295,8 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         slots = phys                       # without lists a row's code sits in its physical row's slot
         n_tiles = -(-pool.high // TILE_ROWS)
     else:
-        ivf, slots, new_tiles = ivf_lists.place(ivf, targets, rows, target.slot_row, ivf.list_of_slots(freed),
-                                                target.cap_tiles, placed_since_build)
+        ivf, slots, new_tiles = ivf_lists.place(ivf, targets, rows, target.slot_row, freed, target.cap_tiles,
+                                                placed_since_build)
         n_tiles = ivf.n_tiles
     target.row_slot[rows] = slots
     target.slot_row[slots] = rows
