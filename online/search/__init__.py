@@ -1,8 +1,9 @@
 """The search index: the model as queries read it, and the kernels that search it.
 
 Owns the immutable snapshots queries read (``model_index``) and how the next one is built
-from a source's delta (``delta``, ``snapshot_writer``), the rows behind them in two buffers so
-a sync costs O(changed rows) (``row_store``), the exact int8-then-float32 scan and its C
+from a source's delta (``delta``, ``snapshot_writer``), the rows and int8 codes behind them,
+held once and written out of place so that a sync costs O(changed rows) and no reader sees a
+row change (``row_store``), the exact int8-then-float32 scan and its C
 kernel (``int8_prefilter``, ``int8_scan.c``), the inverted file and its background build
 and recall monitor (``ivf``, ``ivf_build``), and finding words by key and by prefix
 (``word_lookup``).

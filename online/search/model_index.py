@@ -3,9 +3,10 @@
 A ``ModelIndex`` never changes once built. ``apply(delta)`` (``snapshot_writer``) builds
 the next snapshot in the sync thread and ``ModelHolder.swap`` publishes it with a single
 reference assignment, so a query, which reads ``holder.current`` once and uses only that
-object, sees version v or version v+1 and never half of a sync. The rows live in two
-buffers per lineage (``row_store``): the next snapshot is written into the buffer no one
-refers to any more, so a sync costs O(changed rows), not a copy of the model.
+object, sees version v or version v+1 and never half of a sync. The rows and codes live once
+per lineage, written out of place, and the small maps in two buffers (``row_store``): a sync
+writes only what no published snapshot reads, so it costs O(changed rows), not a copy of the
+model, and the model is held once.
 
 Search. ``top_k`` is exact: cosine similarity against the unit rows, an int8 copy scored
 first (``int8_prefilter``; AVX-512 VNNI or AVX2 kernel) and only rows that can still make
