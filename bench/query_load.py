@@ -409,7 +409,8 @@ def run_size(args, n: int, empty_url: str) -> dict:
     """One vocabulary size: a fresh front end, its figures, its load runs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEVEC_", "DMLC_"))}
     env.update({k: v for k, v in os.environ.items() if k.startswith(("LIVEVEC_SEARCH", "LIVEVEC_IVF_",
-                                                                       "LIVEVEC_QUERY_"))})
+                                                                       "LIVEVEC_QUERY_", "LIVEVEC_DRIFT_",
+                                                                       "LIVEVEC_RISING_"))})
     env.update({"LIVEVEC_SYNTHETIC_WORDS": str(n), "LIVEVEC_DIM": str(args.dim),
                 "LIVEVEC_SYNTHETIC_UPDATES": str(args.updates), "LIVEVEC_SYNTHETIC_NEW_WORDS": "2",
                 "LIVEVEC_LOG_LEVEL": "WARNING"})
