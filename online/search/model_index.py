@@ -366,7 +366,8 @@ class ModelIndex:
                 self.row_slot,
                 self.n_tiles * int8_prefilter.TILE_ROWS)
         else:
-            scores = queries @ self.unit.T                   # [b, n], one BLAS call (small models, no int8 kernel)
+            # [b, n] in one BLAS call against the pool (small models, no int8 kernel), not a gathered copy of the rows
+            scores = np.ascontiguousarray(self.scores_against(queries.T).T)
             top = np.empty((b, kk), dtype=np.int64)
             top_scores = np.empty((b, kk), dtype=np.float32)
             _select_top_k(scores, ptr, flat, kk, top, top_scores)
@@ -399,24 +400,21 @@ class ModelIndex:
         """Bytes this snapshot's lineage holds, by structure (``/v1/stats`` ``search.memory``). Capacities,
         not pages touched: spare rows and tiles of ``np.zeros`` arrays cost no memory until written.
         The words' Python strings are estimated from a sample of 1,000 (one ``sys.getsizeof`` each)."""
-        out = {"rows_float32": int(self._pool.nbytes), "norms": int(self.norms.nbytes), "codes_int8": 0,
+        out = {"rows_float32": int(self._pool.nbytes), "norms": 0, "codes_int8": 0,
                "per_slot": 0, "per_row_maps": 0, "keys": int(self.keys.nbytes), "counts": int(self.counts.nbytes),
                "key_index": sum(int(a.nbytes) for a in (self.key_index.base_keys, self.key_index.base_rows,
                                                          self.key_index.recent_keys, self.key_index.recent_rows)),
                "alpha_index": 8 * (len(self.alpha.base_words) + len(self.alpha.recent_words))
                + int(self.alpha.base_rows.nbytes + self.alpha.recent_rows.nbytes),
                "ivf_lists": 0, "words": 0}
-        buffers = self.store.buffers if self.store is not None else []
         if self.store is not None:
             cs = self.store.codes
             out["codes_int8"] = int(cs.codes.nbytes)
             out["per_slot"] = int(cs.scale.nbytes + cs.error.nbytes + cs.csum.nbytes + cs.tile_err.nbytes)
-        for b in buffers:
-            out["per_slot"] += int(b.slot_row.nbytes)
-            out["per_row_maps"] += int(b.row_phys.nbytes + b.row_slot.nbytes)
-            out["norms"] += int(b.norms.nbytes)
-        if buffers:
-            out["norms"] -= int(self.norms.nbytes)            # the snapshot's norms are a view of a buffer's
+            for b in self.store.buffers:
+                out["per_slot"] += int(b.slot_row.nbytes)
+                out["per_row_maps"] += int(b.row_phys.nbytes + b.row_slot.nbytes)
+                out["norms"] += int(b.norms.nbytes)
         if self.ivf is not None:
             out["ivf_lists"] = sum(int(getattr(self.ivf, f).nbytes) for f in
                                    ("centroids", "neighbours", "list_ptr", "list_tiles", "tile_list", "free"))
