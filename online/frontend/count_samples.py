@@ -96,10 +96,9 @@ class CountSamples:
         m = min(len(newest), len(current))
         since_newest = np.flatnonzero(newest[:m] != current[:m])
         since_newest = since_newest[newest[since_newest] >= 0]
-        parts_rows = [rows for _, _, rows, _ in list(self._older)[j:]] + [since_newest]
-        parts_counts = [counts for _, _, _, counts in list(self._older)[j:]] + [newest[since_newest]]
-        rows = np.concatenate(parts_rows) if parts_rows else np.zeros(0, np.int64)
-        counts = np.concatenate(parts_counts).astype(np.int64) if parts_counts else np.zeros(0, np.int64)
+        later = list(self._older)[j:]
+        rows = np.concatenate([rows for _, _, rows, _ in later] + [since_newest])
+        counts = np.concatenate([counts for _, _, _, counts in later] + [newest[since_newest]]).astype(np.int64)
         rows, first = np.unique(rows, return_index=True)   # the first listing is the count at sample j
         counts = counts[first]
         if j < len(self._older):
@@ -108,11 +107,10 @@ class CountSamples:
             t_then, present = t_newest, _present_of(newest)
         inside = rows < len(current)
         rows, counts = rows[inside], counts[inside]
+        mask = np.zeros(len(current), bool)
         if isinstance(present, np.ndarray):
-            mask = np.zeros(len(current), bool)
             mask[:min(len(present), len(current))] = present[:len(current)]
         else:
-            mask = np.zeros(len(current), bool)
             mask[:min(present, len(current))] = True
         keep = mask[rows]
         rows, counts = rows[keep], counts[keep]

@@ -24,7 +24,6 @@ import math
 import operator
 import time
 import weakref
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -293,13 +292,13 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     new_tiles = np.zeros(0, np.int64)
     if ivf is None:
         slots = phys                       # without lists a row's code sits in its physical row's slot
+        target.slot_row[slots] = rows      # (with lists, ``place`` marks the slots it hands out)
         n_tiles = -(-pool.high // TILE_ROWS)
     else:
         ivf, slots, new_tiles = ivf_lists.place(ivf, targets, rows, target.slot_row, freed, target.cap_tiles,
                                                 placed_since_build)
         n_tiles = ivf.n_tiles
     target.row_slot[rows] = slots
-    target.slot_row[slots] = rows
     int8_prefilter.quantise(pool.array, phys, codes.code_arrays, slots)
     np.maximum.at(codes.tile_err, slots // TILE_ROWS, codes.error[slots])
     pool.retire(state, left, left_slots)
