@@ -44,12 +44,21 @@ def _cli(*args):
 
 
 class Producer(threading.Thread):
-    """Produces the planted corpus in records of a few lines, at a steady rate; remembers what it sent."""
+    """Produces the planted corpus in records of a few lines, at a steady rate; remembers what it sent.
 
-    def __init__(self, bootstrap: str, topic: str, lines: list[str], rate: float):
+    With ``reserve``, the last ``reserve`` records trickle out at ``reserve_rate`` until ``release`` is set: a test
+    whose faults take longer than planned (a loaded machine) still has records flowing when it needs a worker
+    holding fresh work, instead of finding the stream already drained."""
+
+    def __init__(self, bootstrap: str, topic: str, lines: list[str], rate: float, reserve: int = 0,
+                 reserve_rate: float = 2.0):
         super().__init__(name="test-producer", daemon=True)
         self.bootstrap, self.topic, self.rate = bootstrap, topic, rate
         self.records = ["\n".join(lines[i:i + LINES_PER_RECORD]) for i in range(0, len(lines), LINES_PER_RECORD)]
+        self.reserve, self.reserve_rate = reserve, reserve_rate
+        self.release = threading.Event()
+        if not reserve:
+            self.release.set()
         self.sent = 0
         self.error: BaseException | None = None
 
@@ -66,9 +75,14 @@ class Producer(threading.Thread):
         await producer.start()
         try:
             t0 = time.monotonic()
+            trickle = len(self.records) - self.reserve
             for i, record in enumerate(self.records):
                 await producer.send_and_wait(self.topic, record.encode(), partition=i % 4)
                 self.sent = i + 1
+                if self.sent >= trickle and not self.release.is_set():
+                    await asyncio.sleep(1.0 / self.reserve_rate)
+                    t0 = time.monotonic() - (i + 1) / self.rate   # once released, on at the full rate
+                    continue
                 delay = t0 + (i + 1) / self.rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -165,7 +179,8 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
     so a sync of either sends what both trained, and the one killed leaves its unsynced work in it."""
     topic = kafka_topic(partitions=4, prefix="ckpt")
     lines = generate_lines(4800, seed=7)
-    producer = Producer(kafka_bootstrap, topic, lines, rate=30.0)     # 1200 records over ~40 s
+    # 1200 records over ~40 s; the last 150 trickle until the faults are done, so each worker killed holds work
+    producer = Producer(kafka_bootstrap, topic, lines, rate=30.0, reserve=150)
     tokens_expected = sum(len(s) for s in Tokenizer("text8").sentences_of(producer.records))
     env = {"PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "3", "LIVEVEC_CHECKPOINT_INTERVAL": "2",
            "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3", "LIVEVEC_KAFKA_BATCH_RECORDS": "15",
@@ -233,6 +248,7 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
                 shard_file.write_bytes(bytes(data))
             wait_until(lambda: recovered_after(t_kill, epochs), 90, interval=0.25,
                        message=f"recovery from killing {app}#{index}")
+        producer.release.set()
 
         log = (tmp_path / "run" / "logs" / "livevec-scheduler-0.log").read_text()
         assert f"event=checkpoint_skipped id={damaged.id} " in log and "checksum mismatch" in log
