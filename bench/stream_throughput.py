@@ -75,14 +75,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_pipeline(lines: list[str], tokens: int, work: Path, batch_records: int, batch_words: int) -> dict:
+def run_pipeline(lines: list[str], tokens: int, work: Path, batch_records: int, batch_words: int,
+                 env: dict[str, str] | None = None) -> dict:
+    """``env``: more settings of every task (a record format, a tokenizer)."""
     with KafkaBroker(KafkaBrokerSettings.from_env()) as broker:
         t = time.perf_counter()
         produce(lines, bootstrap=broker.bootstrap, topic="bench", partitions=4, create_topic=True)
         produce_s = time.perf_counter() - t
         runner = local_cluster(work, broker.bootstrap, "bench", servers=1, workers=2, frontend=False,
                                env={"LIVEVEC_KAFKA_GROUP": "bench", "LIVEVEC_KAFKA_BATCH_RECORDS": str(batch_records),
-                                    "LIVEVEC_BATCH_WORDS": str(batch_words)})
+                                    "LIVEVEC_BATCH_WORDS": str(batch_words), **(env or {})})
         runner.start()
         try:
             if not runner.wait_healthy(timeout=180):

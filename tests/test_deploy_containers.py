@@ -8,19 +8,24 @@ under a second). No part of podman is mocked. Then one containerised group (sche
 the tests below in order: every role reports ready; the image's HEALTHCHECK passes on a
 healthy task and fails on a hung one; it trains from Kafka while a server's container is
 killed with SIGKILL, which the runner relaunches, and the #8 ledger shows every record
-trained exactly once; the front end serves the planted neighbours; and every process ran
-as uid 10001 and wrote nothing outside /tmp and the volume.
+trained exactly once; the front end serves the planted neighbours; every process ran
+as uid 10001 and wrote nothing outside /tmp and the volume. The volume is a real MooseFS
+(``MachineMooseFS``, what ``livevec deploy run-local --containers`` starts): a master and a
+chunkserver, mounted on this machine and bind-mounted into the containers; its chunkserver is
+killed while they train, and checkpoints abort and then resume.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -31,6 +36,7 @@ from online.deployment.containers import RUN_AS, SANDBOX
 from online.deployment.image_build import DEFAULT_TAG, RUN_FLAGS, build_image, podman
 from online.deployment.local_runner import LocalRunner, describe
 from online.deployment.marathon import GROUP_FILE
+from online.deployment.moosefs_lab import MachineMooseFS, moosefs_support_problem
 from online.learner.tokenizer import Tokenizer
 from online.stream.producer import ensure_topic
 from online.stream.sample_corpus import generate_lines, planted_groups
@@ -99,7 +105,18 @@ def test_the_entrypoint_renders_the_committed_deploy_files(engine, image):
 
 # ------------------------------------------------------------ the group, in containers
 @pytest.fixture(scope="module")
-def group(image, kafka_bootstrap, tmp_path_factory):
+def storage(tmp_path_factory):
+    """The group's volume on MooseFS, mounted on this machine as on the seed's agents (what ``livevec deploy
+    run-local --containers`` starts): the containers bind-mount the FUSE mount."""
+    problem = moosefs_support_problem()
+    assert problem is None, problem
+    with MachineMooseFS(tmp_path_factory.mktemp("mfs"), lab_id=random.randrange(250, 254)) as mfs:
+        yield mfs
+    assert "mfs#" not in Path("/proc/self/mountinfo").read_text(), "a MooseFS mount was left behind"
+
+
+@pytest.fixture(scope="module")
+def group(image, kafka_bootstrap, storage, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("containers")
     topic = f"containers-{uuid.uuid4().hex[:10]}"
     asyncio.run(ensure_topic(kafka_bootstrap, topic, 4))
@@ -107,17 +124,17 @@ def group(image, kafka_bootstrap, tmp_path_factory):
            "LIVEVEC_KAFKA_GROUP": f"g-{topic}", "PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "3",
            "LIVEVEC_CHECKPOINT_INTERVAL": "2", "LIVEVEC_DIM": "24", "LIVEVEC_MIN_COUNT": "3",
            "LIVEVEC_KAFKA_BATCH_RECORDS": "15", "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000",
-           "LIVEVEC_REQUEST_TIMEOUT": "4", "LIVEVEC_SYNC_INTERVAL": "0.3"}
+           "LIVEVEC_REQUEST_TIMEOUT": "4", "LIVEVEC_SYNC_INTERVAL": "0.3", "LIVEVEC_CHECKPOINT_IO_TIMEOUT": "4"}
     runner = LocalRunner.from_file(
         REPO / "deploy" / "marathon" / GROUP_FILE, work_dir=tmp / "run", containers=image,
         instances={"server": 2, "worker": 2, "frontend": 1}, env=env,
         app_env={"frontend": {"LIVEVEC_HTTP_HOST": "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
-        volumes={VOLUME: tmp / "mfs"}, dependency_timeout=120)
+        volumes=storage.volumes(), dependency_timeout=120)
     t0 = time.monotonic()
     try:
         runner.start()
         runner.started_in = time.monotonic() - t0
-        runner.topic, runner.mfs, runner.bootstrap = topic, tmp / "mfs", kafka_bootstrap
+        runner.topic, runner.mfs, runner.bootstrap = topic, storage.host_dir, kafka_bootstrap
         yield runner
     finally:
         runner.stop()
@@ -253,10 +270,53 @@ def test_processes_run_as_10001_and_write_nothing_outside_tmp_and_the_volume(gro
         # and the sandbox (the working directory, as on Mesos) holds nothing the role wrote
         sandbox = group.work_dir / "sandboxes" / f"livevec-{s.app}-{s.index}"
         assert sorted(p.name for p in sandbox.iterdir()) == [], f"{s.app} wrote into its sandbox"
+        # the volume each container sees is the machine's MooseFS mount, not a directory of the host's disk
+        mountinfo = engine.run("exec", s.container, "cat", "/proc/self/mountinfo").stdout.splitlines()
+        for volume in [v for v in volumes if v.startswith("/mnt/mfs/")]:
+            line = next((m for m in mountinfo if m.split()[4] == volume), None)
+            assert line is not None and " - fuse" in line and "mfs" in line, (volume, line)
     # what the roles wrote to the volume (the checkpoints) is theirs: uid 10001
     written = [p for p in group.mfs.rglob("*")]
     assert any(p.name for p in written if "checkpoints" in p.parts)
     assert {p.stat().st_uid for p in written} == {RUN_AS}
+
+
+def _scheduler_checkpoints(group, result: str) -> float:
+    text = urllib.request.urlopen(group.url("scheduler", "metrics", "/metrics"), timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("livevec_checkpoints_total{") and f'result="{result}"' in line)
+
+
+def test_checkpoints_abort_while_the_chunkserver_is_down_and_resume_after(group, storage):
+    """A storage fault under the containers: kill -9 of the chunkserver. Checkpoints that cannot be written
+    are aborted (and none completes), training goes on, and checkpoints resume once it is back."""
+    assert group.wait_healthy(timeout=60)
+    producer = Producer(group.bootstrap, group.topic, generate_lines(1600, seed=12), rate=10.0)   # ~40 s
+    producer.start()         # checkpoints are taken while the model changes
+    store = CheckpointStore(group.mfs / "checkpoints", io_timeout=10.0)
+    trained0 = _scheduler_checkpoints(group, "done")
+    wait_until(lambda: _scheduler_checkpoints(group, "done") > trained0, 60, interval=0.25,
+               message="a checkpoint of the new records")
+    before = store.latest_complete(check_data=False)
+    failed0, done0 = _scheduler_checkpoints(group, "failed") + _scheduler_checkpoints(group, "aborted"), \
+        _scheduler_checkpoints(group, "done")
+    storage.fs.kill_chunkserver(1)
+    done_during = 0.0
+    try:
+        wait_until(lambda: _scheduler_checkpoints(group, "failed") + _scheduler_checkpoints(group, "aborted")
+                   > failed0, 40, interval=0.25, message="a checkpoint to be aborted while the chunkserver is down")
+        done_during = _scheduler_checkpoints(group, "done") - done0
+        assert done_during <= 1, f"{done_during} checkpoints completed while the chunkserver was down"
+        assert group.wait_healthy(["frontend"], timeout=10)
+    finally:
+        storage.fs.start_chunkserver(1)
+    wait_until(lambda: _scheduler_checkpoints(group, "done") > done0 + done_during
+               and (store.latest_complete(check_data=True) or before).id > before.id, 90, interval=0.5,
+               message="checkpoints to resume once the chunkserver is back")
+    producer.join(timeout=90)
+    assert producer.error is None
+    scheduler_log = (group.log_dir / "livevec-scheduler-0.log").read_text(errors="replace")
+    assert "event=checkpoint_storage_unavailable" in scheduler_log and "event=checkpoint_storage_back" in scheduler_log
 
 
 TERM_GROUP = {"id": "/t", "apps": [

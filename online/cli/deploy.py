@@ -70,6 +70,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run_local.add_argument("--containers", metavar="IMAGE", default=None,
                            help="run each task as a container of IMAGE (podman, host networking, uid 10001, "
                                 "read-only root) instead of as a process; build it with `make image`")
+    run_local.add_argument("--storage", choices=("auto", "moosefs", "local"), default=None,
+                           help="where the group's /mnt/mfs volumes live: moosefs (a MooseFS master and "
+                                "chunkserver started here and mounted on this machine, as on the seed's agents; "
+                                "stops if it cannot run), local (a directory under --work-dir) or auto (MooseFS "
+                                "when it can run, else local, said once). Default: auto with --containers, "
+                                "local without")
     topology_flags(run_local)
 
     image = sub.add_parser("image", help="build deploy/Dockerfile (docker with a daemon, else podman from a "
@@ -200,15 +206,33 @@ def _run_local(args) -> int:
             instances[app] = int(value)
         except ValueError:
             raise SettingError("--instances", f"{app}: expected an integer, got {value!r}") from None
+    storage = args.storage or ("auto" if args.containers else "local")
+    if storage != "local":
+        from online.deployment.moosefs_lab import moosefs_support_problem
+        problem = moosefs_support_problem()
+        if problem and storage == "moosefs":
+            raise SettingError("--storage", f"{problem}; nothing was started")
+        if problem:
+            print(f"livevec deploy run-local: no MooseFS ({problem}); the volumes are directories under "
+                  f"{args.work_dir}", file=sys.stderr, flush=True)
+            storage = "local"
     if args.group is not None:
         group = json.loads(args.group.read_text())
     else:
         from online.deployment.marathon import render_group
         group = render_group(_topology(args))
+    mfs = None
+    if storage != "local":
+        from online.deployment.moosefs_lab import MachineMooseFS
+        mfs = MachineMooseFS(args.work_dir.resolve()).start()
+        print(f"livevec deploy run-local: MooseFS mounted at {mfs.fs.admin_path} (the group's /mnt/mfs)",
+              file=sys.stderr, flush=True)
     try:
         runner = LocalRunner(group, work_dir=args.work_dir, env=env, app_env=app_env, instances=instances,
-                             containers=args.containers)
+                             containers=args.containers, volumes=mfs.volumes() if mfs else None)
     except (KeyError, ValueError) as exc:
+        if mfs is not None:
+            mfs.close()
         raise SettingError("--group", str(exc)) from None
 
     def interrupt(*_):
@@ -228,5 +252,7 @@ def _run_local(args) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         runner.stop()
+        if mfs is not None:
+            mfs.close()
     print(describe(runner.status()), flush=True)
     return 0

@@ -383,3 +383,53 @@ class MooseFSLab:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"MooseFS lab: timed out waiting for {what}")
+
+
+class MachineMooseFS:
+    """MooseFS for tasks in this machine's own namespaces, as on one Mesos agent: ``livevec deploy run-local``,
+    whose processes or containers (which bind-mount it) use the volume at ``volumes()``.
+
+    Why a lab at all: a chunkserver refuses a loopback master, so a one-host lab gives the master its bridge
+    address and the chunkserver a host. The mount the tasks use is the lab's operator mount in the root
+    namespace, where the runner and podman see it."""
+
+    def __init__(self, work_dir: str | os.PathLike, *, lab_id: int = 254):
+        self.work_dir = Path(work_dir)
+        self.lab = NetnsLab(1, lab_id=lab_id)
+        self.fs: MooseFSLab | None = None
+
+    def start(self) -> "MachineMooseFS":
+        problem = moosefs_support_problem()
+        if problem:
+            raise MooseFSUnavailable(problem)
+        self.lab.start()
+        try:
+            self.fs = MooseFSLab(self.lab, self.work_dir, chunkservers=1).start()
+        except BaseException:
+            self.lab.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        if self.fs is not None:
+            self.fs.close()
+            self.fs = None
+        self.lab.close()
+
+    def __enter__(self) -> "MachineMooseFS":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def volumes(self) -> dict[str, Path]:
+        """The runner's ``volumes``: the group's volumes under ``/mnt/mfs`` on this machine's mount."""
+        assert self.fs is not None, "not started"
+        return {str(self.fs.mount_point): self.fs.admin_path}
+
+    @property
+    def host_dir(self) -> Path:
+        """The group's hostPath directory (``/mnt/mfs/livevec``) as this machine sees it."""
+        assert self.fs is not None, "not started"
+        return self.fs.admin_dir
+
