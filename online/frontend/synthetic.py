@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,29 @@ def _rows(seed, rows, named, centres, which, steps, out):
             out[i, t] = base + (walk * _normal(seed, r, s, t) if s else 0.0)
 
 
+class _Names(Sequence):
+    """Row -> word, computed: the named words, then ``w0``, ``w1``, ..., then ``new0``, ``new1``, ... A list
+    of 10M strings would be 0.65 GB of the front end's process that one fed by the servers never holds."""
+
+    def __init__(self, named: list[str], rest: int):
+        self.named, self.rest, self.added = named, rest, 0
+
+    def __len__(self) -> int:
+        return len(self.named) + self.rest + self.added
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self)))]
+        if r < 0:
+            r += len(self)
+        if not 0 <= r < len(self):
+            raise IndexError("row out of range")
+        if r < len(self.named):
+            return self.named[r]
+        r -= len(self.named)
+        return f"w{r}" if r < self.rest else f"new{r - self.rest}"
+
+
 class SyntheticSource:
     """Its rows are computed, not stored (``_rows``): the source lives in the front end's process
     (the query-load bench), and a float32 copy of a 10M-word model would be 4 GB of that process's
@@ -98,7 +121,7 @@ class SyntheticSource:
         total = len(words) + rest
         self.which = np.zeros(total, np.int32)
         self.which[len(words):] = self.rng.integers(0, clusters, rest)
-        self.words = words + [f"w{i}" for i in range(rest)]
+        self.words = _Names(words, rest)
         self.keys = word_keys(self.words)
         self.counts = np.sort(self.rng.zipf(1.3, len(self.words)).astype(np.int64) % 10_000_000)[::-1].copy()
         self.row_version = np.ones(len(self.words), dtype=np.int64)
@@ -137,9 +160,9 @@ class SyntheticSource:
             self.counts[rows] += 1
             self.row_version[rows] = self.version
         if fresh:
+            n = len(self.words)
             new_words = [f"new{self._added + i}" for i in range(fresh)]
             self._added += fresh
-            n = len(self.words)
             if n + fresh > len(self.keys):             # grow by doubling, not by one copy per new word
                 cap = max(2 * len(self.keys), n + fresh)
                 for name in ("keys", "counts", "row_version", "steps", "which"):
@@ -147,7 +170,7 @@ class SyntheticSource:
                     grown = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
                     grown[:n] = old[:n]
                     setattr(self, name, grown)
-            self.words += new_words
+            self.words.added += fresh
             self.which[n:n + fresh] = self.rng.integers(0, len(self.centres), fresh)
             self.keys[n:n + fresh] = word_keys(new_words)
             self.counts[n:n + fresh] = 1
@@ -157,7 +180,7 @@ class SyntheticSource:
         self._step()
         n = len(self.words)
         if version <= 0 or version > self.version:      # the whole model
-            return ModelDelta(self.keys[:n], list(self.words), self.vectors_of(np.arange(n, dtype=np.int64)),
+            return ModelDelta(self.keys[:n], self.words[:n], self.vectors_of(np.arange(n, dtype=np.int64)),
                               self.counts[:n], self.version, full=True)
         elif version == self.version:
             return ModelDelta.unchanged(version, self.dim)

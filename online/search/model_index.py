@@ -21,7 +21,6 @@ An HNSW graph was rejected: it cannot follow a model that changes 10^5 rows per 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from online.search import int8_prefilter
 from online.search import ivf as ivf_lists
 from online.search import snapshot_writer
 from online.search.delta import ModelDelta
-from online.search.word_lookup import AlphaIndex, KeyIndex, WordsView
+from online.search.word_lookup import AlphaIndex, KeyIndex, WordArena, WordsView
 from online.learner.keys import word_key
 
 SEARCH_MODES = ("auto", "exact")
@@ -159,7 +158,7 @@ class ModelIndex:
     """
 
     def __init__(self, version: int, store, buffer, n: int, n_tiles: int, keys_all: np.ndarray,
-                 words_all: list[str], counts: np.ndarray, key_index: KeyIndex, alpha: AlphaIndex,
+                 words_all: WordArena, counts: np.ndarray, key_index: KeyIndex, alpha: AlphaIndex,
                  ivf: ivf_lists.IvfLists | None = None, bad_rows: int = 0, updated_at: float | None = None,
                  config: SearchConfig | None = None):
         self.version = int(version)
@@ -202,7 +201,7 @@ class ModelIndex:
     # ---------------------------------------------------------------- building
     @classmethod
     def empty(cls, config: SearchConfig | None = None) -> "ModelIndex":
-        return cls(0, None, None, 0, 0, np.zeros(0, np.uint64), [], np.zeros(0, np.int64),
+        return cls(0, None, None, 0, 0, np.zeros(0, np.uint64), WordArena(), np.zeros(0, np.int64),
                    KeyIndex.build(np.zeros(0, np.uint64)), AlphaIndex.build([]), updated_at=0.0,
                    config=config or SearchConfig())
 
@@ -374,7 +373,7 @@ class ModelIndex:
         return self._neighbours(top, top_scores, ks)
 
     def _neighbours(self, top: np.ndarray, top_scores: np.ndarray, ks: list[int]) -> list[list[Neighbour]]:
-        words = self.words._words            # rows in top are < n: the shared list is safe to index
+        words = self.words._words            # rows in top are < n: the shared arena is safe to index
         out = []
         for i, k in enumerate(ks):
             row_scores = top_scores[i, :k].tolist()
@@ -399,12 +398,12 @@ class ModelIndex:
     def memory(self) -> dict[str, int]:
         """Bytes this snapshot's lineage holds, by structure (``/v1/stats`` ``search.memory``). Capacities,
         not pages touched: spare rows and tiles of ``np.zeros`` arrays cost no memory until written.
-        The words' Python strings are estimated from a sample of 1,000 (one ``sys.getsizeof`` each)."""
+        ``words`` is the arena's UTF-8 and offsets; the alphabetical index's recent level holds pointers."""
         out = {"rows_float32": int(self._pool.nbytes), "norms": 0, "codes_int8": 0,
                "per_slot": 0, "per_row_maps": 0, "keys": int(self.keys.nbytes), "counts": int(self.counts.nbytes),
                "key_index": sum(int(a.nbytes) for a in (self.key_index.base_keys, self.key_index.base_rows,
                                                          self.key_index.recent_keys, self.key_index.recent_rows)),
-               "alpha_index": 8 * (len(self.alpha.base_words) + len(self.alpha.recent_words))
+               "alpha_index": 8 * len(self.alpha.recent_words)
                + int(self.alpha.base_rows.nbytes + self.alpha.recent_rows.nbytes),
                "ivf_lists": 0, "words": 0}
         if self.store is not None:
@@ -420,9 +419,7 @@ class ModelIndex:
                                    ("centroids", "neighbours", "list_ptr", "list_tiles", "tile_list", "free"))
         n = self.n
         if n:
-            sample = np.random.default_rng(0).integers(0, n, min(n, 1000))
-            words = self.words._words
-            out["words"] = int(n * (8 + np.mean([sys.getsizeof(words[r]) for r in sample.tolist()])))
+            out["words"] = self.words._words.nbytes()
         out["total"] = sum(out.values())
         return out
 

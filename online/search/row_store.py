@@ -306,7 +306,7 @@ class Store:
     """One lineage of snapshots: its two buffers, the append-only key and word arrays they
     share, the last ``Change``, and the inverted file's hand-over (``pending_ivf``, ``watch``)."""
 
-    def __init__(self, config, dim: int, keys_all: np.ndarray, words_all: list[str], buffer: Buffer,
+    def __init__(self, config, dim: int, keys_all: np.ndarray, words_all: WordArena, buffer: Buffer,
                  pool: UnitPool, codes: CodeStore):
         self.config = config
         self.dim = dim
@@ -386,10 +386,10 @@ class Store:
         return sum(b.nbytes() for b in self.buffers) + self.keys_all.nbytes + self.pool.nbytes() + self.codes.nbytes()
 
     # ------------------------------------------------------------- key/words
-    def append_rows(self, n: int, keys: np.ndarray, words: list[str]) -> tuple[np.ndarray, list[str]]:
+    def append_rows(self, n: int, keys: np.ndarray, words: list[str]) -> tuple[np.ndarray, WordArena]:
         """Append rows n.. to the shared key and word arrays (the caller is the head, so nothing beyond
         n is in use); returns the arrays the new snapshot reads (a new key array if it had to grow)."""
-        del self.words_all[n:]
+        self.words_all.truncate(n)
         self.words_all.extend(words)
         m = n + len(keys)
         if m > len(self.keys_all):

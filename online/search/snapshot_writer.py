@@ -33,7 +33,7 @@ from online.search import ivf as ivf_lists
 from online.search.int8_prefilter import TILE_ROWS
 from online.search.row_store import Buffer, Change, CodeStore, Store, UnitPool, copy_prefix, scatter, scatter_rows
 from online.search.delta import ModelDelta, ModelDeltaError
-from online.search.word_lookup import AlphaIndex, KeyIndex
+from online.search.word_lookup import AlphaIndex, KeyIndex, WordArena, WordsView
 
 if TYPE_CHECKING:  # pragma: no cover
     from online.search.model_index import ModelIndex
@@ -164,10 +164,11 @@ def build(snapshot_type: type, config, version: int, keys: np.ndarray, words: li
     buffer.used_tiles = n_tiles
     keys_all = np.zeros(cap_rows, np.uint64)
     keys_all[:n] = keys
-    store = Store(config, dim, keys_all, list(words), buffer, pool, codes)
+    store = Store(config, dim, keys_all, WordArena(words), buffer, pool, codes)
     buffer.state = store.next_state()
+    alpha = AlphaIndex.build(words, WordsView(store.words_all, n))
     snapshot = snapshot_type(version, store, buffer, n, n_tiles, keys_all, store.words_all,
-                          np.array(counts, dtype=np.int64), KeyIndex.build(keys), AlphaIndex.build(words), ivf,
+                          np.array(counts, dtype=np.int64), KeyIndex.build(keys), alpha, ivf,
                           bad_rows, config=config)
     return _publish(store, snapshot)
 
@@ -323,13 +324,13 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     keys_all, words_all = store.append_rows(n_old, keys[fresh], fresh_words)
     key_index = index.key_index.with_rows(keys[fresh], rows[fresh])
     if renamed:                            # a key's word string changed (hash collision, fix-up): rare
-        words_all = list(words_all[:n])
+        listed = words_all.tolist(n)
         for r, w in renamed:
-            words_all[r] = w
-        store.words_all = words_all
-        alpha = AlphaIndex.build(words_all)
+            listed[r] = w
+        words_all = store.words_all = WordArena(listed)     # a new arena: older snapshots keep theirs
+        alpha = AlphaIndex.build(listed, WordsView(words_all, n))
     else:
-        alpha = index.alpha.with_rows(fresh_words, rows[fresh])
+        alpha = index.alpha.with_rows(fresh_words, rows[fresh], WordsView(words_all, n))
     target.state = change.to_state
     target.used_tiles = max(target.used_tiles, n_tiles)
     with store.lock:

@@ -8,8 +8,12 @@ sorted *recent* level copied per sync; a lookup searches both. When the recent l
 passes ``max(MERGE_MIN, base / MERGE_FRACTION)`` entries it is merged into a new base,
 O(n) once per that many new words.
 
-``WordsView`` is a snapshot's words: the first ``n`` entries of the list its store appends
-to, read-only. A later sync appends beyond ``n``, which no view of an older snapshot shows.
+``WordArena`` holds every row's word once, as UTF-8 bytes end to end with their end offsets:
+about 16 bytes a word, where a list of ``str`` costs about 65 (10M words: 0.16 GB, not 0.65).
+A word is decoded when it is read, which answers read a few dozen of. ``WordsView`` is a
+snapshot's words: the first ``n`` of the arena its store appends to, read-only. A later sync
+appends beyond ``n``, which no view of an older snapshot shows. The alphabetical index holds
+rows only and reads their words through the arena, so no second copy of the words exists.
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ import bisect
 import heapq
 import itertools
 import time
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -26,12 +31,64 @@ MERGE_FRACTION = 64
 _HIGHEST_CHAR = "\U0010ffff"
 
 
+class WordArena:
+    """Append-only words in UTF-8: ``_data`` holds them end to end, ``_ends[r]`` where row r's ends.
+
+    Only the store's head writes (``truncate`` to its ``n``, then ``extend``), and only beyond the
+    rows any snapshot reads, so readers in other threads need no lock: a ``bytearray`` slice and
+    an ``array`` item are each read whole under the GIL. Surrogates pass through (a word is any
+    string the sources hand over)."""
+
+    __slots__ = ("_data", "_ends")
+
+    def __init__(self, words: Iterable[str] = ()):
+        self._data = bytearray()
+        self._ends = array("q")
+        self.extend(words)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, r) -> str:
+        ends = self._ends
+        return self._data[ends[r - 1] if r else 0:ends[r]].decode("utf-8", "surrogatepass")
+
+    def extend(self, words: Iterable[str]) -> None:
+        it = iter(words)
+        while chunk := list(itertools.islice(it, 65_536)):      # bounded temporaries
+            encoded = [w.encode("utf-8", "surrogatepass") for w in chunk]
+            start = len(self._data)
+            self._data += b"".join(encoded)
+            self._ends.extend(itertools.islice(itertools.accumulate(map(len, encoded), initial=start), 1, None))
+
+    def truncate(self, n: int) -> None:
+        """Forget rows n.. (the head's rows beyond its ``n``, which no snapshot reads)."""
+        if n < len(self._ends):
+            del self._data[self._ends[n - 1] if n else 0:]
+            del self._ends[n:]
+
+    def tolist(self, n: int | None = None) -> list[str]:
+        """The first ``n`` words as strings (one pass when they are ASCII, as most vocabularies are)."""
+        n = len(self._ends) if n is None else n
+        if not n:
+            return []
+        end = self._ends[n - 1]
+        text = self._data[:end].decode("utf-8", "surrogatepass")
+        if len(text) != end:                                    # not ASCII: offsets are in bytes
+            return [self[r] for r in range(n)]
+        ends = self._ends[:n]
+        return [text[a:b] for a, b in zip(itertools.chain((0,), ends), ends)]
+
+    def nbytes(self) -> int:
+        return len(self._data) + self._ends.itemsize * len(self._ends)
+
+
 class WordsView(Sequence):
-    """The first ``n`` words of a shared append-only list (a snapshot's vocabulary, in row order)."""
+    """The first ``n`` words of a shared ``WordArena`` (a snapshot's vocabulary, in row order)."""
 
     __slots__ = ("_words", "_n")
 
-    def __init__(self, words: list[str], n: int):
+    def __init__(self, words: WordArena, n: int):
         self._words, self._n = words, n
 
     def __len__(self) -> int:
@@ -39,7 +96,7 @@ class WordsView(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return self._words[:self._n][i]
+            return [self._words[r] for r in range(*i.indices(self._n))]
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
@@ -47,7 +104,8 @@ class WordsView(Sequence):
         return self._words[i]
 
     def __iter__(self):
-        return itertools.islice(self._words, self._n)
+        words = self._words
+        return (words[r] for r in range(self._n))
 
     def __contains__(self, word) -> bool:
         return any(w == word for w in self)
@@ -61,7 +119,7 @@ class WordsView(Sequence):
         return f"WordsView({self._n} words)"
 
     def tolist(self) -> list[str]:
-        return self._words[:self._n]
+        return self._words.tolist(self._n)
 
 
 class KeyIndex:
@@ -131,11 +189,15 @@ def _search(sorted_keys: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.n
 
 
 class AlphaIndex:
-    """The rows of one snapshot in alphabetical order of their words (prefix search)."""
+    """The rows of one snapshot in alphabetical order of their words (prefix search).
+
+    The base level holds rows only and reads their words through ``base_words`` (a snapshot's
+    ``WordsView``), so the vocabulary is not held twice; the small recent level keeps its
+    strings. UTF-8 bytes sort as their code points do, so either spelling gives one order."""
 
     __slots__ = ("base_words", "base_rows", "recent_words", "recent_rows")
 
-    def __init__(self, base_words: list[str], base_rows: np.ndarray, recent_words: list[str] | None = None,
+    def __init__(self, base_words: Sequence[str], base_rows: np.ndarray, recent_words: list[str] | None = None,
                  recent_rows: np.ndarray | None = None):
         self.base_words, self.base_rows = base_words, base_rows
         self.recent_words = [] if recent_words is None else recent_words
@@ -144,27 +206,30 @@ class AlphaIndex:
         self.recent_rows.flags.writeable = False
 
     @classmethod
-    def build(cls, words: Sequence[str]) -> "AlphaIndex":
-        words = list(words)
-        rows = sorted(range(len(words)), key=words.__getitem__)
-        return cls([words[r] for r in rows], np.asarray(rows, dtype=np.int64))
+    def build(cls, words: Sequence[str], view: Sequence[str] | None = None) -> "AlphaIndex":
+        """Of ``words`` (row order); ``view``: what the index reads them through later (default: ``words``)."""
+        listed = words if isinstance(words, list) else list(words)
+        rows = sorted(range(len(listed)), key=listed.__getitem__)
+        return cls(listed if view is None else view, np.asarray(rows, dtype=np.int64))
 
-    def with_rows(self, words: list[str], rows: np.ndarray) -> "AlphaIndex":
-        """This index plus ``words`` at ``rows`` (new rows)."""
+    def with_rows(self, words: list[str], rows: np.ndarray, view: Sequence[str]) -> "AlphaIndex":
+        """This index plus ``words`` at ``rows`` (new rows); ``view``: the new snapshot's words."""
         if not len(words):
             return self
         pairs = sorted(itertools.chain(zip(self.recent_words, self.recent_rows.tolist()),
                                        zip(words, np.asarray(rows).tolist())))
         recent_words = [w for w, _ in pairs]
         recent_rows = np.fromiter((r for _, r in pairs), dtype=np.int64, count=len(pairs))
-        if len(pairs) <= max(MERGE_MIN, len(self.base_words) // MERGE_FRACTION):
+        if len(pairs) <= max(MERGE_MIN, len(self.base_rows) // MERGE_FRACTION):
             return AlphaIndex(self.base_words, self.base_rows, recent_words, recent_rows)
-        merged = list(heapq.merge(zip(self.base_words, self.base_rows.tolist()), pairs))
-        return AlphaIndex([w for w, _ in merged], np.fromiter((r for _, r in merged), np.int64, len(merged)))
+        base = self.base_words
+        merged = heapq.merge(((base[r], r) for r in self.base_rows.tolist()), pairs)
+        return AlphaIndex(view, np.fromiter((r for _, r in merged), np.int64, len(self.base_rows) + len(pairs)))
 
     def _ranges(self, prefix: str) -> tuple[int, int, int, int]:
-        lo = bisect.bisect_left(self.base_words, prefix)
-        hi = bisect.bisect_left(self.base_words, prefix + _HIGHEST_CHAR, lo)
+        word = self.base_words.__getitem__
+        lo = bisect.bisect_left(self.base_rows, prefix, key=word)
+        hi = bisect.bisect_left(self.base_rows, prefix + _HIGHEST_CHAR, lo, key=word)
         rlo = bisect.bisect_left(self.recent_words, prefix)
         rhi = bisect.bisect_left(self.recent_words, prefix + _HIGHEST_CHAR, rlo)
         return lo, hi, rlo, rhi
@@ -193,11 +258,14 @@ class AlphaIndex:
         order = sorted(rows.tolist(), key=lambda r: (-int(counts[r]), words[r]))
         return [(words[r], int(counts[r])) for r in order]
 
+    def _base(self):
+        base = self.base_words
+        return ((base[r], r) for r in self.base_rows.tolist())
+
     def words(self) -> list[str]:
         """Every word in alphabetical order (for tests and inspection)."""
-        return list(heapq.merge(self.base_words, self.recent_words))
+        return [w for w, _ in heapq.merge(self._base(), zip(self.recent_words, self.recent_rows.tolist()))]
 
     def rows(self) -> np.ndarray:
-        merged = heapq.merge(zip(self.base_words, self.base_rows.tolist()),
-                             zip(self.recent_words, self.recent_rows.tolist()))
-        return np.fromiter((r for _, r in merged), dtype=np.int64, count=len(self.base_words) + len(self.recent_words))
+        merged = heapq.merge(self._base(), zip(self.recent_words, self.recent_rows.tolist()))
+        return np.fromiter((r for _, r in merged), dtype=np.int64, count=len(self.base_rows) + len(self.recent_words))
