@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 import weakref
 
@@ -370,14 +371,17 @@ def test_checkpoints_are_bounded_skip_an_unchanged_model_and_resolve_names():
         none[2].drift("a", 1)
 
 
-def test_drift_names_the_neighbours_that_entered_and_left():
+@pytest.mark.parametrize("on_disk", [False, True], ids=["in-memory", "on-disk"])
+def test_drift_names_the_neighbours_that_entered_and_left(on_disk, tmp_path):
+    """On disk (``LIVEVEC_DRIFT_DIR``) the answers are the same, the rows are not in memory, and the
+    directory holds no file even while the checkpoints live (unlinked once open)."""
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((2, 8)) * 5
     a_words, b_words = ["a1", "a2", "a3", "a4"], ["b1", "b2", "b3"]
     words = ["x", *a_words, *b_words]
     vectors = np.concatenate([centres[:1], centres[0] + 0.1 * rng.standard_normal((4, 8)),
                               centres[1] + 0.1 * rng.standard_normal((3, 8))]).astype(np.float32)
-    holder, clock, wn = recorder(drift_interval=1.0)
+    holder, clock, wn = recorder(drift_interval=1.0, drift_dir=tmp_path if on_disk else None)
     step(holder, clock, wn, delta(1, words, full=True, dim=8, vectors=vectors), 1000.0)
     moved = centres[1] + 0.1 * rng.standard_normal((2, 8))       # x and a2 now sit among the b words
     step(holder, clock, wn, delta(2, ["x", "a2"], dim=8, vectors=moved), 1002.0)
@@ -396,6 +400,18 @@ def test_drift_names_the_neighbours_that_entered_and_left():
     with pytest.raises(HistoryLookupError) as err:
         wn.drift("nope", 3)
     assert err.value.code == "unknown_word"
+    drift = wn.history()["drift"]
+    if on_disk:
+        assert list(tmp_path.iterdir()) == [] and drift["on_disk"]
+        assert drift["disk_bytes"] == wn.disk_bytes() == 2 * len(words) * 8 * 2     # 2 checkpoints, float16
+        assert wn.nbytes() < 2 * len(words) * 8 * 2                                  # not in memory
+        fds = len(os.listdir("/proc/self/fd"))
+        del err                                                 # its traceback's frames hold a checkpoint
+        wn._checkpoints.clear()
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) == fds - 2      # the checkpoints' files are closed with them
+    else:
+        assert drift["disk_bytes"] == 0 and not drift["on_disk"]
 
 
 def test_the_history_keeps_no_served_snapshot_alive():
@@ -414,6 +430,7 @@ def test_the_history_keeps_no_served_snapshot_alive():
 
 
 @pytest.mark.parametrize("variable, value", [("LIVEVEC_DRIFT_KEEP", "-1"), ("LIVEVEC_RISING_INTERVAL", "often"),
+                                             ("LIVEVEC_DRIFT_DIR", "/nonexistent/drift"),
                                              ("LIVEVEC_RISING_SAMPLES", "0"), ("LIVEVEC_NEW_WORDS_KEEP", "0"),
                                              ("LIVEVEC_DRIFT_INTERVAL", "0")])
 def test_a_bad_history_setting_stops_the_start_naming_it(tmp_path, variable, value):

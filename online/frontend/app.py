@@ -304,7 +304,7 @@ async def stats(request: web.Request) -> web.Response:
         "source": source_stats,
         "queries": app[HTTP_METRICS].summary(),
         "search": {**index.describe_search(), **app[ENGINE].report(), **app[MAINTAINER].report(index)},
-        "whats_new_bytes": app[WHATS_NEW].nbytes(),
+        "whats_new_bytes": app[WHATS_NEW].nbytes(), "whats_new_disk_bytes": app[WHATS_NEW].disk_bytes(),
         "history": list(sync.history),
     })
 
@@ -477,7 +477,7 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
                           registry=registry, freeze=settings.gc_freeze)
     app[WHATS_NEW] = WhatsNew(holder, new_words_keep=settings.new_words_keep, rising_interval=settings.rising_interval,
                               rising_samples=settings.rising_samples, drift_interval=settings.drift_interval,
-                              drift_keep=settings.drift_keep)
+                              drift_keep=settings.drift_keep, drift_dir=settings.drift_dir or None)
     app[OPENAPI] = {None: orjson.dumps(build_openapi(settings))}
     app.cleanup_ctx.append(_background)
     app.router.add_get("/v1/similar", similar_get)

@@ -79,6 +79,10 @@ FRONTEND = SettingGroup("front end", (
     Setting("drift_keep", "LIVEVEC_DRIFT_KEEP", int, 2, minimum=0, maximum=1000,
             help="checkpoints kept for /v1/drift, each a float16 copy of the vectors "
                  "(2 x dim + 20 bytes per word; 0 = none)"),
+    Setting("drift_dir", "LIVEVEC_DRIFT_DIR", default="", metavar="DIR",
+            help="a local disk directory for the /v1/drift checkpoints' float16 vectors (files unlinked as soon as "
+                 "they are open, so nothing is left after a crash); empty: in memory. A 10M x 100 model's "
+                 "checkpoint is 2 GB: on disk it costs no RAM but the page cache's"),
     # under abuse (README "Security", docs/operations.md 10.3)
     Setting("max_body_bytes", "LIVEVEC_MAX_BODY_BYTES", int, 4 * 1024 * 1024, minimum=1024, maximum=1 << 30,
             help="largest request body; larger is answered 413 without reading it all"),
@@ -139,6 +143,7 @@ class FrontendSettings:
     rising_samples: int = 30
     drift_interval: float = 600.0
     drift_keep: int = 2
+    drift_dir: str = ""
     max_body_bytes: int = 4 * 1024 * 1024
     max_concurrent_requests: int = 256
     max_connections: int = 4096
@@ -169,6 +174,8 @@ class FrontendSettings:
                 raise SettingError("LIVEVEC_MODEL_FILE", f"no such file: {self.model_file}")
             if not os.access(self.model_file, os.R_OK):
                 raise SettingError("LIVEVEC_MODEL_FILE", f"not readable: {self.model_file}")
+        if self.drift_dir and not (os.path.isdir(self.drift_dir) and os.access(self.drift_dir, os.W_OK | os.X_OK)):
+            raise SettingError("LIVEVEC_DRIFT_DIR", f"not a writable directory: {self.drift_dir}")
         if self.vocab_counts_file and not os.path.isfile(self.vocab_counts_file):
             raise SettingError("LIVEVEC_VOCAB_COUNTS_FILE", f"no such file: {self.vocab_counts_file}")
         self.token()

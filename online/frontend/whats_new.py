@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import tempfile
 import threading
 import time
 import weakref
@@ -85,23 +87,59 @@ class HistoryLookupError(LookupError):
 
 class PastModel:
     """What ``drift`` needs of a past snapshot: words and keys (by reference), float16 unit vectors and
-    their norms after the rounding (so that scores are cosines of the stored vectors)."""
+    their norms after the rounding (so that scores are cosines of the stored vectors).
 
-    def __init__(self, index: ModelIndex):
+    With ``directory`` the float16 rows go to a file there, unlinked as soon as it is open (the open
+    descriptor keeps it until this object goes; a crash leaves nothing), and are read back with
+    ``pread`` a block at a time: no mapping, so a drift query's scan adds nothing to the process's
+    resident memory. Without, they are an array in memory."""
+
+    def __init__(self, index: ModelIndex, directory: str | os.PathLike | None = None):
         self.version = index.version
         self.words = index.words
         self.keys = index.keys
-        self.unit = np.empty((self.n, index.dim), np.float16)
-        for start in range(0, self.n, _BLOCK):      # in blocks: no float32 copy of the whole model
-            self.unit[start:start + _BLOCK] = index.unit_rows(np.arange(start, min(self.n, start + _BLOCK)))
+        self._dim = index.dim
+        self._fd: int | None = None
+        self.unit: np.ndarray | None = None
         norms = np.empty(self.n, np.float32)
-        for start in range(0, self.n, _BLOCK):
-            norms[start:start + _BLOCK] = np.linalg.norm(self.unit[start:start + _BLOCK].astype(np.float32), axis=1)
+        if directory is None:
+            self.unit = np.empty((self.n, self._dim), np.float16)
+        else:
+            fd, path = tempfile.mkstemp(prefix="livevec-drift-", suffix=".f16", dir=directory)
+            os.unlink(path)
+            self._fd = fd
+            self._finalizer = weakref.finalize(self, os.close, fd)
+        for start in range(0, self.n, _BLOCK):      # in blocks: no float32 copy of the whole model
+            block = index.unit_rows(np.arange(start, min(self.n, start + _BLOCK))).astype(np.float16)
+            norms[start:start + len(block)] = np.linalg.norm(block.astype(np.float32), axis=1)
+            if self.unit is not None:
+                self.unit[start:start + len(block)] = block
+            else:
+                data = memoryview(block).cast("B")
+                offset = start * self._row_bytes
+                while data:
+                    written = os.pwrite(fd, data, offset)
+                    data, offset = data[written:], offset + written
         self.inverse_norms = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+
+    @property
+    def _row_bytes(self) -> int:
+        return 2 * self._dim
+
+    def _rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows start..stop-1 as float32 (from memory, or read from the file)."""
+        if self.unit is not None:
+            return self.unit[start:stop].astype(np.float32)
+        want = (stop - start) * self._row_bytes
+        buf = bytearray(want)
+        got = os.preadv(self._fd, [buf], start * self._row_bytes)
+        if got != want:
+            raise OSError(f"drift checkpoint file: read {got} of {want} bytes")
+        return np.frombuffer(buf, np.float16).reshape(stop - start, self._dim).astype(np.float32)
 
     def vector(self, row: int) -> np.ndarray:
         """The unit vector of ``row`` (float32, renormalised after the rounding to float16)."""
-        return self.unit[row].astype(np.float32) * self.inverse_norms[row]
+        return self._rows(row, row + 1)[0] * self.inverse_norms[row]
 
     @property
     def n(self) -> int:
@@ -109,7 +147,13 @@ class PastModel:
 
     @property
     def dim(self) -> int:
-        return int(self.unit.shape[1])
+        return self._dim
+
+    def memory_bytes(self) -> int:
+        return int((self.unit.nbytes if self.unit is not None else 0) + self.inverse_norms.nbytes)
+
+    def disk_bytes(self) -> int:
+        return 0 if self.unit is not None else self.n * self._row_bytes
 
     def row(self, word: str) -> int:
         """Row of exactly ``word`` (a scan of the keys: one per request, about 1 ms per million words)."""
@@ -121,7 +165,8 @@ class PastModel:
         query = self.vector(row)
         scores = np.empty(self.n, dtype=np.float32)
         for start in range(0, self.n, _BLOCK):
-            scores[start:start + _BLOCK] = self.unit[start:start + _BLOCK].astype(np.float32) @ query
+            stop = min(self.n, start + _BLOCK)
+            scores[start:stop] = self._rows(start, stop) @ query
         scores *= self.inverse_norms
         scores[row] = -np.inf
         top = _top(scores, min(k, self.n - 1))
@@ -172,13 +217,14 @@ class WhatsNew:
 
     def __init__(self, holder: ModelHolder, *, new_words_keep: int = 100_000, rising_interval: float = 30.0,
                  rising_samples: int = 30, drift_interval: float = 600.0, drift_keep: int = 2,
-                 clock: Callable[[], float] = time.time):
+                 drift_dir: str | os.PathLike | None = None, clock: Callable[[], float] = time.time):
         self.holder = holder
         self.new_words_keep = int(new_words_keep)
         self.rising_interval = float(rising_interval)
         self.rising_samples = int(rising_samples)
         self.drift_interval = float(drift_interval)
         self.drift_keep = int(drift_keep)
+        self.drift_dir = drift_dir
         self.clock = clock
         self._lock = threading.Lock()
         # The latest snapshot observed, by weak reference: holding a ModelIndex would keep its row
@@ -222,7 +268,8 @@ class WhatsNew:
             self._samples.add(now, index.counts)
         if self.drift_keep and (not self._checkpoints or (now - self._checkpoints[-1].taken_at >= self.drift_interval
                                                           and self._checkpoints[-1].served() is not index)):
-            self._checkpoints.append(Checkpoint(self._next_id, now, PastModel(index), weakref.ref(index)))
+            self._checkpoints.append(Checkpoint(self._next_id, now, PastModel(index, self.drift_dir),
+                                                weakref.ref(index)))
             self._next_id += 1
         return index
 
@@ -392,8 +439,13 @@ class WhatsNew:
     def nbytes(self) -> int:
         """What the history holds: the drift checkpoints' rows, the rising samples and the arrivals."""
         with self._lock:
-            past = sum(c.model.unit.nbytes + c.model.inverse_norms.nbytes for c in self._checkpoints)
+            past = sum(c.model.memory_bytes() for c in self._checkpoints)
             return int(past + self._samples.nbytes() + sum(k.nbytes for _, k in self._arrivals))
+
+    def disk_bytes(self) -> int:
+        """What the drift checkpoints hold on disk (``LIVEVEC_DRIFT_DIR``)."""
+        with self._lock:
+            return sum(c.model.disk_bytes() for c in self._checkpoints)
 
     def history(self) -> dict[str, Any]:
         """What the front end remembers: checkpoints, the samples' reach, the arrivals kept."""
@@ -405,7 +457,9 @@ class WhatsNew:
                 "now": round(now, 3), "version": None if index is None else index.version,
                 "observed_since": _rounded(self.observed_since),
                 "checkpoints": [c.describe() for c in self._checkpoints],
-                "drift": {"interval_seconds": self.drift_interval, "keep": self.drift_keep},
+                "drift": {"interval_seconds": self.drift_interval, "keep": self.drift_keep,
+                          "on_disk": self.drift_dir is not None,
+                          "disk_bytes": sum(c.model.disk_bytes() for c in self._checkpoints)},
                 "rising": {"interval_seconds": self.rising_interval, "samples": len(self._samples),
                            "keep": self.rising_samples, "max_window_seconds": self.max_window,
                            "oldest_sample_at": _rounded(oldest)},
