@@ -10,6 +10,7 @@ import os
 import signal
 
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
+from online.frontend.allocator import give_freed_memory_back
 from online.frontend.app import build_source, create_app, serve
 from online.frontend.settings import add_arguments, settings_from
 
@@ -26,6 +27,7 @@ def read_settings(args: argparse.Namespace, env=None):
 
 def run(args: argparse.Namespace) -> int:
     settings, deadline = read_settings(args)
+    give_freed_memory_back()           # before any thread starts (a sync's temporaries: see the module)
     source = build_source(settings, os.environ)
     app = create_app(settings, source)
     asyncio.run(_serve(app, settings, deadline))

@@ -131,9 +131,11 @@ class ModelSync:
     def _freeze_long_lived(self) -> None:
         """After a full load, move the model's objects out of the cyclic collector's reach.
 
-        A full collection traverses every tracked object, and a loaded model is mostly one
-        long list of word strings: at 1M words one ``gc.collect()`` took 56 - 62 ms, all of it
-        holding the GIL, so every query in flight waited for it (0 ms once frozen). What was
+        A full collection traverses every tracked object, all of it holding the GIL, so every
+        query in flight waits for it: at 1M words, while the words were a list of strings, one
+        ``gc.collect()`` took 56 - 62 ms (0 ms once frozen). The words are an arena of bytes now
+        (``word_lookup.WordArena``), which the collector does not track, so what is left to
+        freeze is small; the freeze stays for whatever a source's full load leaves behind. What was
         frozen at the previous full load is thawed and collected first: the model it replaced
         may sit in a reference cycle (a store and its inverted file's hand-over), and frozen it
         would never be freed. That collection is the only pause. A source that sends full loads
