@@ -25,6 +25,7 @@ from online.search.model_index import ModelIndex
 from online.frontend.query_engine import QueryEngine
 from online.frontend.settings import FrontendSettings
 from online.search.delta import ModelDelta
+from online.search.snapshot_writer import full_load_buffer
 from ps_bridge.metrics import Registry
 from online.learner.keys import word_key, word_keys
 
@@ -402,3 +403,32 @@ def test_the_float32_rows_are_held_once_through_syncs():
     assert memory["rows_float32"] <= 1.3 * n * dim * 4      # ... the rows are not (1.25x capacity)
     assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
     assert memory["words"] > n * 8
+
+
+def test_a_full_load_in_its_buffer_becomes_the_pool_and_answers_as_a_copied_one():
+    """A source that assembles a full load in ``full_load_buffer`` hands the index its one copy of the model
+    (normalised in place, adopted as the pool); any other delta's vectors are copied and left as they were."""
+    rng = np.random.default_rng(5)
+    n, dim = 5_000, 16
+    words = [f"w{i}" for i in range(n)]
+    raw = rng.standard_normal((n, dim)).astype(np.float32)
+    loaded = full_load_buffer(n, dim)
+    loaded[:] = raw
+    adopted = ModelIndex.empty().apply(ModelDelta(word_keys(words), words, loaded, np.ones(n, np.int64), 1, full=True))
+    sent = raw.copy()
+    copied = ModelIndex.empty().apply(ModelDelta(word_keys(words), words, sent, np.ones(n, np.int64), 1, full=True))
+    assert np.shares_memory(adopted._pool, loaded) and not np.shares_memory(copied._pool, sent)
+    assert np.array_equal(sent, raw)                          # not the index's: untouched
+    assert np.allclose(np.linalg.norm(loaded, axis=1), 1.0, atol=1e-5)   # normalised in place
+    np.testing.assert_array_equal(adopted.unit, copied.unit)
+    for word in words[:20]:
+        assert adopted.most_similar([word], k=5) == copied.most_similar([word], k=5)
+    # syncs after the load write into the adopted pool's spare rows, and answer as the copied lineage does
+    for version in range(2, 5):
+        rows = rng.choice(n, 500, replace=False)
+        delta = lambda: ModelDelta(word_keys([words[r] for r in rows]), [words[r] for r in rows],  # noqa: E731
+                                   changed.copy(), np.ones(len(rows), np.int64), version)
+        changed = rng.standard_normal((len(rows), dim)).astype(np.float32)
+        adopted, copied = adopted.apply(delta()), copied.apply(delta())
+    np.testing.assert_array_equal(adopted.unit, copied.unit)
+    assert adopted.most_similar([words[7]], k=5) == copied.most_similar([words[7]], k=5)

@@ -28,6 +28,7 @@ from online.cluster import ps_commands as pc
 from online.cluster.training_signal import summarise_reports, summed_reasons
 from online.frontend.settings import ps_node_settings
 from online.search.delta import ModelDelta
+from online.search.snapshot_writer import full_load_buffer
 from ps_bridge.structured_logging import log_event
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.roles import start_worker
@@ -112,7 +113,10 @@ class ParameterServerSource:
         dim = next((p["dim"] for p in parts if p["dim"]), 0)
         keys = np.concatenate([p["keys"] for p in parts]) if parts else _EMPTY_U64
         words = [w for p in parts for w in p["words"]]
-        vectors = (np.concatenate([p["vectors"] for p in parts if p["n"]]) if any(p["n"] for p in parts)
+        with_rows = [p["vectors"] for p in parts if p["n"]]
+        n = sum(len(v) for v in with_rows)
+        # a full load goes straight into the buffer the index adopts as its pool (one copy of the model)
+        vectors = (np.concatenate(with_rows, out=full_load_buffer(n, dim) if asked_full else None) if with_rows
                    else np.zeros((0, dim), np.float32))
         counts = np.concatenate([p["counts"] for p in parts]) if parts else np.zeros(0, np.int64)
         gone = np.concatenate(removed) if removed else _EMPTY_U64

@@ -24,6 +24,7 @@ from numba import njit
 
 from online.cluster.training_signal import summarise_reports
 from online.search.delta import ModelDelta
+from online.search.snapshot_writer import full_load_buffer
 from online.stream.sample_corpus import PLANTED_PAIRS, TOPICS
 from online.learner.keys import word_keys
 from online.learner.settings import MODEL
@@ -132,8 +133,8 @@ class SyntheticSource:
         self._added = 0
         self._lock = asyncio.Lock()
 
-    def vectors_of(self, rows: np.ndarray) -> np.ndarray:
-        out = np.empty((len(rows), self.dim), np.float32)
+    def vectors_of(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        out = np.empty((len(rows), self.dim), np.float32) if out is None else out
         for lo in range(0, len(rows), _PIECE):
             _rows(self.seed, rows[lo:lo + _PIECE], self.named, self.centres, self.which, self.steps, out[lo:lo + _PIECE])
         return out
@@ -180,7 +181,8 @@ class SyntheticSource:
         self._step()
         n = len(self.words)
         if version <= 0 or version > self.version:      # the whole model
-            return ModelDelta(self.keys[:n], self.words[:n], self.vectors_of(np.arange(n, dtype=np.int64)),
+            return ModelDelta(self.keys[:n], self.words[:n],
+                              self.vectors_of(np.arange(n, dtype=np.int64), full_load_buffer(n, self.dim)),
                               self.counts[:n], self.version, full=True)
         elif version == self.version:
             return ModelDelta.unchanged(version, self.dim)

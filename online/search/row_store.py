@@ -211,8 +211,9 @@ class UnitPool:
     ``GROWTH`` into a new array: snapshots already published keep reading the old one, which is
     never written again."""
 
-    def __init__(self, cap: int, dim: int, used: int = 0):
-        self.array = np.zeros((cap, dim), np.float32)
+    def __init__(self, cap: int, dim: int, used: int = 0, array: np.ndarray | None = None):
+        # ``array``: rows 0..used-1 already written (a full load's buffer, adopted: no second copy)
+        self.array = np.zeros((cap, dim), np.float32) if array is None else array
         self.free = np.arange(cap - 1, used - 1, -1, dtype=np.int64)   # a stack: the lowest rows first
         self.n_free = cap - used
         self.high = used                             # rows below this have been written at some time
