@@ -334,7 +334,7 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     change = Change(src.state, state, rows, touched,
                     np.union1d(touched // TILE_ROWS, new_tiles), n, n_tiles, everything=install is not None)
     # the shared key and word arrays, the lookups, the counts
-    new_counts = np.empty(n, np.int64)
+    new_counts = store.counts_array(n)
     copy_prefix(new_counts, index.counts, n_old)
     scatter(new_counts, rows, counts, order)
     words_all = index.words._words

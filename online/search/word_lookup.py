@@ -180,7 +180,9 @@ def _search(sorted_keys: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.n
     out = np.empty(len(keys), np.int64)
     for lo in range(0, len(keys), SEARCH_CHUNK):
         part = keys[lo:lo + SEARCH_CHUNK]
-        pos = np.searchsorted(sorted_keys, part)
+        order = np.argsort(part)         # sorted needles: each search starts where the last one ended
+        pos = np.empty(len(part), np.int64)
+        pos[order] = np.searchsorted(sorted_keys, part[order])
         pos[pos == len(sorted_keys)] = 0
         out[lo:lo + len(part)] = np.where(sorted_keys[pos] == part, rows[pos], -1)
         if lo:
