@@ -62,6 +62,7 @@ BENCHES = [
     Bench("containers_vs_processes", ("--lines", "5000", "--rounds", "1"), r"^ratio container/process|^words/s"),
     Bench("scaling", ("--quick",), r"^ratio shaped|workers on \d+ hosts:", timeout_s=900.0),
     Bench("record_formats", ("--tokens", "100000", "--rounds", "1"), r"^(text8|tokens|unicode|JSON) .*x |MB/s per core"),
+    Bench("record_pipeline", ("--tokens", "200000", "--rounds", "1"), r"^(text8|tokens|unicode|JSON) .*x "),
 ]
 
 
