@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -146,6 +147,18 @@ def runner_metric(runner, app: str, name: str, index: int = 0) -> float:
         text = resp.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name) and not line.startswith("#"))
+
+
+def scraped_metric(url: str, name: str, **labels: str) -> float:
+    """Sum of the series of exactly ``name`` at a /metrics ``url`` whose labels include ``labels``."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r"([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)
+        if m and m.group(1) == name and all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
 
 
 def coordinator_idle(runner) -> bool:

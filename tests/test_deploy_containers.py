@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from online.deployment.moosefs_lab import MachineMooseFS, moosefs_support_proble
 from online.learner.tokenizer import Tokenizer
 from online.stream.producer import ensure_topic
 from online.stream.sample_corpus import generate_lines, planted_groups
-from tests.cluster_harness import wait_until
+from tests.cluster_harness import scraped_metric, wait_until
 from tests.test_checkpoint_recovery import ClusterProbe, Producer, _ledger
 from tests.test_deploy_e2e import _get
 
@@ -282,9 +281,7 @@ def test_processes_run_as_10001_and_write_nothing_outside_tmp_and_the_volume(gro
 
 
 def _scheduler_checkpoints(group, result: str) -> float:
-    text = urllib.request.urlopen(group.url("scheduler", "metrics", "/metrics"), timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("livevec_checkpoints_total{") and f'result="{result}"' in line)
+    return scraped_metric(group.url("scheduler", "metrics", "/metrics"), "livevec_checkpoints_total", result=result)
 
 
 def test_checkpoints_abort_while_the_chunkserver_is_down_and_resume_after(group, storage):

@@ -43,7 +43,7 @@ from online.deployment.topology import default_topology
 from online.stream.kafka_broker import KafkaBroker
 from online.stream.sample_corpus import generate_lines
 from online.stream.settings import KafkaBrokerSettings
-from tests.cluster_harness import netns_lab, runner_metric, wait_until
+from tests.cluster_harness import netns_lab, runner_metric, scraped_metric, wait_until
 from tests.test_checkpoint_recovery import Producer, Watcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,15 +148,7 @@ class _Ctx:
 
     def metric(self, app: str, name: str, **labels: str) -> float:
         """Sum of the series of ``name`` on the app's task whose labels include ``labels``."""
-        import urllib.request
-        with urllib.request.urlopen(self.runner.url(app, "metrics", "/metrics"), timeout=5) as resp:
-            text = resp.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            m = re.match(r"([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)
-            if m and m.group(1) == name and all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
-                total += float(m.group(3))
-        return total
+        return scraped_metric(self.runner.url(app, "metrics", "/metrics"), name, **labels)
 
     def done_checkpoints(self) -> float:
         return self.metric("scheduler", "livevec_checkpoints_total", result="done")

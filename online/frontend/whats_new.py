@@ -445,7 +445,10 @@ class WhatsNew:
     def disk_bytes(self) -> int:
         """What the drift checkpoints hold on disk (``LIVEVEC_DRIFT_DIR``)."""
         with self._lock:
-            return sum(c.model.disk_bytes() for c in self._checkpoints)
+            return self._disk_bytes()
+
+    def _disk_bytes(self) -> int:
+        return sum(c.model.disk_bytes() for c in self._checkpoints)
 
     def history(self) -> dict[str, Any]:
         """What the front end remembers: checkpoints, the samples' reach, the arrivals kept."""
@@ -459,7 +462,7 @@ class WhatsNew:
                 "checkpoints": [c.describe() for c in self._checkpoints],
                 "drift": {"interval_seconds": self.drift_interval, "keep": self.drift_keep,
                           "on_disk": self.drift_dir is not None,
-                          "disk_bytes": sum(c.model.disk_bytes() for c in self._checkpoints)},
+                          "disk_bytes": self._disk_bytes()},
                 "rising": {"interval_seconds": self.rising_interval, "samples": len(self._samples),
                            "keep": self.rising_samples, "max_window_seconds": self.max_window,
                            "oldest_sample_at": _rounded(oldest)},

@@ -67,11 +67,12 @@ def full_load_buffer(n: int, dim: int) -> np.ndarray:
 
 
 def _adoptable(vectors: np.ndarray, cap_rows: int) -> np.ndarray | None:
-    """The buffer under ``vectors`` if a source made it with ``full_load_buffer`` and it can be the pool."""
+    """The buffer under ``vectors`` if a source made it with ``full_load_buffer`` and it can be the pool (its
+    rows are the pool's capacity: ``UnitPool`` hands out exactly ``cap_rows``)."""
     base = vectors.base
     if base is None or _LOAD_BUFFERS.get(id(base)) is not base or not base.flags.writeable:
         return None
-    if base.shape[0] < cap_rows or base.shape[1:] != vectors.shape[1:] or \
+    if base.shape[0] != cap_rows or base.shape[1:] != vectors.shape[1:] or \
             base.__array_interface__["data"][0] != vectors.__array_interface__["data"][0]:
         return None
     del _LOAD_BUFFERS[id(base)]                     # adopted once
