@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from online.cluster.delta_rows import take_deltas       # noqa: E402
 from online.cluster.replica import REFRESH_SHARE, ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
+from online.cluster.server import MERGE_WINDOW_SYNCS     # noqa: E402
 from online.learner.concurrent_merge import CONTRACTION_SCALE  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
@@ -140,6 +141,37 @@ class SimulatedReplica:
         shard.apply(keys, np.hstack([vectors, acc[:, None]]))
 
 
+def simulate_async(args, workers, batches, per_sync: int, server: EmbeddingShard) -> int:
+    """``--jitter``: the replicas sync when their own clocks say so, not in lockstep. Each trains ``per_sync``
+    batches per interval, and an interval lasts a lognormal time (median 1, sigma ``--jitter``), as processes
+    time-slicing two cores do; the merge window is ``MERGE_WINDOW_SYNCS`` intervals, as on the servers. So
+    rounds fragment (a replica that syncs twice while another has not synced once ends the round), which the
+    lockstep mode never shows. A replica's training only reads its own rows, so training a whole interval at
+    its sync's moment is exact."""
+    import heapq
+    rng = np.random.default_rng(7)
+    server.merge_window = float(args.window_syncs)
+    clock = [(float(rng.uniform(0, 1)), i) for i in range(len(workers))]
+    heapq.heapify(clock)
+    b = syncs = 0
+    while b < len(batches):
+        now, i = heapq.heappop(clock)
+        trainer, store = workers[i]
+        for _ in range(per_sync):
+            if b < len(batches):
+                trainer.train_records(batches[b])
+                b += 1
+        store.sync(now)
+        syncs += 1
+        heapq.heappush(clock, (now + float(rng.lognormal(0.0, args.jitter)), i))
+        if syncs % len(workers) == 0:
+            print(f"\r{len(workers)} replicas, {syncs:,} syncs: {b:,} batches", end="",
+                  file=sys.stderr)
+    for _, store in workers:   # the last intervals' work
+        store.sync(now + 1.0)
+    return syncs // len(workers)
+
+
 def hot_keys(server: EmbeddingShard, words: list[str], n: int) -> np.ndarray:
     """The input and output rows' keys of the ``n`` words the cluster counted most."""
     if not n or not words:
@@ -186,7 +218,9 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
     per_sync = max(1, sync_tokens // batch_tokens)
     b = rounds = 0
     hot = np.zeros(0, np.uint64)
-    while b < len(batches):
+    if args.jitter > 0:
+        rounds = simulate_async(args, workers, batches, per_sync, server)
+    while b < len(batches) and not args.jitter:
         rounds += 1
         if args.hot_rows and rounds % 10 == 1:
             hot = hot_keys(server, sorted({w for trainer, _ in workers for w in trainer.export()[0]}), args.hot_rows)
@@ -291,6 +325,12 @@ def main() -> int:
                     help="rows of words new to a replica start from the initial value with an empty accumulator "
                          "(before session 15) instead of the servers' values, fetched when the cluster makes the "
                          "word trainable (ReplicaStore._hold_new_words)")
+    ap.add_argument("--jitter", type=float, default=0.0,
+                    help="replicas sync on their own clocks: each interval lasts lognormal(0, JITTER) (0: lockstep "
+                         "rounds)")
+    ap.add_argument("--window-syncs", type=float, default=float(MERGE_WINDOW_SYNCS),
+                    help=f"with --jitter: the servers' merge window in median intervals ({MERGE_WINDOW_SYNCS}, as "
+                         "online.cluster.server sets it)")
     ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
     args = ap.parse_args()
 

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from online.cluster.worker import mini_batches
+from online.cluster.worker import WorkerSettings, mini_batches, records_per_batch
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -25,3 +25,16 @@ def test_mini_batches_keep_every_record_in_order_and_respect_the_word_cap(seed):
 def test_a_record_longer_than_the_cap_is_a_mini_batch_of_its_own():
     long = " ".join(["w"] * 50)
     assert list(mini_batches(["a b", long, "c"], 10)) == [["a b"], [long], ["c"]]
+
+
+def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
+    """A sync carries whole batches, so a batch longer than LIVEVEC_SYNC_TOKENS would stretch every replica's
+    share of a round to the batch (issue #26: 16 workers synced every 5,000 tokens instead of 625)."""
+    sync = WorkerSettings.default_sync_tokens(16)
+    assert sync == 625
+    assert records_per_batch(500, 100.0, 10_000, sync) == 6          # 600 tokens, not 5,000
+    assert records_per_batch(500, 100.0, 10_000) == 50               # no replica: batch_words / 2
+    assert records_per_batch(500, 100.0, 10_000, WorkerSettings.default_sync_tokens(2)) == 50   # 40,000: no cap
+    assert records_per_batch(500, 1000.0, 10_000, sync) == 1         # never empty
+    assert records_per_batch(20, 1.0, 10_000, sync) == 20            # the stream's own cap still holds
+    assert records_per_batch(500, 0.0, 10_000, sync) == 64           # records' size unknown yet
