@@ -56,6 +56,8 @@ class SimulatedReplica:
         self.fetch_new_rows = True          # the cluster's new words held, fetched before they are trained
         self.seen_version = 0
         self.rows_sent = 0
+        self.lag = False                    # answers applied one interval late (``--lag``)
+        self.pending: list = []
         self.shard = shard if shard is not None else ReplicaShard(dim, refresh_share, optimizer="rowadagrad",
                                                                   seed=seed)
         self.on_totals = None
@@ -112,13 +114,25 @@ class SimulatedReplica:
             self.shard.mark_stale(changed)
         keys, deltas, fresh = self.shard.collect()
         self.rows_sent += len(keys)
+        answers = []
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
             dim = self.dim
             vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
                                                   sender=self.node_id, now=now,
                                                   contraction=deltas[pick, dim + 1] if self.contraction else None)
-            self.shard.apply(keys[pick], np.hstack([vectors, acc[:, None]]))
+            answers.append((keys[pick], np.hstack([vectors, acc[:, None]])))
+        if self.lag:   # the answer arrives while the next interval trains (``simulate`` applies it)
+            self.apply_pending()
+            self.pending = answers
+        else:
+            for k, merged in answers:
+                self.shard.apply(k, merged)
         self.shard.release_freed()
+
+    def apply_pending(self) -> None:
+        for k, merged in self.pending:
+            self.shard.apply(k, merged)
+        self.pending = []
 
     def sync_hot(self, keys: np.ndarray, now: float) -> None:
         """Only the rows of ``keys`` held here and known to the servers: the hot tier, synced between the full syncs
@@ -213,6 +227,7 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         store.contraction = args.merge == "contraction"
         store.stale_refresh = not args.no_stale_refresh
         store.fetch_new_rows = not args.no_prefetch
+        store.lag = args.lag > 0
         workers.append((trainer, store))
     t0 = time.perf_counter()
     per_sync = max(1, sync_tokens // batch_tokens)
@@ -225,11 +240,15 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         if args.hot_rows and rounds % 10 == 1:
             hot = hot_keys(server, sorted({w for trainer, _ in workers for w in trainer.export()[0]}), args.hot_rows)
         if not args.hot_rows:
-            for trainer, _ in workers:
-                for _ in range(per_sync):
-                    if b < len(batches):
-                        trainer.train_records(batches[b])
-                        b += 1
+            for trainer, store in workers:
+                records = [r for batch in batches[b:b + per_sync] for r in batch]
+                b += per_sync
+                early = int(round(args.lag * len(records)))   # trained before the last sync's answer arrives
+                if early:
+                    trainer.train_records(records[:early])
+                store.apply_pending()
+                if records[early:]:
+                    trainer.train_records(records[early:])
         for j in range(per_sync if args.hot_rows else 0):   # the replicas' j-th batches, then the hot tier's sync
             for trainer, _ in workers:
                 if b < len(batches):
@@ -325,6 +344,10 @@ def main() -> int:
                     help="rows of words new to a replica start from the initial value with an empty accumulator "
                          "(before session 15) instead of the servers' values, fetched when the cluster makes the "
                          "word trainable (ReplicaStore._hold_new_words)")
+    ap.add_argument("--lag", type=float, default=0.0,
+                    help="the share of the next interval a replica trains before its sync's answer arrives (a round "
+                         "trip that long: training goes on while a sync is in flight, as in the workers; lockstep "
+                         "mode without --hot-rows)")
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="replicas sync on their own clocks: each interval lasts lognormal(0, JITTER) (0: lockstep "
                          "rounds)")

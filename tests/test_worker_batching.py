@@ -38,3 +38,10 @@ def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
     assert records_per_batch(500, 1000.0, 10_000, sync) == 1         # never empty
     assert records_per_batch(20, 1.0, 10_000, sync) == 20            # the stream's own cap still holds
     assert records_per_batch(500, 0.0, 10_000, sync) == 64           # records' size unknown yet
+
+
+def test_many_replicas_train_at_most_half_an_interval_while_a_sync_is_in_flight():
+    """A whole interval trained while a sync is in flight collapses 8 and 16 replicas in the simulation
+    (issue #26, session 19); 2 - 4 replicas keep the looser bound."""
+    assert WorkerSettings.unsynced_bound(2) == WorkerSettings.unsynced_bound(4) == 2.0
+    assert WorkerSettings.unsynced_bound(8) == WorkerSettings.unsynced_bound(64) == 1.5

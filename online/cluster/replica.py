@@ -61,6 +61,19 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   / 0.394, 16 at 1,000 2.35 % / 0.397 -> 2.54 % / 0.411 (one model 2.92 % / 0.377). It costs the fetch (one pull
   per chunk when there is news) and the refreshes of the rows held (rows synced per token at 32 replicas 15.7 ->
   28.7).
+* **Session 19: what held 16 real workers back.** A sync carries whole Kafka batches (a row a running kernel
+  writes is collected when the kernel ends), and a batch held ``LIVEVEC_BATCH_WORDS / 2`` = 5,000 tokens whatever
+  ``LIVEVEC_SYNC_TOKENS`` said, so 16 replicas synced every 5,000 tokens, not every 625. The simulation puts that
+  at 1.67 % against 2.32 % (8 replicas at 5,000: 3.02 %, which is why 8 real workers were unharmed). A replica's
+  batch is now no longer than its sync interval (``worker.records_per_batch``): 16 workers with a replica each
+  learnt 21.99 % / 0.606 on wiki17m (was 20.2 - 20.9 %), at 2,622 / 6,094 B per token out / in (was 1,340 /
+  2,778: twice the syncs). Replicas syncing on their own clocks (``replica_simulation.py --jitter``) learn as in
+  lockstep (16 replicas at 625 tokens: jitter 0.3 2.29 %, 1.0 3.16 %, lockstep 2.32 %), so the time-slicing of
+  16 processes on two cores was not the cause. And what a replica trains while a sync is in flight starts from
+  rows without the round's merge: half an interval of it is harmless (``--lag 0.5``: 2.33 %), a whole one
+  collapses 8 and 16 replicas (0.36 %, 0.01 %; 2 and 4 are unharmed), so with more than 4 workers a worker trains
+  no further once 1.5 intervals are unsynced (``WorkerSettings.unsynced_bound``; it was 2). 16 replicas still
+  learn 1.6 - 2.4 points less than one host (21.20 - 21.99 % against 23.60 % in the same sitting).
 
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
 (``bench/README.md``); the servers only add. A row first touched here starts from the

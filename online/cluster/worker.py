@@ -67,9 +67,9 @@ WORKER = SettingGroup("worker", (
             help="replica: train a local replica and sync deltas; pullpush: pull and push every mini-batch"),
     Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 0, minimum=0,
             help="replica: sync sooner once this many tokens were trained since the last sync, and train no "
-                 "further before a sync once twice as many are (the replica's staleness, in tokens); 0: "
-                 "80,000 / DMLC_NUM_WORKER, at least 2,000, so the cluster trains about as many tokens between "
-                 "two syncs of a replica whatever its size"),
+                 "further before a sync once 1.5 times as many are (2 with up to 4 workers; the replica's "
+                 "staleness, in tokens; a Kafka batch is no longer than this); 0: 160,000 / DMLC_NUM_WORKER^2, "
+                 "at least 250"),
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
@@ -173,6 +173,17 @@ class WorkerSettings:
     SYNC_TOKENS_K = 160_000
     SYNC_TOKENS_MIN = 250
 
+    @staticmethod
+    def unsynced_bound(workers: int) -> float:
+        """Trained tokens no sync has carried yet, at most, in ``LIVEVEC_SYNC_TOKENS``. A sync starts at one
+        interval unsynced, so this bounds what a replica trains while a sync is in flight, from rows that lack
+        the round's merge. In the simulation (``--lag``, bench/README.md, session 19) a whole interval trained
+        so is harmless to 2 and 4 replicas (2.85 % and 2.58 %, one model 2.92 %) and collapses 8 and 16 (0.36 %
+        and 0.01 %): every hot row's delta redoes the round's move; half an interval costs 16 nothing (2.33 %
+        against 2.32 %). So up to 4 workers keep 2 (a slow sync then holds training less), more get 1.5; slow
+        syncs (many replicas, slow links) are what reach it."""
+        return 2.0 if workers <= 4 else 1.5
+
 
 def mini_batches(texts: list[str], max_words: int):
     """Consecutive runs of ``texts`` of at most ``max_words`` whitespace-separated words each
@@ -256,6 +267,7 @@ class StreamingWorker:
         self.abandon = threading.Event()
         self.stop_deadline = None   # a ``StopDeadline`` (``online.cluster.stopping``): bounds the final sync
         self._inflight: collections.deque = collections.deque()
+        self._unsynced_limit = WorkerSettings.unsynced_bound(settings.node.num_worker) * settings.sync_tokens
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
         self.extension = extension or WorkerExtension()
         self.extension.attach(self)
@@ -492,7 +504,7 @@ class StreamingWorker:
                     await asyncio.sleep(0.05)
                     continue
                 self.idle.clear()
-                if self.replica is not None and self._awaiting_tokens >= self.UNSYNCED_BOUND * self.settings.sync_tokens:
+                if self.replica is not None and self._awaiting_tokens >= self._unsynced_limit:
                     # The replica's staleness is bounded in tokens, not only in time: where syncs are slow (many
                     # replicas on few cores) training would otherwise run ahead, and every replica would walk its
                     # rows further from the cluster's between two merges (bench/README.md, session 12).
@@ -526,7 +538,6 @@ class StreamingWorker:
             if self.replica is not None:
                 self.replica.shard.close()   # a host's shared replica: the last process removes it
 
-    UNSYNCED_BOUND = 2   # trained tokens no sync has carried yet: at most this many LIVEVEC_SYNC_TOKENS
     STOP_RESERVE = 3.0   # seconds of the stop budget kept for what follows the final sync (Kafka, leave)
 
     async def _bound_stop(self) -> None:
