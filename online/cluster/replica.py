@@ -73,7 +73,8 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   rows without the round's merge: half an interval of it is harmless (``--lag 0.5``: 2.33 %), a whole one
   collapses 8 and 16 replicas (0.36 %, 0.01 %; 2 and 4 are unharmed), so with more than 4 workers a worker trains
   no further once 1.5 intervals are unsynced (``WorkerSettings.unsynced_bound``; it was 2). 16 replicas still
-  learn 1.6 - 2.4 points less than one host (21.20 - 21.99 % against 23.60 % in the same sitting).
+  learn 1.2 - 2.4 points less than one host (21.20 - 22.42 % against 23.60 % in the same sitting; 22.42 % with
+  the bound of 1.5).
 
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
 (``bench/README.md``); the servers only add. A row first touched here starts from the
