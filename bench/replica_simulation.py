@@ -3,6 +3,7 @@
     .venv/bin/python bench/replica_simulation.py [--workers 8] [--max-tokens 3000000] [--sync-tokens 25000]
         [--merge contraction|align|sum] [--seeds]
     .venv/bin/python bench/replica_simulation.py --seeds --sweep 1,2,4,8,16,32,64 [--round-tokens 80000]
+    .venv/bin/python bench/replica_simulation.py --seeds --workers 16 --sync-tokens 625 [--lag 0.5 | --jitter 0.3]
 
 Why: the real pipeline (``cluster_learning.py``) mixes the exchange's arithmetic with Kafka, scheduling
 and load on two cores, and one run takes minutes. This runs the same pieces (``Trainer`` with its in-place
@@ -13,6 +14,8 @@ So staleness and concurrency are exact and repeatable, and a change to how delta
 about a minute. It is a model of the exchange, not a measurement of the product: no threads, no
 network, no timing. Prints gensim's evaluators on the shard's input rows (analogy, WS353, SimLex) and
 the norms of the most frequent words' rows (a diverging exchange shows as norms of 30 - 70 against ~2).
+``--lag`` and ``--jitter`` bring in two things the lockstep rounds leave out: training while a sync is in flight,
+and replicas that sync on their own clocks (session 19: the first matters, the second does not).
 ``--sweep`` runs several cluster sizes on the same tokens with the same tokens per sync interval for the
 whole cluster, and prints a table against the first (1 replica: one shared model).
 """
