@@ -39,7 +39,7 @@ SMALL_CORPUS_BYTES = 2_000_000   # about 330k words of the corpus: kafka_produce
 @dataclass(frozen=True)
 class Bench:
     name: str
-    quick: tuple[str, ...]          # small arguments; "{small_corpus}" is a cut of the corpus
+    quick: tuple[str, ...]          # small arguments; "{small_corpus}" is a cut of the corpus, "{tmp}" a scratch dir
     ratio_lines: str                # regex: the lines that compare against the same-run reference
     needs_corpus: bool = False
     timeout_s: float = 1200.0       # quick run only; --full has none
@@ -57,12 +57,22 @@ BENCHES = [
                          "--training", "local"), r"^ratio |req/s offered"),
     Bench("stream_throughput", ("--max-tokens", "200000"), r"^ratio livevec/gensim", needs_corpus=True),
     Bench("freshness", ("--trials", "3", "--warmup", "10"), r"^(visible|planted neighbour|top-1|target p99)"),
+    Bench("frontend_fanout", ("--frontends", "0,1", "--warmup", "30", "--window", "10"),
+          r"^per added front end|^\| \d+ \|"),
     Bench("soak", ("--duration", "30", "--kill-every", "10", "--skip-reference"),
           r'"(produced|trained_offsets|trained_twice|skipped|exactly_once|quality\w*)"'),
     Bench("containers_vs_processes", ("--lines", "5000", "--rounds", "1"), r"^ratio container/process|^words/s"),
     Bench("scaling", ("--quick",), r"^ratio shaped|workers on \d+ hosts:", timeout_s=900.0),
     Bench("record_formats", ("--tokens", "100000", "--rounds", "1"), r"^(text8|tokens|unicode|JSON) .*x |MB/s per core"),
     Bench("record_pipeline", ("--tokens", "200000", "--rounds", "1"), r"^(text8|tokens|unicode|JSON) .*x "),
+    Bench("cluster_learning", ("--max-tokens", "300000", "--workers", "2"),
+          r"^livevec / gensim words/s|^(livevec pipeline|gensim workers=2) ", needs_corpus=True),
+    Bench("replica_simulation", ("--workers", "4", "--sync-tokens", "10000", "--max-tokens", "200000", "--seeds"),
+          r"^analogy ", needs_corpus=True),
+    Bench("kernel_speed", ("--warm-tokens", "300000", "--batches", "10", "--reps", "2"),
+          r"^ratio current / reference", needs_corpus=True),
+    Bench("ivf_recall", ("--corpus", "{small_corpus}", "--cache", "{tmp}/ivf-recall", "--queries", "200",
+                         "--top", "2000", "--settings", "32:0"), r"^\| 32 \|", needs_corpus=True),
 ]
 
 
@@ -155,7 +165,7 @@ def main() -> int:
             if not args.full:
                 if "{small_corpus}" in bench.quick and small_corpus is None:
                     small_corpus = cut_corpus(CORPUS, SMALL_CORPUS_BYTES, Path(tmp) / "corpus-head.txt.xz")
-                argv = [a.replace("{small_corpus}", str(small_corpus)) for a in bench.quick]
+                argv = [a.replace("{small_corpus}", str(small_corpus)).replace("{tmp}", tmp) for a in bench.quick]
             print(f"  $ python bench/{bench.name}.py {' '.join(argv)}", flush=True)
             t0 = time.monotonic()
             code, lines = run(bench, argv, None if args.full else bench.timeout_s)

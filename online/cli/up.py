@@ -185,16 +185,19 @@ class _Producer(threading.Thread):
 
 def local_cluster(work_dir: Path, bootstrap: str, topic: str, *, servers: int, workers: int, frontend: bool = True,
                   env: dict[str, str] | None = None, lab: NetnsLab | None = None,
-                  agents: int | None = None, volumes: dict | None = None) -> LocalRunner:
+                  agents: int | None = None, volumes: dict | None = None,
+                  frontends: int | None = None) -> LocalRunner:
     """The production Marathon group, pointed at a local broker, with this machine's counts; with ``lab``,
-    placed over the lab's hosts as Mesos would place it."""
+    placed over the lab's hosts as Mesos would place it. ``frontends`` front ends, each with its own ports
+    (default: one, or none with ``frontend=False``)."""
     topology = default_topology(servers=servers, workers=workers, frontends=1)
+    frontends = (1 if frontend else 0) if frontends is None else frontends
     kwargs = dict(
         work_dir=work_dir,
         env={"LIVEVEC_KAFKA_BOOTSTRAP": bootstrap, "LIVEVEC_KAFKA_TOPICS": topic,
              "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10", **(env or {})},
         app_env={"frontend": {"LIVEVEC_HTTP_HOST": "0.0.0.0" if lab else "127.0.0.1", "LIVEVEC_MODEL_SOURCE": "ps"}},
-        instances={"server": servers, "worker": workers, "frontend": 1 if frontend else 0, "producer-example": 0},
+        instances={"server": servers, "worker": workers, "frontend": frontends, "producer-example": 0},
         volumes=volumes or {"/mnt/mfs": Path(work_dir) / "shared"})
     if lab is not None:
         return lab_cluster(lab, topology, agents=agents, **kwargs)
