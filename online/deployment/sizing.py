@@ -50,12 +50,14 @@ class Capacity:
     # words (600k rows in a 1,048,576-row capacity, 1.75x) peaked at 3,987 B/word of RSS
     # above the import baseline; the row arrays account for 2 x 1.75 x 824 B = 2,884 B.
     server_bytes_per_word: int = 1100
-    # Per word in a front-end replica: float32 copies of the row (the source's delta, the
-    # normalised index, the next index during the atomic swap, the parse buffer) plus the
-    # word string and dict entries. Measured: `livevec frontend --model` serving a 200k x 100
-    # word2vec file peaked at 366 MiB RSS against 54 MiB for a 1k-word file: 1,635 B/word.
-    frontend_float_copies: int = 4
-    frontend_bytes_per_word: int = 100
+    # Per word in a front-end replica, at its peak: two float32 copies of the row (the row store, and the
+    # full load's buffer or a sync's out-of-place rows while the index is rebuilt) plus the int8 codes, the
+    # inverted lists, the word arena and the key index. Measured (issue #29, bench/query_load.py, session 18):
+    # 1M words x 100 dims peaked at 1.09 GB of RSS (0.95 GB steady), 10M at 8.92 GB (7.51 steady), so about
+    # 1,020 and 890 B/word at the peak; the rule gives 2 x 400 + 220 = 1,020 at dim 100. (It was 4 copies + 100
+    # B, 1,700 B/word, measured on a 200k-word model before the row store, the arena and the adopted load.)
+    frontend_float_copies: int = 2
+    frontend_bytes_per_word: int = 220
     # Baselines: peak RSS (VmHWM) of the real roles started from the committed group by the
     # local runner, training 20k lines (dim 100, 170 words, so almost no model): scheduler
     # 40 MiB, server 164 MiB, worker 268 MiB (numba + aiokafka + batches), front end
@@ -126,7 +128,7 @@ def size_resources(role: str, capacity: Capacity, servers: int) -> Resources:
         model_mib = capacity.model_words * per_word / 2**20
         mem = round_up((base + model_mib) * capacity.headroom)
         basis = (f"({base} MiB baseline + {capacity.model_words:,} words x {per_word} B/word, "
-                 f"measured with a 200k-word model) x {capacity.headroom} headroom")
+                 f"the peak measured at 1M words) x {capacity.headroom} headroom")
         return Resources(1.0, mem, 512, basis)
     if role == "scheduler":
         mem = round_up(base * 2 * capacity.headroom)
