@@ -105,6 +105,7 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
+from online.cluster.delta_rows import ANSWER_EXTRA
 from online.cluster.host_replica import SharedReplicaShard
 from online.cluster.replica_shard import ReplicaShard
 from online.learner.embedding_shard import EmbeddingShard
@@ -305,7 +306,7 @@ class ReplicaStore:
             rows_sent = 0
             for i, (ts, cmd, k) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
-                merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
+                merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + ANSWER_EXTRA)
                 # Fresh rows too: what was trained on them while this sync was in flight stays on top of the
                 # servers' answer. (Adopted, it was lost: a burst trained whole during a slow first sync left the
                 # servers at the initial values, tests/test_kafka_security.py 1 run in 5.)
@@ -431,7 +432,7 @@ class ReplicaStore:
                    for k in (created[a:a + _SYNC_CHUNK] for a in range(0, len(created), _SYNC_CHUNK))]
         for ts, k in pending:
             res = kv.wait(ts, self.timeout)
-            self.shard.apply(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
+            self.shard.apply(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + ANSWER_EXTRA))
             self.m_prefetched.inc(len(k))
 
     def _send_words(self, words: dict[int, str]) -> list[int]:
@@ -461,6 +462,6 @@ class ReplicaStore:
                 k = keys[a:a + _SYNC_CHUNK]
                 zeros = np.zeros(len(k) * (self.dim + 1), dtype=np.float32)
                 res = self.worker.wait(self.worker.pushpull(k, zeros, cmd=pc.CMD_DELTA), self.timeout)
-                self.shard.overwrite(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
+                self.shard.overwrite(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + ANSWER_EXTRA))
             self.shard.synced_version = self.shard.version
             return int(len(keys))
