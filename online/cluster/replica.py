@@ -343,7 +343,7 @@ class ReplicaStore:
         answered for as ``CMD_DELTA`` pushpulls, rows created here since as ``CMD_DELTA_FRESH`` pushpulls, and
         rows only refreshed (nothing changed here: the delta is all zeros) as ``CMD_DELTA`` pulls (data None),
         which carry no zeros out."""
-        unchanged = ~fresh & ~np.any(deltas != 0, axis=1)
+        unchanged = ~fresh & ~np.any(deltas[:, :-3] != 0, axis=1)   # (the contraction and K need no push)
         parts = []
         for cmd, pick, pull in ((pc.CMD_DELTA, ~fresh & ~unchanged, False), (pc.CMD_DELTA_FRESH, fresh, False),
                                 (pc.CMD_DELTA, unchanged, True)):
