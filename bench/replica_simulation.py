@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from online.cluster.delta_rows import ANSWER_EXTRA, put_seen, seen_column, take_deltas  # noqa: E402
+from online.cluster.delta_rows import take_deltas       # noqa: E402
 from online.cluster.replica import REFRESH_SHARE, ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
 from online.cluster.server import MERGE_WINDOW_SYNCS     # noqa: E402
 from online.learner.concurrent_merge import CONTRACTION_SCALE  # noqa: E402
@@ -43,14 +43,6 @@ from quality_vs_gensim import evaluate                   # noqa: E402
 from stream_throughput import DEFAULT_CORPUS, read_prefix  # noqa: E402
 
 BATCH_TOKENS = 5_000
-
-
-def answer_rows(vectors: np.ndarray, acc: np.ndarray, contracted: np.ndarray) -> np.ndarray:
-    """The servers' answer as the wire has it (``online.cluster.delta_rows``): values, accumulator, K."""
-    out = np.empty((len(vectors), vectors.shape[1] + ANSWER_EXTRA), np.float32)
-    out[:, :-3], out[:, -3] = vectors, acc
-    put_seen(out, contracted)
-    return out
 
 
 class SimulatedReplica:
@@ -68,7 +60,6 @@ class SimulatedReplica:
         self.seen_version = 0
         self.rows_sent = 0
         self.lag = False                    # answers applied one interval late (``--lag``)
-        self.from_base = False              # send each row's base K (the merge's base rule)
         self.pending: list = []
         self.shard = shard if shard is not None else ReplicaShard(dim, refresh_share, optimizer="rowadagrad",
                                                                   seed=seed)
@@ -118,9 +109,8 @@ class SimulatedReplica:
             return
         created = self.shard.take_created()
         if self.fetch_new_rows and len(created):   # the cluster's values of rows new here, before they are trained
-            contracted = np.empty(len(created), np.float64)
-            vectors, acc = self.server.read_rows(created, contracted_out=contracted)
-            self.shard.adopt(created, answer_rows(vectors, acc, contracted))
+            vectors, acc = self.server.read_rows(created)
+            self.shard.adopt(created, np.hstack([vectors, acc[:, None]]))
             self.rows_sent += len(created)
         if self.stale_refresh:   # the rows the servers changed since the last sync, refreshed by this one
             self.seen_version, changed = self.server.changed_keys_since(self.seen_version, asker=self.node_id)
@@ -130,13 +120,10 @@ class SimulatedReplica:
         answers = []
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
             dim = self.dim
-            contracted = np.empty(int(pick.sum()), np.float64)
             vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
                                                   sender=self.node_id, now=now,
-                                                  contraction=deltas[pick, dim + 1] if self.contraction else None,
-                                                  seen=seen_column(deltas[pick], dim + 2) if self.from_base else None,
-                                                  contracted_out=contracted)
-            answers.append((keys[pick], answer_rows(vectors, acc, contracted)))
+                                                  contraction=deltas[pick, dim + 1] if self.contraction else None)
+            answers.append((keys[pick], np.hstack([vectors, acc[:, None]])))
         if self.lag:   # the answer arrives while the next interval trains (``simulate`` applies it)
             self.apply_pending()
             self.pending = answers
@@ -218,7 +205,7 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
     per_batch = max(1, batch_tokens // 100)
     batches = [records[i:i + per_batch] for i in range(0, len(records), per_batch)]
     server = EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=args.min_count, word_capacity=200_000)
-    if args.merge in ("align", "contraction", "base"):
+    if args.merge in ("align", "contraction"):
         server.merge_window = 0.5          # rounds are 1 "second" apart: a round ends with it at the latest
         server._merge.floor = args.floor
         server._merge.contraction_scale = args.contraction_scale
@@ -240,11 +227,10 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         store.on_totals = trainer.apply_cluster_counts
         if not args.no_journal:
             store.on_trainable = trainer.learn_cluster_trainable
-        store.contraction = args.merge in ("contraction", "base")
+        store.contraction = args.merge == "contraction"
         store.stale_refresh = not args.no_stale_refresh
         store.fetch_new_rows = not args.no_prefetch
         store.lag = args.lag > 0
-        store.from_base = args.merge == "base"
         workers.append((trainer, store))
     t0 = time.perf_counter()
     per_sync = max(1, sync_tokens // batch_tokens)
@@ -333,7 +319,7 @@ def main() -> int:
     ap.add_argument("--contraction-scale", type=float, default=CONTRACTION_SCALE,
                     help="contraction merge: the measured contraction's weight "
                          f"(online.learner.concurrent_merge.CONTRACTION_SCALE, {CONTRACTION_SCALE})")
-    ap.add_argument("--merge", choices=("sum", "align", "contraction", "base"), default="contraction",
+    ap.add_argument("--merge", choices=("sum", "align", "contraction"), default="contraction",
                     help="how the shard combines concurrent deltas (online.learner.concurrent_merge; contraction: "
                          "by the rows' measured contraction, as shipped; align: by the deltas' alignment, before "
                          "session 12)")

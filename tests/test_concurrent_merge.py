@@ -121,46 +121,6 @@ def test_the_contraction_scale_weighs_the_measured_contraction():
     np.testing.assert_allclose(got, [want, 0.0], rtol=1e-4)
 
 
-def _from_base(merge, delta, sender, now, contraction, seen):
-    out, _ = merge.combine_from_base(np.array([0]), np.asarray([delta], np.float32), np.array([1.0], np.float32),
-                                     sender, now, np.array([contraction], np.float32), np.array([seen], np.float64))
-    return out[0], float(merge.contracted(np.array([0]))[0])
-
-
-def test_the_base_rule_discounts_a_delta_by_what_its_base_missed():
-    """A delta made from a base that had not seen the row's last contraction ``m`` would redo that part of the
-    way: it counts ``e^-m`` (session 20; a lagging replica's delta collapsed 16 replicas). A delta from the
-    current base counts in full, and within a round the base rule is the contraction rule."""
-    merge = ConcurrentMerge(2, 1.0, contraction_scale=1.0)
-    out, k = _from_base(merge, [1.0, 2.0], W[0], 0.0, 0.7, 0.0)
-    np.testing.assert_allclose(out, [1.0, 2.0], rtol=1e-6)
-    assert k == pytest.approx(0.7)
-    out, k = _from_base(merge, [1.0, 0.0], W[1], 5.0, 0.4, 0.0)          # a new round; its base missed the 0.7
-    np.testing.assert_allclose(out, [np.exp(-0.7), 0.0], rtol=1e-5)
-    assert k == pytest.approx(1.1)
-    out, _ = _from_base(merge, [0.0, 1.0], W[0], 9.0, 0.1, 1.1)          # its base saw everything
-    np.testing.assert_allclose(out, [0.0, 1.0], rtol=1e-6)
-    same_base, plain = ConcurrentMerge(3, 1.0, contraction_scale=1.0), ConcurrentMerge(3, 1.0, contraction_scale=1.0)
-    for sender in W[:4]:
-        a, _ = _from_base(same_base, [1.0, -2.0, 0.5], sender, 0.0, 0.5, 0.0)
-        b, _ = plain.combine(np.array([0]), np.asarray([[1.0, -2.0, 0.5]], np.float32), np.ones(1, np.float32),
-                             sender, 0.0, np.array([0.5], np.float32))
-        np.testing.assert_allclose(a, b[0], rtol=1e-6)
-    merge.forget(np.array([0]))
-    assert merge.contracted(np.array([0]))[0] == 0.0
-
-
-def test_the_wire_carries_k_bit_for_bit():
-    """K only grows, and only its differences matter: a hot row's 123456.789 must not round to float32's 0.008."""
-    from online.cluster.delta_rows import ANSWER_EXTRA, answer_seen, put_seen, seen_column
-    k = np.array([0.0, 1e-9, 123456.789012345, 2.0 ** 40 + 0.5])
-    answer = np.zeros((4, 5 + ANSWER_EXTRA), np.float32)
-    put_seen(answer, k)
-    assert answer_seen(answer, 5).tolist() == k.tolist()
-    assert seen_column(answer, 6).tolist() == k.tolist()
-    assert answer_seen(np.zeros((4, 6), np.float32), 5).tolist() == [0.0] * 4   # no K: nothing discounted
-
-
 def test_a_zero_delta_refresh_changes_and_stamps_nothing():
     """A replica refreshing a row it did not train sends nothing to combine and must not mark the row changed:
     every other replica reads the changed rows and refreshes them (a stamped refresh fed more refreshes)."""

@@ -8,40 +8,13 @@ same number.
 
 Layout (``online.cluster.replica.ReplicaShard``): ``vectors``/``base`` [rows, dim] float32; ``accum``
 the optimizer's accumulators, [rows, 1] (row-wise AdaGrad), [rows, dim] (AdaGrad) or [0, dim] (SGD: none);
-``base_acc`` [rows, 1], the accumulator's mean the servers last confirmed; ``seen`` [rows] float64, the row's
-cumulative contraction ``K`` on the servers when ``base`` was set (``online.learner.concurrent_merge``, the base
-rule).
-
-The wire (``CMD_DELTA``, float32 values): a replica sends per key [dim deltas, the accumulator's, the contraction,
-the base's K as the two halves of a float64] (``dim + WIRE_EXTRA``); the servers answer [dim values, the
-accumulator, K as two halves] (``dim + ANSWER_EXTRA``). K is a float64 carried bit for bit, because it only
-grows and only differences of it matter: a float32 would round a hot row's K of 10^5 to 0.01.
+``base_acc`` [rows, 1], the accumulator's mean the servers last confirmed. The wire row is
+[dim deltas or values, then the accumulator's].
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
-
-WIRE_EXTRA = 4     # columns after a delta's dim values: accumulator, contraction, K (two float32 halves)
-ANSWER_EXTRA = 3   # columns after an answer's dim values: accumulator, K (two float32 halves)
-
-
-def put_seen(out: np.ndarray, seen: np.ndarray) -> None:
-    """Write the float64 ``seen`` into the last two float32 columns of ``out``, bit for bit."""
-    out[:, -2:] = np.ascontiguousarray(seen, dtype=np.float64).view(np.float32).reshape(-1, 2)
-
-
-def answer_seen(answer: np.ndarray, dim: int) -> np.ndarray:
-    """The float64 K carried in columns ``dim + 1`` and ``dim + 2`` of a servers' answer; 0 (nothing to discount)
-    for an answer without it (``dim + 1`` columns, from a server that does not keep K)."""
-    if answer.shape[1] < dim + ANSWER_EXTRA:
-        return np.zeros(answer.shape[0], np.float64)
-    return np.ascontiguousarray(answer[:, dim + 1:dim + 3], dtype=np.float32).view(np.float64).reshape(-1)
-
-
-def seen_column(vals: np.ndarray, at: int) -> np.ndarray:
-    """The float64 K carried in columns ``at`` and ``at + 1`` of a replica's deltas."""
-    return np.ascontiguousarray(vals[:, at:at + 2], dtype=np.float32).view(np.float64).reshape(-1)
 
 
 @njit(nogil=True, cache=True)

@@ -420,7 +420,7 @@ class SharedReplicaShard(ReplicaShard):
         self.vectors, self.base = seg.array("vectors"), seg.array("base")
         self.accum = seg.array("accum") if self.accum.shape[0] else self.accum
         self.base_acc, self.confirmed = seg.array("base_acc"), seg.array("confirmed")
-        self.contraction, self.seen = seg.array("contraction"), seg.array("seen")
+        self.contraction = seg.array("contraction")
         self.row_keys, self.row_version = seg.array("row_keys"), seg.array("row_version")
         self.row_born, self.counts = seg.array("row_born"), seg.array("counts")
         self._index = _SharedKeyIndex(seg)

@@ -13,11 +13,9 @@ KV commands (``cmd``), keys sorted and unique as ps-lite requires:
   pushes and pulls with cmd 0 therefore still talks to a livevec server.
 * ``CMD_COUNTS``: push, one float per key: occurrence counts to add to words.
 * ``CMD_FREE``: push, one (ignored) float per key: delete the rows (evicted words).
-* ``CMD_DELTA``: pushpull, ``dim + 4`` floats per key: a worker replica's change of each row
-  since its last sync, the row's AdaGrad accumulator increment, the row's contraction and the K its
-  base had (``dim + 1`` and ``dim + 2``, without the last ones, are still read); the answer is
-  ``dim + 3`` per key: the merged row, its accumulator and its K (``online.cluster.delta_rows``).
-  As a pull (no values): the rows as they are, in the answer's layout.
+* ``CMD_DELTA``: pushpull, ``dim + 1`` floats per key: a worker replica's change of each row
+  since its last sync and the row's AdaGrad accumulator increment; the answer has the same
+  layout with the merged row and accumulator (``online.cluster.replica``).
 * ``CMD_DELTA_FRESH``: as ``CMD_DELTA``, for rows the worker created from the initial value
   since its last sync: the server adds them only to rows still at that value (a word new to
   the cluster) and otherwise just answers with its row, which the worker adopts.

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from online.cluster.delta_rows import WIRE_EXTRA, answer_seen, merge_answer, put_seen, take_deltas
+from online.cluster.delta_rows import merge_answer, take_deltas
 from online.learner.embedding_shard import EmbeddingShard
 
 REFRESH_SHARE_DEFAULT = 0.1   # ``online.cluster.replica.REFRESH_SHARE``'s default
@@ -44,7 +44,6 @@ class ReplicaShard(EmbeddingShard):
         self.base_acc = np.zeros((self.capacity, 1), dtype=np.float32)
         self.contraction = np.zeros(self.capacity, dtype=np.float32)   # since the last collect (the kernel's)
         self.confirmed = np.zeros(self.capacity, dtype=bool)   # the servers' value has been applied
-        self.seen = np.zeros(self.capacity, dtype=np.float64)   # the servers' K of the row when base was set
         self.synced_version = 0
         self._refresh_at = 0
         self._stale = np.zeros(0, dtype=np.uint64)   # keys the servers changed since this replica last read them
@@ -71,10 +70,7 @@ class ReplicaShard(EmbeddingShard):
             confirmed[:self.confirmed.shape[0]] = self.confirmed
             contraction = np.zeros(cap, dtype=np.float32)
             contraction[:self.contraction.shape[0]] = self.contraction
-            seen = np.zeros(cap, dtype=np.float64)
-            seen[:self.seen.shape[0]] = self.seen
             self.base, self.base_acc, self.confirmed, self.contraction = base, acc, confirmed, contraction
-            self.seen = seen
 
     def rows_for(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
@@ -88,7 +84,6 @@ class ReplicaShard(EmbeddingShard):
                 self.base[new] = self.vectors[new]
                 self.base_acc[new] = self._accum_column(new)
                 self.confirmed[new] = False
-                self.seen[new] = 0.0
                 self._created.append(keys[missing])
             if self.pending_free:
                 self.pending_free.difference_update(keys.tolist())
@@ -191,8 +186,7 @@ class ReplicaShard(EmbeddingShard):
             return self.version
 
     def collect(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(sorted keys, float32 [n, dim + 4] deltas (``online.cluster.delta_rows``: the delta, the accumulator's,
-        the contraction, the base's K), fresh) of the rows changed since the last collect, and of
+        """(sorted keys, float32 [n, dim + 1] deltas, fresh) of the rows changed since the last collect, and of
         the next ``refresh_share`` of the other rows in turn, so that rows held but no longer trained
         here also learn what other workers did (their delta is zero or the unstamped part of a kernel
         still running; either way ``row - base`` is exactly what has not been sent). ``fresh`` marks
@@ -220,24 +214,21 @@ class ReplicaShard(EmbeddingShard):
             keys = self.row_keys[rows]
             order = np.argsort(keys)
             rows, keys = rows[order], keys[order]
-            out = np.empty((len(rows), self.dim + WIRE_EXTRA), dtype=np.float32)
+            out = np.empty((len(rows), self.dim + 2), dtype=np.float32)
             take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction, rows, out)
-            put_seen(out, self.seen[rows])
             return keys, out, ~self.confirmed[rows]
 
     def apply(self, keys: np.ndarray, merged: np.ndarray) -> None:
-        """Bring in the servers' merged values (``merged`` [n, dim + 3]: the row, its accumulator, its K),
-        keeping local changes on top."""
+        """Bring in the servers' merged values (``merged`` [n, dim + 1]), keeping local changes on top."""
         with self._lock:
             rows = self._index.lookup(keys)
             live = rows >= 0
             rows, merged = rows[live], np.ascontiguousarray(merged[live], dtype=np.float32)
             merge_answer(self.vectors, self.accum, self.base, self.base_acc, rows, merged)
-            self.seen[rows] = answer_seen(merged, self.dim)
             self.confirmed[rows] = True
 
     def adopt(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Set rows and their base to the servers' values (``values`` [n, dim + 3]), dropping what was
+        """Set rows and their base to the servers' values (``values`` [n, dim + 1]), dropping what was
         trained here since the collect: a reload after a rollback (``overwrite``). A sync's answers, fresh
         rows' included, go through ``apply``, which keeps that work."""
         with self._lock:
@@ -247,9 +238,8 @@ class ReplicaShard(EmbeddingShard):
             self.vectors[rows] = values[:, :self.dim]
             self.base[rows] = values[:, :self.dim]
             if self.accum.shape[0]:
-                self.accum[rows] = values[:, self.dim:self.dim + 1]
+                self.accum[rows] = values[:, self.dim:]
             self.base_acc[rows, 0] = values[:, self.dim]
-            self.seen[rows] = answer_seen(values, self.dim)
             self.confirmed[rows] = True
 
     def overwrite(self, keys: np.ndarray, values: np.ndarray) -> None:

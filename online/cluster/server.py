@@ -20,7 +20,6 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
-from online.cluster.delta_rows import ANSWER_EXTRA, WIRE_EXTRA, put_seen, seen_column
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.replica import SYNC
 from online.cluster.training_signal import summed_reasons
@@ -39,7 +38,7 @@ log = logging.getLogger("livevec.server")
 
 
 # Deltas of different workers to a row within this many sync intervals may be combined as concurrent
-# (``online.learner.concurrent_merge``; on clusters of more than 2 workers, at 444 B per row at dim 100);
+# (``online.learner.concurrent_merge``; on clusters of more than 2 workers, at 436 B per row at dim 100);
 # a round ends sooner when a worker sends again, so this only needs to cover a sync period that load
 # stretches (8 workers on 2 cores sync about every 0.5 s).
 MERGE_WINDOW_SYNCS = 4
@@ -97,14 +96,9 @@ class ServerSettings:
                    **SERVER_MODEL.read(args, env), **SYNC.read(args, env))
 
 
-def _rows_answer(keys: np.ndarray, vectors: np.ndarray, accum: np.ndarray, contracted: np.ndarray) -> KVPairs:
-    """A replica's rows on the wire (``online.cluster.delta_rows``): per key its ``dim`` values, its row-wise
-    accumulator, and its cumulative contraction K (a float64 as two float32 halves)."""
-    out = np.empty((len(keys), vectors.shape[1] + ANSWER_EXTRA), np.float32)
-    out[:, :-3] = vectors
-    out[:, -3] = accum
-    put_seen(out, contracted)
-    return KVPairs(keys, out.reshape(-1))
+def _rows_answer(keys: np.ndarray, vectors: np.ndarray, accum: np.ndarray) -> KVPairs:
+    """A replica's rows on the wire: per key its ``dim`` values, then its row-wise accumulator."""
+    return KVPairs(keys, np.hstack([vectors, accum[:, None]]).reshape(-1))
 
 
 @dataclass
@@ -177,35 +171,29 @@ class ShardService:
                     return
             elif req.cmd == pc.CMD_DELTA and req.pull and not req.push:
                 # a replica refreshing rows it did not change: the rows and their accumulators, nothing applied
-                contracted = np.empty(n, np.float64)
-                vectors, accum = self.shard.read_rows(keys, contracted_out=contracted)
+                vectors, accum = self.shard.read_rows(keys)
                 self.c.pulls += 1
                 self.c.keys_pulled += n
                 self.m_requests["refresh"].inc()
                 self.m_keys_pulled.inc(n)
-                server.response(req, _rows_answer(keys, vectors, accum, contracted))
+                server.response(req, _rows_answer(keys, vectors, accum))
                 return
             elif req.cmd in (pc.CMD_DELTA, pc.CMD_DELTA_FRESH) and req.push and req.pull:
-                # per key: the row's delta and its accumulator's (dim + 1); and its contraction (dim + 2); and
-                # the K its base had (dim + 4, online.cluster.delta_rows)
-                width = next((w for w in (dim + WIRE_EXTRA, dim + 2, dim + 1) if n and len(data.vals) == n * w),
-                             dim + 1)
+                # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
+                width = dim + 2 if n and len(data.vals) == n * (dim + 2) else dim + 1
                 if len(data.vals) != n * width:
                     raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} "
-                                     f"(expected {dim} + 1, {dim} + 2 or {dim} + {WIRE_EXTRA} per key)")
+                                     f"(expected {dim} + 1 or {dim} + 2 per key)")
                 vals = data.vals.reshape(n, width)
-                contracted = np.empty(n, np.float64)
                 vectors, accum = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
                                                        fresh=req.cmd == pc.CMD_DELTA_FRESH,
                                                        sender=self.merge_groups.get(req.sender, req.sender),
-                                                       contraction=vals[:, dim + 1] if width > dim + 1 else None,
-                                                       seen=seen_column(vals, dim + 2) if width == dim + WIRE_EXTRA
-                                                       else None, contracted_out=contracted)
+                                                       contraction=vals[:, dim + 1] if width == dim + 2 else None)
                 self.c.pushes += 1
                 self.c.keys_pushed += n
                 self.m_requests["deltas"].inc()
                 self.m_keys_pushed.inc(n)
-                server.response(req, _rows_answer(keys, vectors, accum, contracted))
+                server.response(req, _rows_answer(keys, vectors, accum))
                 return
             elif req.cmd == pc.CMD_WORD_COUNTS and req.push and req.pull:
                 if len(data.vals) != n:
@@ -237,8 +225,7 @@ class ShardService:
             self.m_rejected.inc()
             log_event(log, "request_rejected", logging.WARNING, sender=req.sender, cmd=req.cmd, error=str(exc))
             if req.pull:
-                width = {pc.CMD_DELTA: dim + ANSWER_EXTRA, pc.CMD_DELTA_FRESH: dim + ANSWER_EXTRA,
-                         pc.CMD_WORD_COUNTS: 1}.get(req.cmd, dim)
+                width = {pc.CMD_DELTA: dim + 1, pc.CMD_DELTA_FRESH: dim + 1, pc.CMD_WORD_COUNTS: 1}.get(req.cmd, dim)
                 server.response(req, KVPairs(keys, np.zeros(n * width, np.float32)))
                 return
         finally:

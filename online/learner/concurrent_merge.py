@@ -31,20 +31,6 @@ delta is a fraction of it, ``CONTRACTION_SCALE`` (chosen by ``bench/replica_simu
 1.44 %, and with the replicas' stale rows refreshed from the servers (``online.cluster.replica_shard``) 0.394 /
 2.06 %, against 0.377 / 2.92 % for one replica.
 
-The **base rule** (session 20, used whenever a replica sends the K its base had; ``online.cluster.delta_rows``)
-is the contraction rule applied to each delta after discounting what its base missed. Each row keeps ``K``, its
-cumulative contraction: the sum of ``C`` over its closed rounds, and an answer carries ``K + C`` (the K its new
-base has). A delta whose base had ``seen`` was made as if the row had not taken the last ``m = K - seen`` of
-contraction since; on the quadratic the row is now ``e^-m`` as far from the optimum as that base was, so the same
-replica steps from the current row would have moved it ``e^-m`` times as far: the delta counts ``e^-m d``, and
-then joins the round as before. Rounds alone miss this whenever a replica's base lacks part of a round: the
-replicas that synced after it in the last round, or the round it trained through while its sync was in flight.
-Measured (``bench/replica_simulation.py``, 16 replicas at 625 tokens per sync, analogy / WS353): in lockstep
-on 10M tokens level with the contraction rule (12.62 % / 0.540 against 12.56 % / 0.544); with a whole interval
-trained while each sync is in flight (``--lag 1``, 3M tokens) 1.96 % / 0.431 where the contraction rule
-collapsed (0.01 %; lockstep 1.94 - 2.32 %). It costs 8 bytes a row of ``K`` here and 8 bytes a row each way
-on the wire.
-
 The **alignment rule** (sessions 7 - 11; a delta without a contraction, from a worker that does not send one)
 reads the case from the deltas themselves:
 redundant deltas point the same way,
@@ -69,7 +55,7 @@ again (its new delta was made from a base that includes the round so far, so it 
 concurrent with it). Workers are told apart by a bit of a 64-bit mask. Deltas of zero (rows
 a sync only refreshes) do not take part.
 
-Cost: per row ``dim`` float32 for ``S`` and 40 bytes more (444 bytes at dim 100), allocated
+Cost: per row ``dim`` float32 for ``S`` and 32 bytes more (436 bytes at dim 100), allocated
 only on servers that merge, and O(dim) work per delta.
 """
 from __future__ import annotations
@@ -158,30 +144,6 @@ def _merge_by_contraction(rows, deltas, acc, contraction, scale, bit, now, windo
                  out, out_acc)
 
 
-@njit(nogil=True, cache=True)
-def _merge_from_base(rows, deltas, acc, contraction, seen, scale, bit, now, window, S, A, Q, P, C, K, n, g, mask,
-                     t0, out, out_acc):
-    """The contraction rule, each delta first discounted by what its base missed: e^-(K - seen)."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        fold = C[r]                            # the round about to be closed, if this delta starts one
-        if not _joins_round(i, r, deltas, acc, bit, now, window, S, A, Q, P, C, n, g, mask, t0, out, out_acc):
-            continue
-        if n[r] == 1:
-            K[r] += fold
-        w = np.float32(np.exp(-max(K[r] - np.float64(seen[i]), 0.0)))
-        if w < 1.0:
-            for d in range(deltas.shape[1]):
-                deltas[i, d] *= w
-            acc[i] *= w
-        c = max(np.float64(contraction[i]) * scale, 0.0)
-        P[r] += -np.expm1(-c)
-        C[r] += c
-        covered = -np.expm1(-C[r])
-        _reweigh(i, r, np.float32(covered / P[r]) if P[r] > 1e-12 else np.float32(1.0), deltas, acc, S, A, g,
-                 out, out_acc)
-
-
 # The measured contraction sums rate * s' * |x|^2 over a row's steps, as if every step pulled along one direction;
 # the steps of a row point different ways (its contexts, its negatives), so the contraction along the delta is a
 # fraction of that. Chosen by simulation (8 replicas, 3M tokens: 0.1 -> WS353 0.227, 0.3 -> 0.365, 1 -> 0.305,
@@ -215,42 +177,11 @@ class ConcurrentMerge:
                 self.S, self.A, self.Q, self.g, self.n, self.mask, self.t0, self.P, self.C
         self.S, self.A, self.Q, self.g, self.n, self.mask, self.t0 = S, A, Q, g, n, mask, t0
         self.P, self.C = P, C
-        K = np.zeros(cap, np.float64)
-        if old is not None:
-            K[:old.shape[0]] = self.K
-        self.K = K
 
     def forget(self, rows: np.ndarray) -> None:
         """Rows freed or reused: their next delta starts a round."""
         if len(rows):
             self.t0[rows[rows < self.t0.shape[0]]] = -np.inf
-            self.K[rows[rows < self.K.shape[0]]] = 0.0
-            self.C[rows[rows < self.C.shape[0]]] = 0.0
-
-    def contracted(self, rows: np.ndarray) -> np.ndarray:
-        """Each row's cumulative contraction ``K`` (the base rule): what a replica's base of it is worth."""
-        rows = np.asarray(rows, np.int64)
-        out = np.zeros(len(rows), np.float64)
-        inside = rows < self.K.shape[0]
-        out[inside] = self.K[rows[inside]] + self.C[rows[inside]]
-        return out
-
-    def combine_from_base(self, rows: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray, sender: int,
-                          now: float, contraction: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The base rule: ``seen`` is each row's ``K`` when the sender's base was taken."""
-        bit = np.array([1 << ((int(sender) >> 1) % 64)], dtype=np.uint64).view(np.int64)[0]
-        need = int(rows.max()) + 1 if len(rows) else 0
-        if need > self.S.shape[0]:
-            self._alloc(max(need, 2 * self.S.shape[0], 1024))
-        out = np.empty((len(rows), self.dim), np.float32)
-        out_acc = np.empty(len(rows), np.float32)
-        _merge_from_base(np.ascontiguousarray(rows, np.int64), np.array(deltas, np.float32),
-                         np.array(accum_deltas, np.float32).reshape(-1),
-                         np.ascontiguousarray(contraction, np.float32).reshape(-1),
-                         np.ascontiguousarray(seen, np.float64).reshape(-1), self.contraction_scale, bit, float(now),
-                         self.window, self.S, self.A, self.Q, self.P, self.C, self.K, self.n, self.g, self.mask,
-                         self.t0, out, out_acc)
-        return out, out_acc
 
     def combine(self, rows: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray, sender: int,
                 now: float, contraction: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

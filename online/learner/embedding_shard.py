@@ -321,9 +321,7 @@ class EmbeddingShard:
 
     def add_deltas(self, keys: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray,
                    fresh: bool = False, sender: int = 0, now: float | None = None,
-                   contraction: np.ndarray | None = None,
-                   seen: np.ndarray | None = None,
-                   contracted_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   contraction: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Add workers' row changes (float32 [n, dim]) and AdaGrad accumulator increments ([n]);
         returns the merged (vectors [n, dim], accumulators [n]).
 
@@ -338,10 +336,7 @@ class EmbeddingShard:
         that has not seen the row's history, and it is dropped (the answer still carries the
         row, which the worker adopts). A row stays "at the initial value" while every delta it
         got was fresh (workers that discovered a new word at the same time all count); the
-        first ordinary delta, a push or an assignment establishes it.
-
-        ``seen``: the K each delta's base had (float64 [n]; the merge's base rule, ``concurrent_merge``);
-        ``contracted_out``: filled with each row's K after the merge, which the answer carries."""
+        first ordinary delta, a push or an assignment establishes it."""
         deltas = np.ascontiguousarray(deltas, dtype=np.float32).reshape(len(keys), self.dim)
         accum_deltas = np.asarray(accum_deltas, dtype=np.float32).reshape(len(keys), 1)
         with self._lock:
@@ -353,15 +348,9 @@ class EmbeddingShard:
                 rows, deltas, accum_deltas = rows[keep], deltas[keep], accum_deltas[keep]
                 if contraction is not None:
                     contraction = np.asarray(contraction)[keep]
-                if seen is not None:
-                    seen = np.asarray(seen)[keep]
             if self._merge is not None:
                 now = time.monotonic() if now is None else now   # (a simulation passes its own clock)
-                if seen is not None and contraction is not None:
-                    deltas, acc_inc = self._merge.combine_from_base(rows, deltas, accum_deltas, sender, now,
-                                                                    contraction, seen)
-                else:
-                    deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now, contraction)
+                deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now, contraction)
                 accum_deltas = acc_inc[:, None]
             self.vectors[rows] += deltas
             if self.accum.shape[0]:
@@ -375,18 +364,14 @@ class EmbeddingShard:
                 if fresh:   # still nothing but deltas from the initial value: later fresh ones add up too
                     self.row_born[moved] = self.version
             rows = rows_all
-            if contracted_out is not None:
-                contracted_out[:] = self._merge.contracted(rows) if self._merge is not None else 0.0
             acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
             return self.vectors[rows], acc
 
-    def read_rows(self, keys: np.ndarray, contracted_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], row-wise accumulators [n]) of ``keys``, created at their initial value if absent,
         changing nothing else: what a replica refreshing rows it did not train reads (``CMD_DELTA`` pulled)."""
         with self._lock:
             rows = self.rows_for(np.ascontiguousarray(keys, dtype=np.uint64), create=True)
-            if contracted_out is not None:
-                contracted_out[:] = self._merge.contracted(rows) if self._merge is not None else 0.0
             acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
             return self.vectors[rows], acc
 
