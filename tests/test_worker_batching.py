@@ -1,8 +1,11 @@
 """How a worker cuts a Kafka batch into pull/push mini-batches (pure logic)."""
 import random
 
+import numpy as np
 import pytest
 
+from online.cluster import ps_commands as pc
+from online.cluster.replica import ReplicaStore
 from online.cluster.worker import WorkerSettings, mini_batches, records_per_batch
 
 
@@ -50,9 +53,6 @@ def test_many_replicas_train_at_most_half_an_interval_while_a_sync_is_in_flight(
 def test_a_sync_pulls_the_rows_it_only_refreshes_and_pushes_only_real_deltas():
     """A held row not trained since the last sync has a zero delta: it goes out as a pull with no values, and its
     contraction column (zero) must not make it look changed."""
-    import numpy as np
-    from online.cluster import ps_commands as pc
-    from online.cluster.replica import ReplicaStore
     dim = 4
     keys = np.array([1, 2, 3, 4], np.uint64)
     deltas = np.zeros((4, dim + 2), np.float32)
