@@ -196,7 +196,15 @@ def assert_trained_exactly_once(stats, topic: str, records: int, tokens: int, pa
         second = all_trained()
         return second if second == first else False
 
-    ledger = wait_until(stable, timeout, interval=0.25, message="every produced record trained, settled")
+    try:
+        ledger = wait_until(stable, timeout, interval=0.25, message="every produced record trained, settled")
+    except AssertionError as exc:   # say what was missing: the frontier, a rollback, or the coordinator
+        s = stats()
+        led = s[0].get("ledger") if s else None
+        short = {k: (led or {}).get("frontier", {}).get(k) for k in ends} if led else None
+        raise AssertionError(f"{exc}; produced {ends}, trained frontier {short}, "
+                             f"recovering {[x.get('recovering') for x in s] if s else None}, "
+                             f"idle {idle() if idle else None}") from None
     assert ledger["overlaps"] == 0 and ledger["gaps"] == 0, ledger
     assert ledger["offsets"] == ledger["records"] == records, ledger
     assert ledger["tokens"] == tokens, ledger

@@ -15,7 +15,8 @@ Python API (used by ``livevec up``, tests and benchmarks)::
 ``source`` is a path (``.gz``/``.xz`` recognised by their magic bytes), ``"-"`` for stdin, or any iterable of
 ``str``/``bytes`` lines. Records go round-robin over the partitions and are sent without awaiting each one;
 aiokafka batches them (``linger_ms``, up to 1 MiB per partition batch). The call returns when every record is
-acknowledged (acks=all) and raises ``ProduceError`` if any record was not.
+acknowledged (acks=all) and raises ``ProduceError`` if any record was not. The producer is idempotent, so a
+batch retried when a partition's leader moved (a broker restarting) is still written once.
 """
 from __future__ import annotations
 
@@ -354,7 +355,8 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
         await ensure_topic(bootstrap, topic, partitions, security=security)
     bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
     stats = ProduceStats(topic=topic)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
+    # idempotent: a batch retried after a leader moved (a broker restart) is written once, not twice
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
                                 max_batch_size=1024 * 1024, max_request_size=1024 * 1024,
                                 compression_type=compression, request_timeout_ms=60000,
                                 **({"client_id": client_id} if client_id else {}), **client_options(security))
