@@ -125,6 +125,40 @@ def test_two_level_assignment_and_many_lists():
     assert r >= 0.99, r
 
 
+def test_the_probe_reads_the_centroids_int8_codes_and_picks_the_float_probes_lists(monkeypatch):
+    """The probe scores the centroids from their int8 codes: each query's lists are the float32 probe's,
+    except where two lists' scores are within the codes' error at the edge of the nprobe best."""
+    from online.search import ivf as ivf_lists
+
+    holder = with_lists(clustered(30000, 24, 200, seed=3), SearchConfig(ivf_min_rows=1000, ivf_lists=400,
+                                                                        ivf_nprobe=24))
+    ivf = holder.current.ivf
+    assert ivf.centroid_codes is not None
+    queries = holder.current.unit_rows(np.random.default_rng(9).choice(holder.current.n, 64, replace=False))
+    with_codes = ivf_lists.probe(ivf, queries, 24)
+    monkeypatch.setattr(int8_prefilter, "SCAN", "numpy")       # no kernel: the float32 product
+    exact = ivf_lists.probe(ivf, queries, 24)
+    scores = queries @ ivf.centroids.T
+    differ = 0
+    for i in range(len(queries)):
+        def lists_of(tiles, ptr):
+            return set(ivf.tile_list[tiles[ptr[i]:ptr[i + 1]]].tolist())
+        a, b = lists_of(*with_codes), lists_of(*exact)
+        kth = np.sort(scores[i])[-24]
+        # every list the codes chose is within their error of the float probe's 24th best
+        assert all(scores[i, l] >= kth - 0.02 for l in a), (i, sorted(scores[i, list(a - b)]), kth)
+        differ += len(a - b)
+    assert differ <= 0.05 * 24 * len(queries), differ
+    # and it reads the codes: a list whose codes score 0 is no longer query 0's best
+    monkeypatch.undo()
+    best = int(np.argmax(scores[0]))
+    packed, scale, error, csum = ivf.centroid_codes
+    muted = scale.copy()
+    muted[best] = 0.0
+    tiles, ptr = ivf_lists.probe(dataclasses.replace(ivf, centroid_codes=(packed, muted, error, csum)), queries[:1], 24)
+    assert best not in set(ivf.tile_list[tiles[ptr[0]:ptr[1]]].tolist())
+
+
 def test_exact_before_the_lists_exist_and_when_asked():
     vectors = clustered(5000, 16, 40, seed=5)
     words = [f"w{i}" for i in range(len(vectors))]
