@@ -104,7 +104,10 @@ def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, n
     if bad.any():                       # a NaN row would win every top-k; serve it as a zero vector
         vectors = vectors.copy()
         vectors[bad] = 0.0
-    if n and len(np.unique(keys)) != n:  # duplicate keys: the last occurrence wins
+    # duplicate keys (the last occurrence wins), found by sorting: np.unique (hash-based in numpy 2)
+    # took 10.6 s of a 10M-word full load's 28 s, a sort takes about 1
+    ordered = np.sort(keys)
+    if n > 1 and bool((ordered[1:] == ordered[:-1]).any()):
         _, last = np.unique(keys[::-1], return_index=True)
         keep = np.sort(n - 1 - last)
         keys, vectors, counts = keys[keep], vectors[keep], counts[keep]
