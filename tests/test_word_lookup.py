@@ -17,6 +17,51 @@ def _word(rng: random.Random) -> str:
     return "".join(rng.choice(rng.choice(ALPHABETS)) for _ in range(rng.randint(0, 6)))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_arena_names_the_rows_whose_word_differs_as_string_comparison_does(seed):
+    """``unequal`` compares UTF-8 bytes in numpy; it must agree with ``!=`` on the strings in every
+    script, on lengths that differ and on equal lengths whose bytes differ, and the arena still grows."""
+    rng = random.Random(seed)
+    words = [_word(rng) for _ in range(2000)] + ["\ud800lone"]
+    arena = WordArena(words)
+    rows = np.array(rng.sample(range(len(words)), 600) + [0, 0], np.int64)
+    given = []
+    for r in rows.tolist():
+        w = words[r]
+        roll = rng.random()
+        if roll < 0.2 and w:                                   # same length, one character changed
+            i = rng.randrange(len(w))
+            given.append(w[:i] + ("x" if w[i] != "x" else "y") + w[i + 1:])
+        elif roll < 0.3:
+            given.append(w + rng.choice("a日🙂"))               # longer
+        else:
+            given.append(w)
+    expected = [i for i, (r, w) in enumerate(zip(rows.tolist(), given)) if words[r] != w]
+    assert expected and arena.unequal(rows, given).tolist() == expected
+    assert arena.unequal(np.zeros(0, np.int64), []).tolist() == []
+    arena.extend(["after"])                                    # no buffer export outlived the call
+    assert arena[len(words)] == "after"
+
+
+def test_a_key_that_comes_back_with_another_word_is_served_under_it():
+    """A delta may carry a known key with another spelling (a hash collision, a source's fix-up): the
+    sync finds it among the changed rows and serves the new word, by row and by prefix."""
+    from online.learner.keys import word_keys
+    from online.search.delta import ModelDelta
+    from online.search.model_index import ModelIndex
+
+    words = [f"w{i}" for i in range(50)] + ["東京"]
+    keys = word_keys(words)
+    vectors = np.random.default_rng(0).standard_normal((len(words), 8)).astype(np.float32)
+    index = ModelIndex.from_arrays(1, keys, words, vectors)
+    changed = [3, 17, 50]
+    delta = ModelDelta(keys[changed], ["w3", "renamed", "大阪"], vectors[changed] * 2, np.ones(3, np.int64), 2)
+    index = index.apply(delta)
+    assert index.words[17] == "renamed" and index.words[50] == "大阪" and index.words[3] == "w3"
+    assert [w for w, _ in index.prefix("ren", 5)] == ["renamed"]
+    assert [w for w, _ in index.prefix("大", 5)] == ["大阪"] and index.prefix("東", 5) == []
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_arena_gives_back_every_word_as_a_list_would(seed):
     rng = random.Random(seed)

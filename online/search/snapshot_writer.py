@@ -343,13 +343,10 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     scatter(new_counts, rows, counts, order)
     words_all = index.words._words
     renamed = []
-    for lo in range(0, len(old), PIECE):   # compared in C (itemgetter, map), in pieces that let the loop in
+    for lo in range(0, len(old), PIECE):   # compared as bytes in numpy, in pieces that let the loop in
         part = old[lo:lo + PIECE]
-        old_rows = rows[part].tolist()
-        had = operator.itemgetter(*old_rows)(words_all) if len(old_rows) > 1 else (words_all[old_rows[0]],)
         got = operator.itemgetter(*part.tolist())(words) if len(part) > 1 else (words[int(part[0])],)
-        if any(map(operator.ne, had, got)):
-            renamed += [(r, w) for r, h, w in zip(old_rows, had, got) if h != w]
+        renamed += [(int(rows[part[i]]), got[i]) for i in words_all.unequal(rows[part], got).tolist()]
         time.sleep(0)
     fresh_words = [words[i] for i in fresh.tolist()]
     keys_all, words_all = store.append_rows(n_old, keys[fresh], fresh_words)

@@ -67,6 +67,30 @@ class WordArena:
             del self._data[self._ends[n - 1] if n else 0:]
             del self._ends[n:]
 
+    def unequal(self, rows: np.ndarray, words: Sequence[str]) -> np.ndarray:
+        """Positions i at which row ``rows[i]`` does not hold ``words[i]``: compared as UTF-8 bytes in
+        numpy, where decoding each row to compare strings cost 11 ms of a 12k-row sync at 10M words."""
+        rows = np.asarray(rows, np.int64)
+        encoded = [w.encode("utf-8", "surrogatepass") for w in words]
+        got_len = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        ends = np.frombuffer(self._ends, np.int64)        # views: released on return, before any extend
+        data = np.frombuffer(self._data, np.uint8)
+        stop = ends[rows]
+        start = np.where(rows > 0, ends[rows - 1], 0)
+        same_len = np.flatnonzero(stop - start == got_len)
+        lengths = got_len[same_len]
+        total = int(lengths.sum())
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        which = np.repeat(same_len, lengths)
+        blob = np.frombuffer(b"".join(encoded), np.uint8)
+        offsets = np.cumsum(got_len) - got_len
+        differs = data[start[which] + within] != blob[offsets[which] + within]
+        bad = np.ones(len(rows), bool)
+        bad[same_len] = False
+        bad[which[differs]] = True
+        del ends, data
+        return np.flatnonzero(bad)
+
     def tolist(self, n: int | None = None) -> list[str]:
         """The first ``n`` words as strings (one pass when they are ASCII, as most vocabularies are)."""
         n = len(self._ends) if n is None else n
