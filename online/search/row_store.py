@@ -78,6 +78,18 @@ def scatter(dst, dst_idx, src, src_idx):
         dst[dst_idx[i]] = src[src_idx[i]]
 
 
+def distinct(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` by a sort and a mask: numpy 2.4's ``unique`` (hash-based) takes about 2.5 ms for
+    25k integers, ten times as long, twice in every sync."""
+    s = np.sort(np.asarray(a).reshape(-1))
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 def copy_prefix(dst: np.ndarray, src: np.ndarray, n: int) -> None:
     """``dst[:n] = src[:n]`` in pieces of ``CHUNK_BYTES`` (numpy holds the GIL for a copy)."""
     step = max(1, CHUNK_BYTES // max(1, src[:1].nbytes))

@@ -31,7 +31,8 @@ import numpy as np
 from online.search import int8_prefilter
 from online.search import ivf as ivf_lists
 from online.search.int8_prefilter import TILE_ROWS
-from online.search.row_store import Buffer, Change, CodeStore, Store, UnitPool, copy_prefix, scatter, scatter_rows
+from online.search.row_store import (Buffer, Change, CodeStore, Store, UnitPool, copy_prefix, distinct, scatter,
+                                     scatter_rows)
 from online.search.delta import ModelDelta, ModelDeltaError
 from online.search.word_lookup import AlphaIndex, KeyIndex, WordArena, WordsView
 
@@ -298,7 +299,7 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         targets[fresh] = ivf_lists.nearest(unit_rows[fresh], ivf.centroids)
         placed_since_build = int((targets[old] != current).sum()) + len(fresh)   # moves and new rows
         # every changed row takes a free slot: its old one stays readable by older snapshots
-        need_tiles = ivf.n_tiles + len(np.unique(targets)) + -(-len(rows) // TILE_ROWS)
+        need_tiles = ivf.n_tiles + len(distinct(targets)) + -(-len(rows) // TILE_ROWS)
     else:
         store.pool.reserve(len(rows))      # slot = physical row: all of them within the tiles sized here
         need_tiles = -(-store.pool.cap // TILE_ROWS)
@@ -336,7 +337,7 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     pool.retire(state, left, left_slots)
     touched = np.concatenate([slots, left_slots, freed])
     change = Change(src.state, state, rows, touched,
-                    np.union1d(touched // TILE_ROWS, new_tiles), n, n_tiles, everything=install is not None)
+                    distinct(np.concatenate([touched // TILE_ROWS, new_tiles])), n, n_tiles, everything=install is not None)
     # the shared key and word arrays, the lookups, the counts
     new_counts = store.counts_array(n)
     copy_prefix(new_counts, index.counts, n_old)
