@@ -3,11 +3,12 @@
 Exact search costs every row per query: at 1M x 100 the AVX2 int8 kernel needs about 3 ms
 per query, a core cannot serve 500 queries/s that way. The inverted file splits the rows
 into ``L`` lists (about sqrt(n)) around spherical k-means centroids (``ivf_build``); a query
-scores the L centroids (from their int8 codes, with the rows' kernel), takes the ``nprobe`` best lists and runs the same int8 scan and
-error-bounded re-rank as the exact search (``int8_prefilter.probed_top_k``) on their rows
-only, so its answer is the exact top k *of the probed rows*. What can be missed is a true
-neighbour filed in a list the query did not probe; ``/v1/stats`` reports the measured
-recall@10 (``ivf_build.RecallMonitor``) and every answer says how it was made.
+scores the L centroids (from their int8 codes, with the rows' kernel), takes the ``nprobe`` best
+lists and runs the same int8 scan and error-bounded re-rank as the exact search
+(``int8_prefilter.probed_top_k``) on their rows only, so its answer is the exact top k *of the
+probed rows*. What can be missed is a true neighbour filed in a list the query did not probe;
+``/v1/stats`` reports the measured recall@10 (``ivf_build.RecallMonitor``) and every answer says
+how it was made.
 
 Layout. Each list owns whole tiles of the code array (the kernel's 64-slot tiles), so a
 probed list is a contiguous scan; ``list_ptr``/``list_tiles`` (CSR) name a list's tiles and
