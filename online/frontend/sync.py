@@ -44,6 +44,7 @@ class ModelSync:
         self.last_success_at: float | None = None
         self.last_change_at: float | None = None
         self.last_sync_seconds: float | None = None
+        self.last_full_sync_seconds: float | None = None
         self.last_delta_rows = 0
         self.syncs = 0
         self.errors = 0
@@ -120,6 +121,8 @@ class ModelSync:
         self.last_success_at = time.time()
         self.last_sync_seconds = elapsed
         self.last_delta_rows = len(delta)
+        if delta.full:
+            self.last_full_sync_seconds = elapsed      # a full load: the source's answer and the snapshot
         self._m_syncs.inc()
         self._m_rows.inc(len(delta))
         self._m_seconds.observe(elapsed)
@@ -225,6 +228,8 @@ class ModelSync:
             "seconds_since_sync": None if since is None else round(since, 3),
             "last_sync_ms": None if self.last_sync_seconds is None else round(self.last_sync_seconds * 1e3, 2),
             "last_delta_rows": self.last_delta_rows,
+            "last_full_sync_ms": None if self.last_full_sync_seconds is None
+            else round(self.last_full_sync_seconds * 1e3, 1),
             "apply": {kind: {"count": self.applies[kind],
                              "mean_ms": round(1e3 * self.apply_seconds[kind] / max(self.applies[kind], 1), 2),
                              "last_ms": None if self.last_apply_seconds[kind] is None

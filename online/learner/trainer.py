@@ -320,7 +320,7 @@ class Trainer:
             live = np.flatnonzero(vocab.trainable)
             self.noise.rebuild(live, vocab.counts[live])
         else:
-            self.noise.add(upd.touched, upd.old_counts, upd.new_counts, vocab.min_count)
+            self.noise.add(upd.touched, upd.new_counts, vocab.min_count, vocab.trainable[upd.touched])
         new = upd.newly_trainable
         if len(new):
             keys = vocab.keys[new]
@@ -398,10 +398,11 @@ class Trainer:
             return self._made_trainable(self.vocab.learn_trainable(known, new_keys))
 
     def _made_trainable(self, new: np.ndarray) -> int:
-        """Rows and strings for slots the cluster made trainable (the noise table stays a local estimate:
-        they join it at a local min_count). Call with the lock held."""
+        """Rows and strings for slots the cluster made trainable, and their place in the noise table from
+        their first local count on (``online.learner.noise``). Call with the lock held."""
         if len(new):
             vocab = self.vocab
+            self.noise.add(new, vocab.counts[new], vocab.min_count, np.ones(len(new), dtype=bool))
             new_keys = vocab.keys[new]
             self.store.set_words(new_keys, [vocab.words[s] for s in new.tolist()])
             if self.shard is not None:

@@ -77,27 +77,27 @@ def _quantise_rows(unit, rows, slots, codes, scale, error, csum):
     packed layout, with |x - x_hat| rounded up and the code sum the kernel's unsigned-query
     correction needs."""
     d = unit.shape[1]
+    row_codes = np.zeros(codes.shape[1] * 4, np.int8)      # one row's codes, stored 4 at a time below
     for i in range(len(rows)):
         r = rows[i]
         slot = slots[i]
         m = np.float32(0.0)
         for t in range(d):
-            a = abs(unit[r, t])
-            if a > m:
-                m = a
+            m = max(m, abs(unit[r, t]))
         s = np.float32(m / np.float32(127.0))
         inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
         e2 = 0.0
         total = 0
-        tile, sub, lane = slot >> 6, (slot >> 4) & 3, slot & 15
-        for t in range(d):
+        for t in range(d):          # dense, so it vectorises; the scattered stores come after
             c = np.floor(unit[r, t] * inv + np.float32(0.5))                 # any rounding will do: the error is measured
             c = min(max(c, np.float32(-127.0)), np.float32(127.0))
-            ci = np.int8(c)
-            codes[tile, t >> 2, sub, lane, t & 3] = ci
-            total += np.int32(ci)
+            row_codes[t] = np.int8(c)
+            total += np.int32(c)
             diff = np.float64(unit[r, t]) - np.float64(np.float32(c) * s)    # x_hat exactly as _dequantise makes it
             e2 += diff * diff
+        tile, sub, lane = slot >> 6, (slot >> 4) & 3, slot & 15
+        for t in range(d):
+            codes[tile, t >> 2, sub, lane, t & 3] = row_codes[t]
         scale[slot] = s
         error[slot] = np.float32(np.sqrt(e2) * 1.000001 + 1e-9)
         csum[slot] = total

@@ -56,10 +56,16 @@ class WordArena:
     def extend(self, words: Iterable[str]) -> None:
         it = iter(words)
         while chunk := list(itertools.islice(it, 65_536)):      # bounded temporaries
-            encoded = [w.encode("utf-8", "surrogatepass") for w in chunk]
             start = len(self._data)
-            self._data += b"".join(encoded)
-            self._ends.extend(itertools.islice(itertools.accumulate(map(len, encoded), initial=start), 1, None))
+            joined = "".join(chunk)
+            data = joined.encode("utf-8", "surrogatepass")
+            if len(data) == len(joined):       # ASCII: a word's bytes are its characters (one encode, not 65k)
+                lengths = map(len, chunk)
+            else:
+                encoded = [w.encode("utf-8", "surrogatepass") for w in chunk]
+                lengths = map(len, encoded)
+            self._data += data
+            self._ends.extend(itertools.islice(itertools.accumulate(lengths, initial=start), 1, None))
 
     def truncate(self, n: int) -> None:
         """Forget rows n.. (the head's rows beyond its ``n``, which no snapshot reads)."""
