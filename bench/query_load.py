@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -236,8 +237,10 @@ def loadgen(spec: dict) -> dict:
     return asyncio.run(closed() if spec["mode"] == "closed" else open_loop())
 
 
-def offline_recall(n: int, dim: int, queries: int, env: dict) -> dict:
-    """recall@10 of the inverted file against exact search on the synthetic model of n words, built here."""
+def offline_recall(n: int, dim: int, queries: int, env: dict, nprobe: int | None = None) -> dict:
+    """recall@10 of the inverted file against exact search on the synthetic model of n words, built here,
+    scanning ``nprobe`` lists a query (the number the front end's monitor chose and served; default: the
+    configured one)."""
     import numpy as np
 
     from online.frontend.blas_threads import set_blas_threads
@@ -251,6 +254,8 @@ def offline_recall(n: int, dim: int, queries: int, env: dict) -> dict:
     warm_up()
     s = settings_from(None, {**env, "LIVEVEC_MODEL_SOURCE": "x"})
     config = SearchConfig.of(s)
+    if nprobe:
+        config = dataclasses.replace(config, nprobe_served=nprobe)
     holder = ModelHolder(config)
     holder.swap(holder.current.apply(SyntheticSource(n, dim)._changes_since(0)))
     if config.search != "exact" and n >= config.ivf_min_rows:
@@ -270,7 +275,7 @@ def offline_recall(n: int, dim: int, queries: int, env: dict) -> dict:
             methods[m] = methods.get(m, 0) + 1
     return {"recall_at_10": float(np.mean(hits)), "min": float(np.min(hits)), "queries": len(hits),
             "methods": methods, "lists": index.ivf.lists if index.ivf is not None else 0,
-            "nprobe": config.ivf_nprobe}
+            "nprobe": index.config.nprobe}
 
 
 # --------------------------------------------------------------------- driver
@@ -356,6 +361,17 @@ def wait_search(url: str, want: str, timeout: float) -> dict:
         time.sleep(0.5)
 
 
+def wait_calibrated(url: str, timeout: float) -> dict:
+    """Until the recall monitor has samples enough to set the floor and the lists per query (a front end
+    in service runs calibrated from a minute or so after each build on)."""
+    deadline = time.time() + timeout
+    while True:
+        stats = get_json(url + "v1/stats")
+        if stats["search"]["exact_below_calibrated"] is not None or time.time() > deadline:
+            return stats
+        time.sleep(1.0)
+
+
 def memory(pid: int) -> dict:
     """RSS and peak RSS (VmHWM) of a process, in GB."""
     out = {}
@@ -432,6 +448,8 @@ def run_size(args, n: int, empty_url: str) -> dict:
         out["memory_loaded"] = memory(frontend.pid)
         want = "ivf" if stats["search"]["mode"] != "exact" and n >= stats["search"]["ivf_min_rows"] else "exact"
         stats = wait_search(url, want, timeout=1800)
+        if want == "ivf":               # the recall monitor's first calibration of the floor and nprobe
+            stats = wait_calibrated(url, timeout=300)
         out["answering"] = stats["search"]["answering"]
         out["ivf_build_s"] = stats["search"]["last_build_seconds"]
         out["ivf_ready_s"] = time.perf_counter() - started
@@ -463,6 +481,7 @@ def run_size(args, n: int, empty_url: str) -> dict:
         search = after["search"]
         out["recall_online"] = search["recall_at_10"]
         out["recall_samples"] = search["recall_samples"]
+        out["nprobe_served"] = search["nprobe_served"]
         out["answered"] = {m: search["answered"][m] - before["search"]["answered"][m] for m in search["answered"]}
         out["shed"] = {r: search["shed"][r] - before["search"]["shed"][r] for r in search["shed"]}
         d0, d1 = before["sync"]["apply"]["delta"], after["sync"]["apply"]["delta"]
@@ -490,7 +509,7 @@ def run_size(args, n: int, empty_url: str) -> dict:
               f"{out['rows_per_sync']:.0f} rows, mean {out['delta_mean_ms']:.1f} ms, max {out['delta_max_ms']:.1f} ms;"
               f" {out['ms_per_query']:.3f} ms per query in batches of {out['mean_batch']:.1f}; answered "
               f"{out['answered']}, shed {sum(out['shed'].values())}; recall@10 (monitor) {out['recall_online']} "
-              f"over {out['recall_samples']} queries; training {out.get('training_wps') or 0:.0f} words/s",
+              f"over {out['recall_samples']} queries at {out['nprobe_served']} lists a query; training {out.get('training_wps') or 0:.0f} words/s",
               flush=True)
         print("  memory by structure (capacity, MB): " + ", ".join(
             f"{k} {v / 1e6:.0f}" for k, v in out["breakdown"].items() if v is not None), flush=True)
@@ -499,7 +518,7 @@ def run_size(args, n: int, empty_url: str) -> dict:
             stop(trainer)
         stop(frontend)
     if n <= args.offline_recall_max and args.recall_queries:
-        out["recall_offline"] = offline_recall(n, args.dim, args.recall_queries, env)
+        out["recall_offline"] = offline_recall(n, args.dim, args.recall_queries, env, out.get("nprobe_served"))
         print(f"  offline recall@10 {out['recall_offline']}", flush=True)
     out["load_after"] = load()
     return out

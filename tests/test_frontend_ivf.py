@@ -314,6 +314,36 @@ def test_the_monitor_calibrates_the_floor_from_what_it_measures():
     assert holder.current.config is fixed
 
 
+def test_the_monitor_scans_fewer_lists_where_that_keeps_the_recall():
+    """Tight clusters: a word's neighbours sit in the lists of its own cluster, so a quarter of the
+    configured lists finds them; a model of near-random rows keeps more. Either way the served
+    recall holds, and without the auto setting the configured nprobe stays."""
+    config = SearchConfig(ivf_min_rows=1000, ivf_lists=128, ivf_nprobe=32, ivf_exact_below=0.0)
+    holder = with_lists(clustered(16000, 32, 64, seed=21, noise=0.3), config)
+    maintainer = IvfMaintainer(holder, config)
+    for _ in range(20):                                                 # 8 words a check: 160 pairs
+        maintainer.check_recall()
+    report = maintainer.report(holder.current)
+    assert holder.current.config.nprobe == report["nprobe_calibrated"] == 8, report
+    assert holder.current.describe_search()["nprobe_served"] == 8
+    rows = np.random.default_rng(22).choice(holder.current.n, 300, replace=False)
+    assert recall(holder.current, rows)[0] >= 0.99
+    # near-random rows: a quarter of the lists misses neighbours, so the monitor keeps more of them
+    hard = with_lists(np.random.default_rng(23).standard_normal((16000, 32)).astype(np.float32), config)
+    hard_maintainer = IvfMaintainer(hard, config)
+    for _ in range(64):                                                 # the 512-pair window
+        hard_maintainer.check_recall()
+    by_nprobe = hard_maintainer.report(hard.current)["recall_by_nprobe"]
+    assert by_nprobe["8"] < by_nprobe["32"] - 0.05, by_nprobe
+    # fewer lists would reach the target only by redoing more answers exactly (each a full scan)
+    assert hard.current.config.nprobe == 32 and hard.current.config.ivf_exact_below > 0
+    assert recall(hard.current, rows)[0] >= 0.99, (hard.current.config, by_nprobe)
+    fixed = dataclasses.replace(config, ivf_nprobe_auto=False)
+    holder.current.config = fixed
+    maintainer.check_recall()
+    assert holder.current.config.nprobe == 32
+
+
 def test_new_rows_are_found_right_after_a_delta_and_moved_rows_follow():
     vectors = clustered(20000, 32, 100, seed=6)
     holder = with_lists(vectors)

@@ -61,12 +61,21 @@ class SearchConfig:
     # the value until it has enough samples.
     ivf_exact_below: float = 0.55
     ivf_exact_below_auto: bool = True
+    # With the floor's calibration, the monitor may also have queries scan fewer lists than ``ivf_nprobe``
+    # (``ivf_build.RecallMonitor.choose``): ``nprobe_served`` (0: ``ivf_nprobe``).
+    ivf_nprobe_auto: bool = True
+    nprobe_served: int = 0
 
     @classmethod
     def of(cls, settings) -> "SearchConfig":
         """The search part of a ``FrontendSettings``."""
         return cls(settings.search, settings.ivf_min_rows, settings.ivf_lists, settings.ivf_nprobe,
-                   settings.ivf_exact_below, settings.ivf_exact_below_auto)
+                   settings.ivf_exact_below, settings.ivf_exact_below_auto, settings.ivf_nprobe_auto)
+
+    @property
+    def nprobe(self) -> int:
+        """Lists a query scans now."""
+        return min(self.nprobe_served, self.ivf_nprobe) if self.nprobe_served > 0 else self.ivf_nprobe
 
 
 @njit(nogil=True, cache=True)
@@ -307,14 +316,15 @@ class ModelIndex:
         return "ivf" if self.ivf is not None and self.config.search != "exact" else "exact"
 
     def search(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
-               exact: bool | None = None, why: list | None = None,
-               floor: float | None = None) -> tuple[list[list[Neighbour]], list[str]]:
+               exact: bool | None = None, why: list | None = None, floor: float | None = None,
+               nprobe: int | None = None) -> tuple[list[list[Neighbour]], list[str]]:
         """Top ``ks[i]`` for each query as queries are answered, and how each was answered:
         "ivf" (the ``ivf_nprobe`` nearest lists only; approximate) or "exact". An ivf answer is
         redone exactly when its probed lists hold fewer than k rows it may return ("short") or
         when its k-th score is below ``ivf_exact_below`` ("weak": where the lists miss neighbours).
         ``why``, if given, receives per query "ivf", "exact" (no lists, or asked), "short" or "weak";
-        ``floor`` overrides ``ivf_exact_below`` (the recall monitor asks for 0: the lists' own answer)."""
+        ``floor`` overrides ``ivf_exact_below`` (the recall monitor asks for 0: the lists' own answer) and
+        ``nprobe`` the lists scanned (``SearchConfig.nprobe``)."""
         b = len(ks)
         if exact or self.search_mode() == "exact" or b == 0 or self.n == 0:
             if why is not None:
@@ -323,7 +333,7 @@ class ModelIndex:
         kk = min(max(ks), self.n)
         ptr, flat = _exclusions(exclude)
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        tile_ids, tile_ptr = ivf_lists.probe(self.ivf, queries, self.config.ivf_nprobe)
+        tile_ids, tile_ptr = ivf_lists.probe(self.ivf, queries, nprobe or self.config.nprobe)
         top, top_scores, _ = int8_prefilter.probed_top_k(self._pool, self.row_phys, self._code_arrays, self.tile_err,
                                                          self.slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk)
         answers = self._neighbours(top, top_scores, ks)
@@ -427,13 +437,14 @@ class ModelIndex:
         """The search's state for ``/v1/stats``."""
         out = {"mode": self.config.search, "answering": self.search_mode(), "scan": int8_prefilter.SCAN,
                "ivf_min_rows": self.config.ivf_min_rows, "nprobe": self.config.ivf_nprobe,
+               "nprobe_auto": self.config.ivf_nprobe_auto, "nprobe_served": self.config.nprobe,
                "exact_below": round(self.config.ivf_exact_below, 4),
                "exact_below_auto": self.config.ivf_exact_below_auto, "ivf": None}
         if self.ivf is not None:
             ivf = self.ivf.describe()
             ivf["age_seconds"] = round(time.time() - self.ivf.built_at, 1)
             ivf["rows_placed_fraction"] = round(self.ivf.drift / max(self.ivf.built_rows, 1), 4)
-            ivf["rows_probed_per_query"] = int(min(self.n, math.ceil(self.n * min(1.0, self.config.ivf_nprobe
+            ivf["rows_probed_per_query"] = int(min(self.n, math.ceil(self.n * min(1.0, self.config.nprobe
                                                                                     / self.ivf.lists))))
             out["ivf"] = ivf
         if self.store is not None:
