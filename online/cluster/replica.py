@@ -85,6 +85,16 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   22.42 %). Where rounds fragment, a discount for what a base missed turns the round's mean over replicas into
   "first delta wins", and the mean is what averages the replicas' noise away. The bound of 1.5 intervals (above)
   already keeps the lag harmless, so the exchange stays the contraction rule.
+* **Session 22: what held 32 and 64 replicas back was not the exchange.** 32 and 64 workers training *one shared
+  replica* (``replica_simulation.py --shared-replica``: no deltas at all) learnt 11.24 % and 10.16 % on 10M tokens,
+  as badly as through the exchange (11.01 %, 10.66 %; one model 12.61 %). Each worker's noise table admitted a word
+  at a *local* ``min_count``, and at 64 workers a word the cluster counts 300 times is seen about 5 times by each:
+  most of the vocabulary's middle was never a negative on most workers, and its output rows were only ever pulled
+  towards their contexts. A word the cluster trains now joins a worker's table at its first local count
+  (``online.learner.noise``): 64 on one shared replica 11.83 %, and through the exchange 32 replicas **12.59 % /
+  WS353 0.575** (one model 12.61 % / 0.538). The price is bytes: more rows are touched as negatives per sync (32
+  replicas: 169 rows synced per kept token, 75 before; 8 real workers 2,309 / 4,826 B per token out / in, 1,498 /
+  2,991 before).
 
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
 (``bench/README.md``); the servers only add. A row first touched here starts from the
