@@ -185,10 +185,14 @@ class _Ctx:
             # no checkpoint completed while storage was failing (the scheduler's count, and the operator's
             # view when its own mount answers: not while the master is down). One whose manifest was written
             # before the fault reached every host is complete, and counts once its prune has failed
-            seen = self.latest()
-            if seen is not None and seen.id != before.id:
+            # (on a slow machine ``fault()`` can take longer than a checkpoint interval, so more than one may
+            # have completed before it held everywhere: each is walked, newest first)
+            seen, last_before = self.latest(), None
+            while seen is not None and seen.id > before.id:
                 assert seen.manifest["created"] < in_effect, f"{name}: a checkpoint completed during the outage"
-                before, done0 = seen, done0 + 1
+                last_before, done0 = last_before or seen, done0 + 1
+                seen = self.view().latest_complete(check_data=False, before=seen.id)
+            before = last_before or before
             assert self.done_checkpoints() == done0, f"{name}: a checkpoint completed during the outage"
         finally:
             restore()
