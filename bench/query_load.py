@@ -453,8 +453,9 @@ def run_size(args, n: int, empty_url: str) -> dict:
         out["answering"] = stats["search"]["answering"]
         out["ivf_build_s"] = stats["search"]["last_build_seconds"]
         out["ivf_ready_s"] = time.perf_counter() - started
-        print(f"\n== {n:,} words x {args.dim}: ready after {out['ready_s']:.1f} s (full load {out['full_sync_ms'] / 1e3:.1f} s, of "
-              f"which the snapshot {out['full_ms'] / 1e3:.1f} s), answering {out['answering']} after {out['ivf_ready_s']:.1f} s "
+        print(f"\n== {n:,} words x {args.dim}: ready after {out['ready_s']:.1f} s (full load "
+              f"{out['full_sync_ms'] / 1e3:.1f} s, of which the snapshot {out['full_ms'] / 1e3:.1f} s), answering "
+              f"{out['answering']} after {out['ivf_ready_s']:.1f} s "
               f"(inverted file built in {out['ivf_build_s']} s); RSS {out['memory_loaded']['rss_gb']:.2f} GB; "
               f"load {load()}", flush=True)
         if args.training != "none":
@@ -509,7 +510,8 @@ def run_size(args, n: int, empty_url: str) -> dict:
               f"{out['rows_per_sync']:.0f} rows, mean {out['delta_mean_ms']:.1f} ms, max {out['delta_max_ms']:.1f} ms;"
               f" {out['ms_per_query']:.3f} ms per query in batches of {out['mean_batch']:.1f}; answered "
               f"{out['answered']}, shed {sum(out['shed'].values())}; recall@10 (monitor) {out['recall_online']} "
-              f"over {out['recall_samples']} queries at {out['nprobe_served']} lists a query; training {out.get('training_wps') or 0:.0f} words/s",
+              f"over {out['recall_samples']} queries at {out['nprobe_served']} lists a query; training "
+              f"{out.get('training_wps') or 0:.0f} words/s",
               flush=True)
         print("  memory by structure (capacity, MB): " + ", ".join(
             f"{k} {v / 1e6:.0f}" for k, v in out["breakdown"].items() if v is not None), flush=True)
@@ -525,7 +527,8 @@ def run_size(args, n: int, empty_url: str) -> dict:
 
 
 def table(args, results: list[dict]) -> None:
-    print(f"\n| words | RSS (peak) | ready / full load / snapshot | IVF build | delta sync: rows, mean / max | recall@10 "
+    print(f"\n| words | RSS (peak) | ready / full load / snapshot | IVF build | delta sync: rows, mean / max "
+          f"| recall@10 "
           + "".join(f"| {r:g} req/s p50 / p99 (empty p99) " for r in args.rates) + "| load |")
     print("| --- " * (6 + len(args.rates) + 1) + "|")
     for o in results:
@@ -538,7 +541,8 @@ def table(args, results: list[dict]) -> None:
                         f"{' 503x' + str(o['runs'][f'similar {r:g}']['shed']) if o['runs'][f'similar {r:g}']['shed'] else ''} "
                         for r in args.rates)
         print(f"| {o['words']:,} | {o['memory']['rss_gb']:.2f} ({o['memory']['peak_gb']:.2f}) GB "
-              f"| {o['ready_s']:.1f} / {o['full_sync_ms'] / 1e3:.1f} / {o['full_ms'] / 1e3:.1f} s | {o['ivf_build_s'] or '-'} s "
+              f"| {o['ready_s']:.1f} / {o['full_sync_ms'] / 1e3:.1f} / {o['full_ms'] / 1e3:.1f} s "
+              f"| {o['ivf_build_s'] or '-'} s "
               f"| {o['rows_per_sync']:.0f}, {o['delta_mean_ms']:.1f} / {o['delta_max_ms']:.1f} ms | {recall} {cells}"
               f"| {o['load_before']} -> {o['load_after']} |")
 

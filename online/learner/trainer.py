@@ -402,7 +402,7 @@ class Trainer:
         their first local count on (``online.learner.noise``). Call with the lock held."""
         if len(new):
             vocab = self.vocab
-            self.noise.add(new, vocab.counts[new], vocab.min_count, np.ones(len(new), dtype=bool))
+            self.noise.add(new, vocab.counts[new], 1)      # from their first local count
             new_keys = vocab.keys[new]
             self.store.set_words(new_keys, [vocab.words[s] for s in new.tolist()])
             if self.shard is not None:

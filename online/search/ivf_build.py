@@ -209,16 +209,13 @@ class RecallMonitor:
         self.checked_version: int | None = None
         self.checked_at: float | None = None
         self.lists_built_at: float | None = None
+        self._choice: tuple | None = None                # (arguments, ``choose``'s answer) until the next check
         self.rng = np.random.default_rng(1)
 
     def reset(self) -> None:
         self.samples.clear()
         self.rungs.clear()
-
-    @property
-    def raw(self) -> collections.deque:
-        """The configured nprobe's pairs."""
-        return self.rungs.get(self.ceiling, collections.deque())
+        self._choice = None
 
     def check(self, index, queries: int | None = None, k: int = MONITOR_K) -> float | None:
         if index.ivf is None or index.n <= k + 1:
@@ -247,6 +244,7 @@ class RecallMonitor:
                 got = answers[i]
                 self.rungs.setdefault(p, collections.deque(maxlen=self.window)).append(
                     (got[-1].score, len(want & {n.word for n in got}) / len(want)))
+        self._choice = None
         self.checked_version, self.checked_at = index.version, time.time()
         return self.recall()
 
@@ -270,7 +268,12 @@ class RecallMonitor:
         (an exact redo costs a full scan), or None with too few samples. Why: the configured nprobe is a
         ceiling for the hardest models; on one whose neighbourhoods sit in fewer lists, scanning all of
         them buys nothing (10M synthetic words: 16 lists of 3,162 kept recall 0.9995 at 0.98 ms a query,
-        32 cost 1.36 ms)."""
+        32 cost 1.36 ms). Kept until the next check: ``/v1/stats`` asks for it on the event loop."""
+        if self._choice is None or self._choice[0] != (target, min_samples):
+            self._choice = ((target, min_samples), self._choose(target, min_samples))
+        return self._choice[1]
+
+    def _choose(self, target: float, min_samples: int) -> tuple[int, float] | None:
         top = self.floor(target, min_samples)
         if top is None:
             return None
@@ -392,9 +395,10 @@ class IvfMaintainer:
             log_event(log, "ivf_recall_check_failed", logging.WARNING, error=repr(exc))
 
     def apply_floor(self) -> float | None:
-        """Hand the calibrated floor (and with ``ivf_nprobe_auto`` the lists per query) to the served snapshot. Its config is what the next snapshot
-        inherits; a sync that built the next one from the previous snapshot meanwhile carries the
-        old value, which the next check sets again (every ``MONITOR_INTERVAL``)."""
+        """Hand the calibrated floor (and with ``ivf_nprobe_auto`` the lists per query) to the served
+        snapshot. Its config is what the next snapshot inherits; a sync that built the next one from the
+        previous snapshot meanwhile carries the old value, which the next check sets again (every
+        ``MONITOR_INTERVAL``)."""
         index = self.holder.current
         config = index.config
         if not config.ivf_exact_below_auto:
