@@ -480,6 +480,18 @@ def run_size(args, n: int, empty_url: str) -> dict:
         after_m = scrape(url)
         out["memory"] = memory(frontend.pid)
         search = after["search"]
+        procs = search.get("search_processes")
+        if procs:                  # LIVEVEC_SEARCH_PROCESSES: what each process adds (its private pages)
+            from online.search.search_processes import memory_of
+
+            out["frontend_smaps"] = memory_of(frontend.pid)
+            out["search_processes"] = procs["processes"]
+            out["search_process_calls"] = {k: procs[k] for k in ("calls", "fallbacks", "restarts")}
+            for p in procs["processes"]:
+                print(f"  search process {p['pid']}: private {p['private'] / 1e6:.0f} MB "
+                      f"({100 * p['private'] / out['frontend_smaps']['rss']:.1f} % of the front end's RSS "
+                      f"{out['frontend_smaps']['rss'] / 1e9:.2f} GB), shared {p['shared'] / 1e9:.2f} GB, "
+                      f"PSS {p['pss'] / 1e9:.2f} GB", flush=True)
         out["recall_online"] = search["recall_at_10"]
         out["recall_samples"] = search["recall_samples"]
         out["nprobe_served"] = search["nprobe_served"]

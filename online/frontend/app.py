@@ -25,9 +25,10 @@ from online.frontend.blas_threads import set_blas_threads
 from online.frontend.export import Export
 from online.frontend.guards import Guards, GuardedRunner
 from online.frontend.http_metrics import HttpMetrics
-from online.search import int8_prefilter
+from online.search import int8_prefilter, shared_arrays
 from online.search.ivf_build import IvfMaintainer
 from online.search.model_index import ModelHolder, SearchConfig, warm_up
+from online.search.search_processes import SearchProcesses
 from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_CHECKPOINT_LENGTH, MAX_PREFIX_LENGTH, MAX_SINCE,
                                      MAX_VOCAB_LIMIT, MAX_WORD_LENGTH, build_openapi)
 from online.frontend import query_body, vector_queries
@@ -470,8 +471,13 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
     app[REGISTRY] = registry
     app[HOLDER] = holder
     app[HTTP_METRICS] = HttpMetrics(registry)
+    searcher = None
+    if settings.search_processes:
+        shared_arrays.enable()          # before the first load: the rows the processes map are allocated shared
+        searcher = SearchProcesses(settings.search_processes, registry)
     app[ENGINE] = QueryEngine(holder, settings.query_batch, registry, threaded=settings.query_thread,
-                              max_wait=settings.query_max_wait, queue_limit=settings.query_queue_limit)
+                              max_wait=settings.query_max_wait, queue_limit=settings.query_queue_limit,
+                              searcher=searcher)
     app[MAINTAINER] = IvfMaintainer(holder, search)
     app[SYNC] = ModelSync(source, holder, interval=settings.sync_interval, stats_interval=settings.stats_interval,
                           registry=registry, freeze=settings.gc_freeze)

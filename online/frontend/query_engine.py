@@ -88,8 +88,13 @@ class QueryEngine:
     """
 
     def __init__(self, holder: ModelHolder, max_batch: int = 64, registry: Registry | None = None,
-                 threaded: bool = True, max_wait: float = 0.1, queue_limit: int = 1024):
+                 threaded: bool = True, max_wait: float = 0.1, queue_limit: int = 1024, searcher=None):
         self.holder = holder
+        # ``searcher``: ``search_processes.SearchProcesses``; one compute thread per process, each handing its
+        # batch's search to one of them (else one thread that searches itself)
+        self.searcher = searcher
+        self.parallel = max(1, searcher.count) if searcher is not None else 1
+        self._threads: list[threading.Thread] = []
         self.max_batch = max_batch
         self.threaded = threaded
         self.max_wait = max_wait
@@ -97,7 +102,6 @@ class QueryEngine:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: collections.deque[_Job] = collections.deque()
         self._scheduled = False
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.waiting = 0                       # admitted, computation not started
         self.per_query = 0.0                   # recent compute seconds per query (moving average)
@@ -118,15 +122,22 @@ class QueryEngine:
                                                    "time of one batched top-k computation")
 
     def start(self) -> None:
-        if self.threaded and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="similarity-queries", daemon=True)
-            self._thread.start()
+        if self.searcher is not None:
+            self.searcher.start()
+        if self.threaded and not self._threads:
+            self._threads = [threading.Thread(target=self._run, name=f"similarity-queries-{i}", daemon=True)
+                             for i in range(self.parallel)]
+            for t in self._threads:
+                t.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
+        for _ in self._threads:
             self._queue.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads = []
+        if self.searcher is not None:
+            self.searcher.stop()
 
     async def query(self, positive: list[str], negative: list[str], k: int) -> QueryResult:
         """Top ``k`` words by cosine to sum(positive) - sum(negative), excluding the inputs.
@@ -160,15 +171,16 @@ class QueryEngine:
             waiting, per_query = self.waiting, self.per_query
             if waiting + len(jobs) > self.queue_limit and waiting:
                 reason, message = "queue_full", f"{waiting} queries are waiting (limit {self.queue_limit}); retry"
-            elif waiting * per_query > self.max_wait:
+            elif waiting * per_query / self.parallel > self.max_wait:
                 reason = "wait_estimate"
-                message = (f"{waiting} queries are waiting, about {1e3 * waiting * per_query:.0f} ms of work, more "
+                message = (f"{waiting} queries are waiting, about {1e3 * waiting * per_query / self.parallel:.0f} ms "
+                           f"of work, more "
                            f"than the {1e3 * self.max_wait:.0f} ms a query may wait; retry")
             else:
                 self.waiting += len(jobs)
                 now = time.perf_counter()
                 for i, job in enumerate(jobs):
-                    job.deadline = now + self.max_wait + 2 * i * per_query
+                    job.deadline = now + self.max_wait + 2 * i * per_query / self.parallel
                 return
         self._shed[reason].inc(len(jobs))
         raise Overloaded(reason, message)
@@ -221,7 +233,8 @@ class QueryEngine:
 
     def report(self) -> dict:
         """Load shedding and search methods for ``/v1/stats``."""
-        return {"waiting": self.waiting, "ms_per_query": round(1e3 * self.per_query, 3),
+        return {"waiting": self.waiting, "ms_per_query": round(1e3 * self.per_query, 3), "compute_threads": self.parallel,
+                "search_processes": self.searcher.report() if self.searcher is not None else None,
                 "max_wait_ms": round(1e3 * self.max_wait, 1), "queue_limit": self.queue_limit,
                 "answered": {m: int(c.value) for m, c in self._answered.items()},
                 "redone_exactly": {r: int(c.value) for r, c in self._redone.items()},
@@ -278,8 +291,12 @@ class QueryEngine:
             ks.append(job.k)
         if not active:
             return
-        why: list[str] = []
-        answers, methods = index.search(queries[:len(active)], exclude, ks, why=why)
+        if self.searcher is not None:       # index stays referenced until the answer is back: nothing it maps changes
+            top, top_scores, why = self.searcher.search_rows(index, queries[:len(active)], exclude, ks)
+        else:
+            top, top_scores, why = index.search_rows(queries[:len(active)], exclude, ks)
+        answers = index.neighbours(top, top_scores, ks)
+        methods = ["ivf" if r == "ivf" else "exact" for r in why]
         for job, neighbours, method, reason in zip(active, answers, methods, why):
             job.result.neighbours = neighbours
             job.result.search = method

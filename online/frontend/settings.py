@@ -42,6 +42,9 @@ FRONTEND = SettingGroup("front end", (
             help="compute queries in a thread (else on the event loop)"),
     Setting("blas_threads", "LIVEVEC_BLAS_THREADS", int, 1, minimum=0, maximum=256,
             help="BLAS threads on the query path, 0 = leave as is"),
+    Setting("search_processes", "LIVEVEC_SEARCH_PROCESSES", int, 0, minimum=0, maximum=64,
+            help="processes that search beside the front end, mapping its model from shared memory (one copy "
+                 "of the model; online/search/search_processes.py); 0 = the query thread searches"),
     # search on large vocabularies (online/frontend/ivf.py) and load shedding (query_engine.py)
     Setting("search", "LIVEVEC_SEARCH", default="auto", choices=("auto", "exact"),
             help="auto: on models of --ivf-min-rows words or more an inverted file answers queries once built "
@@ -134,6 +137,7 @@ class FrontendSettings:
     query_thread: bool = True
     gc_freeze: bool = True
     blas_threads: int = 1
+    search_processes: int = 0
     search: str = "auto"
     ivf_min_rows: int = 100_000
     ivf_lists: int = 0
@@ -183,6 +187,9 @@ class FrontendSettings:
             raise SettingError("LIVEVEC_DRIFT_DIR", f"not a writable directory: {self.drift_dir}")
         if self.vocab_counts_file and not os.path.isfile(self.vocab_counts_file):
             raise SettingError("LIVEVEC_VOCAB_COUNTS_FILE", f"no such file: {self.vocab_counts_file}")
+        if self.search_processes and not self.query_thread:
+            raise SettingError("LIVEVEC_SEARCH_PROCESSES", "needs LIVEVEC_QUERY_THREAD=1 (the compute threads hand "
+                                                           "batches to the processes)")
         self.token()
         self.ssl_context()
         return self

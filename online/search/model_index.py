@@ -178,6 +178,7 @@ class ModelIndex:
         slots = self.n_tiles * int8_prefilter.TILE_ROWS
         self.keys = keys_all[:n]
         self.words = WordsView(words_all, n)
+        self._n = int(n)
         self.counts = counts
         if buffer is None:
             dim = 0
@@ -226,6 +227,21 @@ class ModelIndex:
         """The snapshot after ``delta`` (this one is left untouched)."""
         return snapshot_writer.apply(self, delta)
 
+    SEARCHED = ("_pool", "row_phys", "row_slot", "slot_row", "codes", "code_scale", "code_error", "code_sum",
+                "tile_err")
+
+    @classmethod
+    def for_search(cls, n: int, dim: int, n_tiles: int, config: SearchConfig, arrays: dict,
+                   ivf: ivf_lists.IvfLists | None) -> "ModelIndex":
+        """A snapshot that can only ``search_rows``: the arrays ``SEARCHED`` of one held elsewhere (a search
+        process's view of the front end's snapshot, mapped from shared memory)."""
+        self = cls.__new__(cls)
+        self.version, self.store, self._buffer, self.config = -1, None, None, config
+        self._n, self._dim, self.n_tiles, self.ivf = int(n), int(dim), int(n_tiles), ivf
+        for name in cls.SEARCHED:
+            setattr(self, name, arrays[name])
+        return self
+
     def needs_apply(self) -> bool:
         """Whether a sync should call ``apply`` even without changes: new lists wait to be installed."""
         return self.store is not None and self.store.pending_ivf is not None
@@ -237,7 +253,7 @@ class ModelIndex:
     # ----------------------------------------------------------------- reading
     @property
     def n(self) -> int:
-        return len(self.words)
+        return self._n
 
     @property
     def dim(self) -> int:
@@ -325,32 +341,42 @@ class ModelIndex:
         ``why``, if given, receives per query "ivf", "exact" (no lists, or asked), "short" or "weak";
         ``floor`` overrides ``ivf_exact_below`` (the recall monitor asks for 0: the lists' own answer) and
         ``nprobe`` the lists scanned (``SearchConfig.nprobe``)."""
+        top, top_scores, reasons = self.search_rows(queries, exclude, ks, exact=exact, floor=floor, nprobe=nprobe)
+        if why is not None:
+            why[:] = reasons
+        return self.neighbours(top, top_scores, ks), ["ivf" if r == "ivf" else "exact" for r in reasons]
+
+    def search_rows(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
+                    exact: bool | None = None, floor: float | None = None,
+                    nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """``search`` in rows: [b, k] rows (-1: none) and scores, best first, and each query's reason. It
+        reads only the arrays a search process maps (``search_processes``), never the words."""
         b = len(ks)
         if exact or self.search_mode() == "exact" or b == 0 or self.n == 0:
-            if why is not None:
-                why[:] = ["exact"] * b
-            return self.top_k(queries, exclude, ks), ["exact"] * b
+            top, top_scores = self._top_rows(queries, exclude, ks)
+            return top, top_scores, ["exact"] * b
         kk = min(max(ks), self.n)
         ptr, flat = _exclusions(exclude)
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         tile_ids, tile_ptr = ivf_lists.probe(self.ivf, queries, nprobe or self.config.nprobe)
         top, top_scores, _ = int8_prefilter.probed_top_k(self._pool, self.row_phys, self._code_arrays, self.tile_err,
                                                          self.slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk)
-        answers = self._neighbours(top, top_scores, ks)
+        valid = (top >= 0) & (top_scores != -np.inf)
         reasons = ["ivf"] * b
         floor = self.config.ivf_exact_below if floor is None else floor
-        for i, (got, k) in enumerate(zip(answers, ks)):
+        for i, k in enumerate(ks):
+            got = np.flatnonzero(valid[i, :k])
             if len(got) < min(k, self.n - len(set(exclude[i]))):
                 reasons[i] = "short"
-            elif floor > 0 and got and got[-1].score < floor:
+            elif floor > 0 and len(got) and round(float(top_scores[i, got[-1]]), 6) < floor:
                 reasons[i] = "weak"
         redo = [i for i, r in enumerate(reasons) if r != "ivf"]
         if redo:
-            for i, got in zip(redo, self.top_k(queries[redo], [exclude[i] for i in redo], [ks[i] for i in redo])):
-                answers[i] = got
-        if why is not None:
-            why[:] = reasons
-        return answers, ["ivf" if r == "ivf" else "exact" for r in reasons]
+            rt, rs = self._top_rows(queries[redo], [exclude[i] for i in redo], [ks[i] for i in redo])
+            w = rt.shape[1]
+            top[redo, :w], top_scores[redo, :w] = rt, rs
+            top[redo, w:], top_scores[redo, w:] = -1, -np.inf
+        return top, top_scores, reasons
 
     def top_k(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
               prefilter: bool | None = None) -> list[list[Neighbour]]:
@@ -361,28 +387,33 @@ class ModelIndex:
         the int8 copy first and re-scores in float32 only the rows that can still make the
         top k; the answer is the same as without it.
         """
+        top, top_scores = self._top_rows(queries, exclude, ks, prefilter=prefilter)
+        return self.neighbours(top, top_scores, ks)
+
+    def _top_rows(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
+                  prefilter: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
         b, n = len(ks), self.n
         if n == 0 or b == 0:
-            return [[] for _ in range(b)]
+            return np.full((b, 0), -1, np.int64), np.full((b, 0), -np.inf, np.float32)
         kk = min(max(ks), n)
         ptr, flat = _exclusions(exclude)
         if prefilter is None:
             prefilter = (n >= int8_prefilter.MIN_ROWS_FOR_CODES
                          and b <= int8_prefilter.MAX_BATCH_FOR_CODES[int8_prefilter.SCAN])
         if prefilter and self.dim:
-            top, top_scores = int8_prefilter.prefiltered_top_k(
+            return int8_prefilter.prefiltered_top_k(
                 self._pool, self.row_phys, self._code_arrays, self.tile_err, queries, ptr, flat, kk, self.slot_row,
                 self.row_slot,
                 self.n_tiles * int8_prefilter.TILE_ROWS)
-        else:
-            # [b, n] in one BLAS call against the pool (small models, no int8 kernel), not a gathered copy of the rows
-            scores = np.ascontiguousarray(self.scores_against(queries.T).T)
-            top = np.empty((b, kk), dtype=np.int64)
-            top_scores = np.empty((b, kk), dtype=np.float32)
-            _select_top_k(scores, ptr, flat, kk, top, top_scores)
-        return self._neighbours(top, top_scores, ks)
+        # [b, n] in one BLAS call against the pool (small models, no int8 kernel), not a gathered copy of the rows
+        scores = np.ascontiguousarray(self.scores_against(queries.T).T)
+        top = np.empty((b, kk), dtype=np.int64)
+        top_scores = np.empty((b, kk), dtype=np.float32)
+        _select_top_k(scores, ptr, flat, kk, top, top_scores)
+        return top, top_scores
 
-    def _neighbours(self, top: np.ndarray, top_scores: np.ndarray, ks: list[int]) -> list[list[Neighbour]]:
+    def neighbours(self, top: np.ndarray, top_scores: np.ndarray, ks: list[int]) -> list[list[Neighbour]]:
+        """The words of ``search_rows``' answer (rows -1 or scored -inf are no answer)."""
         words = self.words._words            # rows in top are < n: the shared arena is safe to index
         out = []
         for i, k in enumerate(ks):

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from online.search import shared_arrays
 from online.search.int8_prefilter import TILE_ROWS
 
 PIN_WAIT = 0.5          # seconds the sync waits for the other buffer's last reader before it copies instead
@@ -100,7 +101,7 @@ def copy_prefix(dst: np.ndarray, src: np.ndarray, n: int) -> None:
 
 
 def filled(shape, value, dtype) -> np.ndarray:
-    out = np.empty(shape, dtype)
+    out = shared_arrays.empty(shape, dtype)
     copy_fill(out, value)
     return out
 
@@ -122,11 +123,11 @@ class CodeStore:
     def __init__(self, cap_tiles: int, dim: int):
         groups = -(-dim // 4) if dim else 1
         slots = cap_tiles * TILE_ROWS
-        self.codes = np.zeros((cap_tiles, groups, 4, 16, 4), np.int8)
-        self.scale = np.zeros(slots, np.float32)
-        self.error = np.zeros(slots, np.float32)
-        self.csum = np.zeros(slots, np.int32)
-        self.tile_err = np.zeros(cap_tiles, np.float32)
+        self.codes = shared_arrays.zeros((cap_tiles, groups, 4, 16, 4), np.int8)
+        self.scale = shared_arrays.zeros(slots, np.float32)
+        self.error = shared_arrays.zeros(slots, np.float32)
+        self.csum = shared_arrays.zeros(slots, np.int32)
+        self.tile_err = shared_arrays.zeros(cap_tiles, np.float32)
 
     @property
     def cap_tiles(self) -> int:
@@ -160,7 +161,7 @@ class Buffer:
         self.row_phys = filled(cap_rows, -1, np.int64)   # each row's place in the pool's array
         self.pool_array: np.ndarray | None = None        # the pool's array as of this buffer's last write
         self.code_store: CodeStore | None = None         # the codes as of this buffer's last write
-        self.norms = np.zeros(cap_rows, np.float32)
+        self.norms = shared_arrays.zeros(cap_rows, np.float32)
         self.row_slot = filled(cap_rows, -1, np.int64)
         self.slot_row = filled(slots, -1, np.int64)      # -1 empty, -2 left by a row (not free yet)
         self.state = 0                  # which write of its store it holds (Store.seq; 0: none yet)
@@ -226,7 +227,7 @@ class UnitPool:
 
     def __init__(self, cap: int, dim: int, used: int = 0, array: np.ndarray | None = None):
         # ``array``: rows 0..used-1 already written (a full load's buffer, adopted: no second copy)
-        self.array = np.zeros((cap, dim), np.float32) if array is None else array
+        self.array = shared_arrays.zeros((cap, dim), np.float32) if array is None else array
         self.free = np.arange(cap - 1, used - 1, -1, dtype=np.int64)   # a stack: the lowest rows first
         self.n_free = cap - used
         self.high = used                             # rows below this have been written at some time
@@ -291,7 +292,7 @@ class UnitPool:
 
     def _grow(self, k: int) -> None:
         cap = max(int(self.cap * GROWTH), self.cap + k, 1024)
-        grown = np.zeros((cap, self.array.shape[1]), np.float32)
+        grown = shared_arrays.zeros((cap, self.array.shape[1]), np.float32)
         copy_prefix(grown, self.array, self.cap)
         self._give_back(np.arange(cap - 1, self.cap - 1, -1, dtype=np.int64))
         self.array = grown                      # published snapshots keep the old array

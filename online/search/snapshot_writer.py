@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from online.search import int8_prefilter
+from online.search import int8_prefilter, shared_arrays
 from online.search import ivf as ivf_lists
 from online.search.int8_prefilter import TILE_ROWS
 from online.search.row_store import (Buffer, Change, CodeStore, Store, UnitPool, copy_prefix, distinct, scatter,
@@ -62,7 +62,7 @@ def full_load_buffer(n: int, dim: int) -> np.ndarray:
     buffer the pool, so a full load holds the model once, not twice (10M x 100: 4 GB less at the peak).
     The delta's vectors are then the index's: the source must not read them again."""
     cap = _capacity(n)[0]
-    buffer = np.zeros((cap, dim), np.float32)      # calloc: spare rows cost no memory until written
+    buffer = shared_arrays.zeros((cap, dim), np.float32)   # calloc: spare rows cost no memory until written
     _LOAD_BUFFERS[id(buffer)] = buffer
     return buffer[:n]
 
