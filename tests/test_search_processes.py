@@ -170,3 +170,15 @@ def test_the_front_end_answers_the_same_through_processes_that_share_its_rows():
         print(b, a)
         assert a["shared"] - b["shared"] > 0.1 * model_bytes, (b, a)
         assert a["private"] - b["private"] < 0.1 * model_bytes, (b, a)
+
+
+def test_processes_need_the_query_thread_and_say_so_at_start():
+    from online.frontend.settings import settings_from
+    from ps_bridge.settings import SettingError
+    env = {"LIVEVEC_MODEL_SOURCE": "online.frontend.synthetic:create_source", "LIVEVEC_SEARCH_PROCESSES": "2",
+           "LIVEVEC_QUERY_THREAD": "0"}
+    with pytest.raises(SettingError, match="LIVEVEC_SEARCH_PROCESSES"):
+        settings_from(None, env)
+    with pytest.raises(SettingError, match="LIVEVEC_SEARCH_PROCESSES"):
+        settings_from(None, {**env, "LIVEVEC_QUERY_THREAD": "1", "LIVEVEC_SEARCH_PROCESSES": "-1"})
+    assert settings_from(None, {**env, "LIVEVEC_QUERY_THREAD": "1"}).search_processes == 2
