@@ -12,8 +12,9 @@ One ``Trainer`` is the learning side of a worker. Per mini-batch of records it:
 
    * **in place** when the store is a single in-process ``EmbeddingShard``
      (``livevec train``): ``sgns_kernel.train_inplace_rows`` updates the shard's rows after
-     every pair, hogwild-style, as word2vec.c and gensim do. Several threads may call
-     ``train_*`` concurrently; the GIL-bound preparation is serialised by a lock and the
+     every pair, hogwild-style, as word2vec.c and gensim do (``LIVEVEC_KERNEL=hogbatch``:
+     ``hogbatch_kernel.train_hogbatch_rows``, once per window, negatives shared by the window).
+     Several threads may call ``train_*`` concurrently; the GIL-bound preparation is serialised by a lock and the
      compiled kernels run in parallel without the GIL. The kernel draws its negatives from
      the noise table mapped to output rows (``_current_noise_rows``), rebuilt only when the table is
      laid out again or a word in it gets or loses its row;
@@ -40,12 +41,18 @@ from online.learner.keys import output_rows, word_rows
 from online.learner.noise import DEFAULT_TABLE_SIZE, NoiseTable
 from online.learner.param_store import LocalParamStore, ParamStore
 from online.learner.gradient_kernel import batch_gradients, plan_pairs, walk_gradients
+from online.learner.hogbatch_kernel import train_hogbatch_rows
 from online.learner.sgns_kernel import (NO_CURVATURE, OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, noise_rows_of,
                                         patched_noise_rows, train_inplace_rows)
 from online.learner.spans import spans_of_sentences
 from online.learner.subsampling import keep_tokens
 from online.learner.tokenizer import Tokenizer
 from online.learner.vocab import OnlineVocab
+
+# The in-place kernels ``LIVEVEC_KERNEL`` chooses between (same arguments and results): ``pairs`` is word2vec.c's
+# order, each (context, centre) pair with negatives of its own; ``hogbatch`` shares one set of negatives among a
+# centre's context words and steps each row once per window (``online.learner.hogbatch_kernel``).
+KERNELS = {"pairs": train_inplace_rows, "hogbatch": train_hogbatch_rows}
 
 
 @dataclass
@@ -60,6 +67,7 @@ class LearnerConfig:
     vocab_capacity: int = 1_000_000
     noise_table_size: int = DEFAULT_TABLE_SIZE
     optimizer: str = "rowadagrad"       # "rowadagrad", "adagrad" (per coordinate) or "sgd" (comparisons)
+    kernel: str = "pairs"               # the in-place kernel: "pairs" (word2vec.c's order) or "hogbatch"
     eta: float | None = None            # None: 0.1 for the AdaGrads, 0.025 for SGD
     adagrad_init: float = 1e-8          # initial accumulator (yskip: 1e-8)
     sgd_decay_words: int = 0            # SGD only: decay eta linearly to 0 over this many tokens (needs a corpus length)
@@ -79,6 +87,8 @@ class LearnerConfig:
             raise ValueError("sample must be >= 0")
         if self.optimizer not in ("adagrad", "rowadagrad", "sgd"):
             raise ValueError("optimizer must be adagrad, rowadagrad or sgd")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}")
         if self.eta is not None and self.eta <= 0:
             raise ValueError("eta must be > 0")
         if not 0 <= self.local_rate <= 1:
@@ -154,6 +164,7 @@ class Trainer:
         if self.shard is not None:
             self.eta = self.shard.eta if config.eta is None else config.eta
             self._opt = {"adagrad": OPT_ADAGRAD, "rowadagrad": OPT_ROW_ADAGRAD, "sgd": OPT_SGD}[self.shard.optimizer]
+            self._kernel = KERNELS[config.kernel]
             self.slot_in_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
             self.slot_out_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
             # The noise table as output rows, ``slot_out_row[noise.active()]``, for the kernel (one load per
@@ -350,9 +361,9 @@ class Trainer:
                     touched = self._touched_mask(shard.capacity)
                     curv = self._curvature(shard)
                     loss = np.zeros(2, dtype=np.float64)
-                    stats.pairs = train_inplace_rows(shard.vectors, shard.vectors, shard.accum, shard.accum,
-                                                     p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
-                                                     cfg.negative, p.eta, self._opt, p.seed, touched, curv, loss)
+                    stats.pairs = self._kernel(shard.vectors, shard.vectors, shard.accum, shard.accum,
+                                               p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
+                                               cfg.negative, p.eta, self._opt, p.seed, touched, curv, loss)
                     stats.loss_sampled, stats.loss_pairs = float(loss[0]), int(loss[1])
                     rows = np.flatnonzero(touched[:shard.rows_in_use])   # no kernel writes above it
                     touched[rows] = 0

@@ -1,0 +1,237 @@
+"""HogBatch: the in-place SGNS kernel with one set of negatives per window (``LIVEVEC_KERNEL=hogbatch``).
+
+Why. ``sgns_kernel.train_inplace_rows`` (word2vec.c's order) trains each (context, centre) pair against the
+centre's output row and ``negative`` negatives of its own: about 6 random output rows per pair, each a row of a
+matrix larger than the caches. The kernel waits on those loads more than it computes (see its docstring).
+HogBatch (Ji et al. 2016, "Parallelizing Word2Vec in shared and distributed memory"; Intel's pWord2Vec) draws
+the negatives once per centre word and shares them among the centre's context words, so a window of m
+context words costs 1 + N random rows instead of m (1 + N), and the m x (1 + N) dot products become one small
+dense block (level-3 work instead of m level-1 passes over rows that come from memory).
+
+Maths. For centre word w (output row v_0 = v_w, label y_0 = 1) with negatives n_1..n_N (v_k, y_k = 0) and
+context words c_1..c_m (input rows u_j), the window's loss is the sum over the block of the SGNS terms
+
+    L = -sum_j [log s(u_j . v_0) + sum_k log s(-u_j . v_k)],     f_jt = u_j . v_t,  g_jt = y_t - s(f_jt),
+
+and its gradients are dL/dv_t = -sum_j g_jt u_j, dL/du_j = -sum_t g_jt v_t. All of f, g and both sums are
+computed from the rows as they were when the window started, and each row takes ONE step per window, by the
+optimizer's rule, along its summed gradient (word2vec.c's sign: moves along +sum g ...):
+
+    v_t += rate_t * sum_j g_jt u_j,      u_j += rate_j * sum_t g_jt v_t.
+
+Row-wise AdaGrad (the default) accumulates the squared norm of the step's gradient, h += |sum_j g_jt u_j|^2 /
+dim, once per window, where the pairs kernel adds m per-pair terms; per-coordinate AdaGrad likewise adds the
+summed gradient's squares; SGD moves at ``eta``. Between windows it is hogwild and in place, as the pairs
+kernel: the next centre sees this window's updates (its context rows overlap this window's).
+
+Draws. The window reduction b and the negatives come from the same generator (``_lcg``, ``_draw``) in the same
+order as the pairs kernel's: per centre the window, then ``negative`` draws for each of its m context words.
+The first context's N draws are the window's shared negatives (-1 entries and draws equal to the positive
+are skipped, as there); the other (m - 1) N are stepped over in one jump (the generator's k-step map,
+s -> A_k s + C_k). So both kernels train exactly the same windows, hence the same pairs (the same pair
+count), and a comparison of the two isolates the batching from the sampling.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from online.learner.sgns_kernel import (_LCG_ADD, _LCG_MUL, OPT_ADAGRAD, OPT_ROW_ADAGRAD, _ONE32, _ZERO32, _draw,
+                                        _lcg, _next_sentence, _pair_loss, _prefetch, _prefetch_row, _sigmoid32,
+                                        _update_input)
+
+
+@njit(inline="always")
+def _jumps(n):
+    """(A_k, C_k) for k = 0..n: k steps of the generator are s -> A_k s + C_k (mod 2^64)."""
+    mul = np.empty(n + 1, dtype=np.uint64)
+    add = np.empty(n + 1, dtype=np.uint64)
+    mul[0] = np.uint64(1)
+    add[0] = np.uint64(0)
+    for k in range(1, n + 1):
+        mul[k] = mul[k - 1] * _LCG_MUL
+        add[k] = add[k - 1] * _LCG_MUL + _LCG_ADD
+    return mul, add
+
+
+@njit(inline="always")
+def _plan_window(i, lo, hi, window, negative, out_rows, noise_rows, state, targets, buf, jump_mul, jump_add):
+    """Centre ``i``'s reduced window and its targets into ``targets[buf]``: the centre's output row first, then
+    the shared negatives. Returns (j0, j1, targets held, state); see the module docstring for the draws."""
+    state = _lcg(state)
+    b = np.int64(state % np.uint64(window))
+    reach = window - b
+    j0 = max(lo, i - reach)
+    j1 = min(hi, i + reach + 1)
+    m = j1 - j0 - 1
+    word_out = out_rows[i]
+    targets[buf, 0] = word_out
+    nt = 1
+    n_noise = noise_rows.shape[0]
+    if m > 0 and n_noise > 0 and negative > 0:
+        for k in range(negative):
+            state = _lcg(state)
+            t = np.int64(noise_rows[_draw(state, n_noise)])
+            if t >= 0 and t != word_out:
+                targets[buf, nt] = t
+                nt += 1
+        skip = (m - 1) * negative          # the pairs kernel's draws for the other contexts
+        state = state * jump_mul[skip] + jump_add[skip]
+    return j0, j1, nt, state
+
+
+@njit(inline="always")
+def _prefetch_window(syn0, syn1, acc0, acc1, in_rows, targets, buf, nt, nj0, nj1, ni, j0, j1, i, optimizer):
+    """Prefetch the next window's target rows and the context rows the current window does not hold (with
+    their accumulators): they arrive while the current window computes."""
+    for t in range(nt):
+        r = targets[buf, t]
+        _prefetch_row(syn1, r)
+        if optimizer == OPT_ROW_ADAGRAD:
+            _prefetch(acc1, r, 0)
+        elif optimizer == OPT_ADAGRAD:
+            _prefetch_row(acc1, r)
+    for j in range(nj0, nj1):
+        if j == ni or (j0 <= j < j1 and j != i):
+            continue
+        r = in_rows[j]
+        _prefetch_row(syn0, r)
+        if optimizer == OPT_ROW_ADAGRAD:
+            _prefetch(acc0, r, 0)
+        elif optimizer == OPT_ADAGRAD:
+            _prefetch_row(acc0, r)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
+                        window, negative, eta, optimizer, seed, touched, curv, loss):
+    """Train every window of the batch in place, HogBatch's way; return the pair count (context words trained).
+
+    The arguments, ``touched``, ``curv`` and ``loss`` are those of ``sgns_kernel.train_inplace_rows`` (one may
+    replace the other). Per window, three passes over a block small enough to stay in L1 (m <= 2 window
+    context rows, 1 + N target rows, 400 B each at d=100):
+
+    1. for each context j, f_jt for every target t from the old rows, s(f_jt) kept, and the context's
+       gradient sum_t g_jt v_t (old v_t) into a buffer: a target row comes from memory for j = 1 only;
+    2. for each target t, sum_j g_jt u_j (old u_j: the contexts have not moved), then its one step;
+    3. each context's one step along its buffered gradient.
+
+    ``curv`` (length 0: off) gets, for a target row, rate * sum_j s'(f_jt) |u_j|^2 and, for a context row,
+    rate * sum_t s'(f_jt) |v_t|^2: the pairs kernel's contraction summed over the window, with the rate of
+    the row's one step. ``loss`` (length >= 2) samples every 32nd window: loss[0] += all its m (1 + N) terms,
+    loss[1] += m (pairs).
+    """
+    dim = syn0.shape[1]
+    max_ctx = 2 * window
+    max_t = negative + 1
+    targets = np.empty((2, max_t), dtype=np.int64)         # [buffer, target]: the centre's row, the negatives
+    ctx = np.empty(max_ctx, dtype=np.int64)
+    sig = np.empty((max_ctx, max_t), dtype=np.float32)     # s(f_jt)
+    grad_in = np.empty((max_ctx, dim), dtype=np.float32)   # sum_t g_jt v_t per context
+    grad_out = np.empty(dim, dtype=np.float32)              # sum_j g_jt u_j for the target at hand
+    uu = np.zeros(max_ctx, dtype=np.float32)                # |u_j|^2 and |v_t|^2: the contraction only
+    vv = np.zeros(max_t, dtype=np.float32)
+    jump_mul, jump_add = _jumps(max_ctx * max(negative, 1))
+    state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
+    n_sent = starts.shape[0] - 1
+    pairs = 0
+    windows = 0
+    eta32 = np.float32(eta)
+    inv_dim = np.float32(1.0 / dim)
+    track = curv.shape[0] > 0
+    sample_loss = loss.shape[0] >= 2
+    s = _next_sentence(starts, 0)
+    if s >= n_sent:
+        return 0
+    i = starts[s]
+    cur = 0
+    j0, j1, nt, state = _plan_window(i, starts[s], starts[s + 1], window, negative, out_rows, noise_rows, state,
+                                     targets, cur, jump_mul, jump_add)
+    while True:
+        hi = starts[s + 1]
+        ni = i + 1
+        ns = s if ni < hi else _next_sentence(starts, s + 1)
+        more = ns < n_sent
+        nj0 = nj1 = nnt = 0
+        if more:      # the next window's draws now, and its rows on their way while this one computes
+            nj0, nj1, nnt, state = _plan_window(ni, starts[ns], starts[ns + 1], window, negative, out_rows,
+                                                noise_rows, state, targets, 1 - cur, jump_mul, jump_add)
+            _prefetch_window(syn0, syn1, acc0, acc1, in_rows, targets, 1 - cur, nnt, nj0, nj1, ni, j0, j1, i,
+                             optimizer)
+        m = 0
+        for j in range(j0, j1):
+            if j != i:
+                ctx[m] = in_rows[j]
+                m += 1
+        if m > 0:
+            sample = sample_loss and (windows & 31) == 0
+            windows += 1
+            if track:
+                for t in range(nt):
+                    r = targets[cur, t]
+                    a = _ZERO32
+                    for d in range(dim):
+                        a += syn1[r, d] * syn1[r, d]
+                    vv[t] = a
+            # 1. the block of f's from the old rows; each context's gradient against the old targets
+            for c in range(m):
+                l1 = ctx[c]
+                if track:
+                    a = _ZERO32
+                    for d in range(dim):
+                        a += syn0[l1, d] * syn0[l1, d]
+                    uu[c] = a
+                for t in range(nt):
+                    r = targets[cur, t]
+                    f = _ZERO32
+                    for d in range(dim):
+                        f += syn0[l1, d] * syn1[r, d]
+                    sg = _sigmoid32(f)
+                    sig[c, t] = sg
+                    label = _ONE32 if t == 0 else _ZERO32
+                    g = label - sg
+                    if sample:
+                        loss[0] += _pair_loss(f, 1.0 if t == 0 else 0.0)
+                    if t == 0:
+                        for d in range(dim):
+                            grad_in[c, d] = g * syn1[r, d]
+                    else:
+                        for d in range(dim):
+                            grad_in[c, d] += g * syn1[r, d]
+            # 2. each target's one step along sum_j g_jt u_j (the contexts' old rows)
+            for t in range(nt):
+                r = targets[cur, t]
+                label = _ONE32 if t == 0 else _ZERO32
+                for c in range(m):
+                    l1 = ctx[c]
+                    g = label - sig[c, t]
+                    if c == 0:
+                        for d in range(dim):
+                            grad_out[d] = g * syn0[l1, d]
+                    else:
+                        for d in range(dim):
+                            grad_out[d] += g * syn0[l1, d]
+                rate = _update_input(syn1, acc1, r, grad_out, eta32, inv_dim, optimizer)
+                touched[r] = 1
+                if track:
+                    a = _ZERO32
+                    for c in range(m):
+                        a += sig[c, t] * (_ONE32 - sig[c, t]) * uu[c]
+                    curv[r] += rate * a
+            # 3. each context's one step along sum_t g_jt v_t
+            for c in range(m):
+                l1 = ctx[c]
+                rate = _update_input(syn0, acc0, l1, grad_in[c], eta32, inv_dim, optimizer)
+                touched[l1] = 1
+                if track:
+                    a = _ZERO32
+                    for t in range(nt):
+                        a += sig[c, t] * (_ONE32 - sig[c, t]) * vv[t]
+                    curv[l1] += rate * a
+            if sample:
+                loss[1] += m
+            pairs += m
+        if not more:
+            break
+        i, s, j0, j1, nt, cur = ni, ns, nj0, nj1, nnt, 1 - cur
+    return pairs
