@@ -1,7 +1,11 @@
 """The in-place SGNS kernel alone: pairs/s of ``train_inplace_rows`` against a reference copy, same batches.
 
     flock /tmp/livevec-bench.lock .venv/bin/python bench/kernel_speed.py [--corpus ../shared/data/wiki17m.txt.xz]
-        [--warm-tokens 3000000] [--batches 60] [--threads 2] [--reps 6]
+        [--warm-tokens 3000000] [--batches 60] [--threads 2] [--reps 6] [--kernels reference,current]
+
+``--kernels current,hogbatch`` times the HogBatch kernel (``LIVEVEC_KERNEL=hogbatch``) against the current one
+instead, in the same way; the first kernel named is the one the others are compared with. (Both kernels draw
+the same windows, so they train the same pairs and their pairs/s are words/s in the same proportion.)
 
 Trains the first ``--warm-tokens`` tokens of the corpus with the product's ``Trainer`` (defaults of
 ``livevec train``: d=100, window 5, negative 5, row-wise AdaGrad, 10,000-word batches), so that the
@@ -33,6 +37,7 @@ sys.path.insert(0, str(REPO))
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
 
 from online.learner import sgns_kernel as K  # noqa: E402
+from online.learner.hogbatch_kernel import train_hogbatch_rows  # noqa: E402
 from online.learner.sgns_kernel import _draw, _lcg, _update_input  # noqa: E402
 
 
@@ -193,6 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--optimizer", default="rowadagrad")
+    ap.add_argument("--kernels", default="reference,current",
+                    help="comma list of reference, current (train_inplace_rows) and hogbatch; the first is the base")
     args = ap.parse_args(argv)
     print(f"load average before: {os.getloadavg()}", flush=True)
     trainer, vectors0, accum0, batches = capture(args.corpus, args.warm_tokens, args.batches, args.optimizer)
@@ -203,24 +210,34 @@ def main(argv=None) -> int:
           f"{len(batches[0].noise):,} entries", flush=True)
     def current(*args):
         return K.train_inplace_rows(*args, K.NO_CURVATURE, K.NO_LOSS)
-    kernels = {"reference": reference_kernel, "current": current}
+
+    def hogbatch(*args):
+        return train_hogbatch_rows(*args, K.NO_CURVATURE, K.NO_LOSS)
+    known = {"reference": reference_kernel, "current": current, "hogbatch": hogbatch}
+    names = args.kernels.split(",")
+    if len(names) < 2 or any(n not in known for n in names):
+        ap.error(f"--kernels: two or more of {', '.join(known)}")
+    kernels = {name: known[name] for name in names}
+    base = names[0]
     vec, acc = vectors0.copy(), accum0.copy()
     results = {}
-    for name, kernel in kernels.items():     # compile, and check the two agree on one thread
+    for name, kernel in kernels.items():     # compile, and check how far the kernels agree on one thread
         np.copyto(vec, vectors0)
         np.copyto(acc, accum0)
         pairs = sum(kernel(vec, vec, acc, acc, p.in_rows, p.out_rows, p.starts, p.noise, cfg.window, cfg.negative,
                            p.eta, opt, p.seed, np.zeros(len(vec), np.uint8)) for p in batches[:3])
         results[name] = (pairs, vec.copy(), acc.copy())
-    (pr, vr, ar), (pc, vc, ac) = results["reference"], results["current"]
-    delta = np.abs(vc - vr)
-    print(f"one thread, 3 batches: pairs {pr:,} / {pc:,}; max |delta vectors| {delta.max():.3g} (mean "
-          f"{delta.mean():.3g}, rows moved {np.abs(vr - vectors0).max():.3g}); max rel |delta accum| "
-          f"{(np.abs(ac - ar) / np.maximum(ar, 1e-12)).max():.3g}", flush=True)
+    pr, vr, ar = results[base]
+    for name in names[1:]:
+        pc, vc, ac = results[name]
+        delta = np.abs(vc - vr)
+        print(f"one thread, 3 batches, {base} / {name}: pairs {pr:,} / {pc:,}; max |delta vectors| {delta.max():.3g} "
+              f"(mean {delta.mean():.3g}, rows moved {np.abs(vr - vectors0).max():.3g}); max rel |delta accum| "
+              f"{(np.abs(ac - ar) / np.maximum(ar, 1e-12)).max():.3g}", flush=True)
     rates = {name: [] for name in kernels}
-    names = list(kernels)
     for rep in range(args.reps):
-        order = names if rep % 2 == 0 else names[::-1]
+        k = rep % len(names)
+        order = names[k:] + names[:k]        # each kernel first in turn, so that all meet the same load
         for name in order:
             np.copyto(vec, vectors0)
             np.copyto(acc, accum0)
@@ -232,9 +249,10 @@ def main(argv=None) -> int:
     for name in names:
         print(f"{name:9s} median {med[name] / 1e6:.3f}M pairs/s  (runs: "
               f"{', '.join(f'{r / 1e6:.3f}' for r in rates[name])})")
-    paired = [c / r for c, r in zip(rates["current"], rates["reference"])]
-    print(f"ratio current / reference: {med['current'] / med['reference']:.3f}x of the medians; per repetition "
-          f"{', '.join(f'{x:.3f}' for x in paired)} (median {statistics.median(paired):.3f}x)")
+    for name in names[1:]:
+        paired = [c / r for c, r in zip(rates[name], rates[base])]
+        print(f"ratio {name} / {base}: {med[name] / med[base]:.3f}x of the medians; per repetition "
+              f"{', '.join(f'{x:.3f}' for x in paired)} (median {statistics.median(paired):.3f}x)")
     print(f"load average after: {os.getloadavg()}")
     return 0
 

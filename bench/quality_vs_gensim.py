@@ -1,7 +1,11 @@
 """livevec's learner against gensim on the same corpus: quality and words/s, in one run.
 
     .venv/bin/python bench/quality_vs_gensim.py [--corpus ../shared/data/wiki17m.txt.xz]
-        [--max-tokens N] [--epochs 1,5] [--workers 1] [--rounds N]
+        [--max-tokens N] [--epochs 1,5] [--workers 1] [--rounds N] [--kernel pairs,hogbatch]
+
+``--kernel`` names livevec's in-place kernel (``LIVEVEC_KERNEL``); with two or more (``pairs,hogbatch``)
+each is a system of its own, ``livevec-pairs``, ``livevec-hogbatch``, trained in the same alternation and
+compared with gensim.
 
 Both systems see the same text (the corpus is decompressed once, cut at ``--max-tokens``,
 into a temporary plain file), the same hyper-parameters (skip-gram, d=100, window 5,
@@ -108,8 +112,10 @@ class LivevecRun(GensimRun):
 
     name = "livevec"
 
-    def __init__(self, path: Path, passes: int, workers: int, seed: int, out_dir: Path, options: dict):
+    def __init__(self, path: Path, passes: int, workers: int, seed: int, out_dir: Path, options: dict,
+                 name: str = "livevec"):
         from online.cli.train import TrainSettings, make_trainer
+        self.name = name
         from online.learner.trainer import LearnerConfig
         learner = LearnerConfig(**HYPER, seed=seed, **options.get("learner", {}))
         self.settings = TrainSettings(input=str(path), out=str(out_dir), epochs=passes, workers=workers,
@@ -155,12 +161,18 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-words", type=int, default=10_000)
     ap.add_argument("--local-rate", type=float, default=None,
                     help="pull/push path: SGD rate of the walk over each batch (default the learner's, 0.002)")
+    ap.add_argument("--kernel", default="pairs",
+                    help="livevec's in-place kernel (LIVEVEC_KERNEL): pairs or hogbatch; a comma list runs each")
     ap.add_argument("--sgd-decay", action="store_true",
                     help="livevec with SGD and gensim's linear decay over the known corpus length (diagnostic)")
     args = ap.parse_args(argv)
     systems = args.systems.split(",")
     passes = [int(x) for x in args.epochs.split(",")]
     learner = {"optimizer": args.optimizer}
+    kernels = args.kernel.split(",")
+    livevecs = ["livevec"] if len(kernels) == 1 else [f"livevec-{k}" for k in kernels]
+    if len(kernels) == 1:
+        learner["kernel"] = kernels[0]
     if args.eta is not None:
         learner["eta"] = args.eta
     if args.adagrad_init is not None:
@@ -179,21 +191,27 @@ def main(argv=None) -> int:
             if "gensim" in systems:
                 runs.append(GensimRun(corpus, epochs, args.workers, args.seed))
             if "livevec" in systems:
-                opts = {"learner": dict(learner), "batch_words": args.batch_words, "shards": args.shards}
-                if args.sgd_decay:
-                    opts["learner"].update(optimizer="sgd", sgd_decay_words=tokens * epochs)
-                runs.append(LivevecRun(corpus, epochs, args.workers, args.seed, Path(tmp) / f"lv{epochs}", opts))
+                for kernel, name in zip(kernels, livevecs):
+                    opts = {"learner": {**learner, "kernel": kernel}, "batch_words": args.batch_words,
+                            "shards": args.shards}
+                    if args.sgd_decay:
+                        opts["learner"].update(optimizer="sgd", sgd_decay_words=tokens * epochs)
+                    runs.append(LivevecRun(corpus, epochs, args.workers, args.seed,
+                                           Path(tmp) / f"lv{epochs}-{kernel}-{round_no}", opts, name))
             for index in range(epochs):
-                for run in (runs if (index + round_no) % 2 == 0 else runs[::-1]):
+                k = (index + round_no) % len(runs)
+                for run in runs[k:] + runs[:k]:      # each system first in turn (two: the order swapped)
                     run.train_pass(index)
                     print(f"{run.name} pass {index + 1}/{epochs}: {run.seconds:.1f}s", file=sys.stderr, flush=True)
             row = {"passes": epochs, "round": round_no + 1}
             for run in runs:
                 row[run.name] = run.finish()
                 print(f"{run.name} passes={epochs}: {row[run.name]}", file=sys.stderr, flush=True)
-            if "gensim" in row and "livevec" in row:
-                g, lv = row["gensim"], row["livevec"]
-                row["ratios"] = {
+            for name in livevecs:
+                if "gensim" not in row or name not in row:
+                    continue
+                g, lv = row["gensim"], row[name]
+                row["ratios" if name == "livevec" else f"ratios-{name}"] = {
                     "raw_words_per_s": round(lv["raw_words_per_s"] / g["raw_words_per_s"], 3),
                     "raw_words_per_cpu_s": round(lv["raw_words_per_cpu_s"] / g["raw_words_per_cpu_s"], 3),
                     "effective_words_per_s": round(lv["effective_words_per_s"] / g["effective_words_per_s"], 3),
@@ -202,25 +220,27 @@ def main(argv=None) -> int:
                     "ws353_diff": round(lv["ws353"] - g["ws353"], 4),
                 }
             rows.append(row)
-    print(f"\n{'passes':>6} {'system':>8} {'analogy':>8} {'ws353':>7} {'simlex':>7} {'raw w/s':>9} {'raw w/cpu-s':>11} "
+    print(f"\n{'passes':>6} {'system':>16} {'analogy':>8} {'ws353':>7} {'simlex':>7} {'raw w/s':>9} {'raw w/cpu-s':>11} "
           f"{'eff w/s':>9} {'vocab':>7}")
     for row in rows:
-        for name in ("gensim", "livevec"):
+        for name in ("gensim", *livevecs):
             if name in row:
                 r = row[name]
-                print(f"{row['passes']:>6} {name:>8} {100 * r['analogy']:>7.2f}% {r['ws353']:>7.3f} {r['simlex']:>7.3f} "
+                print(f"{row['passes']:>6} {name:>16} {100 * r['analogy']:>7.2f}% {r['ws353']:>7.3f} {r['simlex']:>7.3f} "
                       f"{r['raw_words_per_s']:>9,} {r['raw_words_per_cpu_s']:>11,} {r['effective_words_per_s']:>9,} "
                       f"{r['vocabulary']:>7,}")
-        if "ratios" in row:
-            print(f"{row['passes']:>6} {'ratio':>8} {row['ratios']}")
+        for key in [k for k in row if k.startswith("ratios")]:
+            print(f"{row['passes']:>6} {'ratio':>8} {key[7:] or 'livevec'} {row[key]}")
     medians = {}
     for epochs in passes:
-        ratios = [row["ratios"] for row in rows if row["passes"] == epochs and "ratios" in row]
-        if len(ratios) > 1:
-            medians[epochs] = {k: round(statistics.median(r[k] for r in ratios), 3) for k in ratios[0]}
-            print(f"{epochs:>6} {'median':>8} {medians[epochs]} over {len(ratios)} rounds")
+        for key in ["ratios"] if len(kernels) == 1 else [f"ratios-{name}" for name in livevecs]:
+            ratios = [row[key] for row in rows if row["passes"] == epochs and key in row]
+            if len(ratios) > 1:
+                label = f"{epochs}{key[6:]}"
+                medians[label] = {k: round(statistics.median(r[k] for r in ratios), 3) for k in ratios[0]}
+                print(f"{epochs:>6} {'median':>8} {key[7:] or 'livevec'} {medians[label]} over {len(ratios)} rounds")
     print(json.dumps({"corpus": os.path.basename(args.corpus), "tokens": tokens, "workers": args.workers,
-                      "learner": learner, "batch_words": args.batch_words, "shards": args.shards,
+                      "learner": learner, "kernels": kernels, "batch_words": args.batch_words, "shards": args.shards,
                       "rounds": args.rounds, "results": rows, "median_ratios": medians}))
     return 0
 
