@@ -182,3 +182,26 @@ def test_processes_need_the_query_thread_and_say_so_at_start():
     with pytest.raises(SettingError, match="LIVEVEC_SEARCH_PROCESSES"):
         settings_from(None, {**env, "LIVEVEC_QUERY_THREAD": "1", "LIVEVEC_SEARCH_PROCESSES": "-1"})
     assert settings_from(None, {**env, "LIVEVEC_QUERY_THREAD": "1"}).search_processes == 2
+
+
+def test_a_killed_front_end_leaves_no_search_process_behind():
+    env = clean_env(LIVEVEC_SYNTHETIC_WORDS="2000", LIVEVEC_SEARCH_PROCESSES="2")
+    with running_frontend(["--source", "online.frontend.synthetic:create_source"], env) as (url, proc):
+        url = url.rstrip("/")
+        pids = _get(url + "/v1/stats")["search"]["search_processes"]["pids"]
+        assert len(pids) == 2 and all(os.path.exists(f"/proc/{p}") for p in pids)
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 10
+        while any(_alive(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), pids
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan is reaped by init, but a zombie still has /proc/<pid>)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
