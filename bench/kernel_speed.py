@@ -231,9 +231,10 @@ def main(argv=None) -> int:
     for name in names[1:]:
         pc, vc, ac = results[name]
         delta = np.abs(vc - vr)
+        accum = f"{(np.abs(ac - ar) / np.maximum(ar, 1e-12)).max():.3g}" if ar.size else "none (SGD)"
         print(f"one thread, 3 batches, {base} / {name}: pairs {pr:,} / {pc:,}; max |delta vectors| {delta.max():.3g} "
               f"(mean {delta.mean():.3g}, rows moved {np.abs(vr - vectors0).max():.3g}); max rel |delta accum| "
-              f"{(np.abs(ac - ar) / np.maximum(ar, 1e-12)).max():.3g}", flush=True)
+              f"{accum}", flush=True)
     rates = {name: [] for name in kernels}
     for rep in range(args.reps):
         k = rep % len(names)
