@@ -215,6 +215,7 @@ class SearchProcesses:
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._procs: list[_Process | None] = [None] * self.count
         self._dead_since = [0.0] * self.count
+        self._start_failing = [False] * self.count
         self._lock = threading.Lock()
         self._closed = False
         self._warned = False
@@ -289,7 +290,15 @@ class SearchProcesses:
     def _restart(self, slot: int) -> _Process | None:
         if self._closed or time.monotonic() - self._dead_since[slot] < RESTART_BACKOFF:
             return None
-        proc = _Process(slot)
+        try:
+            proc = _Process(slot)
+        except OSError as exc:             # no fork, no fds: search here, try again after the back-off
+            self._dead_since[slot] = time.monotonic()
+            if not self._start_failing[slot]:        # one line per streak of failures, not one a second
+                self._start_failing[slot] = True
+                log_event(log, "search_process_start_failed", logging.WARNING, slot=slot, error=repr(exc))
+            return None
+        self._start_failing[slot] = False
         self._procs[slot] = proc
         self.counters["restarts"] += 1
         if self._restarts is not None:
