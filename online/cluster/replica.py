@@ -45,7 +45,7 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   24.1 % for 2 workers sharing one replica. The simulation then showed that a round's k deltas from one base cost
   quality unless each replica's share of the round shrinks faster than 1 / k (8 replicas at 10,000 tokens each
   1.70 % / 0.431, at 2,500 2.49 % / 0.475; 16 at 5,000 1.39 % / 0.395, at 1,000 2.35 % / 0.397), so the default is
-  now **160,000 / workers^2 tokens, at least 1,000** (250 since session 15; ``WorkerSettings.default_sync_tokens``):
+  now **160,000 / workers^2 tokens, at least 1,000** (250 since session 15, 100 since session 23; ``WorkerSettings.default_sync_tokens``):
   2 workers keep their 40,000, 8 replicas sync every 2,500 tokens and learnt 22.49 % / 0.585 (``bench/README.md``, session 13), within a
   point of one host's replica, at about 3x the bytes per token. Past 16 replicas the simulation still falls behind
   one model (32 replicas: 1.66 % at 625 tokens per sync, 1.68 % at 156; a hot tier synced after every batch recovers 8
@@ -95,6 +95,11 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   WS353 0.575** (one model 12.61 % / 0.538). The price is bytes: more rows are touched as negatives per sync (32
   replicas: 169 rows synced per kept token, 75 before; 8 real workers 2,309 / 4,826 B per token out / in, 1,498 /
   2,991 before).
+* **Session 23: 64 replicas.** With the noise tables fixed, 64 replicas were still 2.3 points behind at 250 tokens per
+  sync (10.28 %), where the formula asks for 39. At **100 tokens they learnt 12.34 % / WS353 0.592** (one model
+  12.61 % / 0.538), at 330 rows synced per kept token against 211, so the floor is now 100 (it binds from 26
+  workers on). Scaling the step down instead, as pWord2Vec does for more nodes, underfits one pass: eta 0.07 at 250
+  tokens 3.65 %.
 
 The optimizer runs here, once per pair, where row-wise AdaGrad costs little
 (``bench/README.md``); the servers only add. A row first touched here starts from the

@@ -69,7 +69,7 @@ WORKER = SettingGroup("worker", (
             help="replica: sync sooner once this many tokens were trained since the last sync, and train no "
                  "further before a sync once 1.5 times as many are (2 with up to 4 workers; the replica's "
                  "staleness, in tokens; a Kafka batch is no longer than this); 0: 160,000 / DMLC_NUM_WORKER^2, "
-                 "at least 250"),
+                 "at least 100"),
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
@@ -166,12 +166,18 @@ class WorkerSettings:
         token, which is what the quality costs. The floor, 250 since session 15 (1,000 before): once replicas
         fetch the rows of new words (``ReplicaStore._hold_new_words``), 32 replicas at 250 tokens come within
         0.72 points of one model and 64 within 0.51, where the old floor left them 1.18 and 2.02 behind; and on
-        the real cluster 16 workers at 625 tokens learnt 20.91 % against 20.23 % at 1,000 (bench/README.md)."""
+        the real cluster 16 workers at 625 tokens learnt 20.91 % against 20.23 % at 1,000 (bench/README.md). 100
+        since session 23: on 10M tokens, once each worker's noise table takes the words the cluster trains, 64
+        replicas at 250 tokens learnt 10.28 % against one model's 12.61 %, at 100 tokens 12.34 % / 0.592 (WS353;
+        one model 0.538), at 330 rows synced per kept token against 211. The floor binds from 26 workers on.
+        The price is round trips: a worker trains at most 1.5 intervals ahead of its last answered sync
+        (``unsynced_bound``), so at 100 tokens a 1 ms round trip caps it near 150k tokens/s; where round trips are
+        longer, pack workers per host (``LIVEVEC_HOST_REPLICA``: one replica, fewer replicas)."""
         k = max(int(workers), 1)
         return max(cls.SYNC_TOKENS_MIN, cls.SYNC_TOKENS_K // (k * k))
 
     SYNC_TOKENS_K = 160_000
-    SYNC_TOKENS_MIN = 250
+    SYNC_TOKENS_MIN = 100
 
     @staticmethod
     def unsynced_bound(workers: int) -> float:
