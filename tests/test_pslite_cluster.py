@@ -321,8 +321,9 @@ def test_a_server_registering_while_schedulers_restart_takes_its_slot(cluster_fa
     try:
         c.scheduler = c._spawn("scheduler2", [sys.executable, "-m", "online.cli", "scheduler",
                                               "--root-port", str(c.root_port)], "scheduler")
-        replacement.wait_log(r"event=registering_again")
-        c.scheduler.wait_log(r"event=node_registered role=server")
+        # a new scheduler process starts in seconds, and in tens of them on a loaded machine (CI once took over 20)
+        replacement.wait_log(r"event=registering_again", timeout=60)
+        c.scheduler.wait_log(r"event=node_registered role=server", timeout=60)
     finally:
         for running in (ids[10], worker):
             running.p.send_signal(signal.SIGCONT)
