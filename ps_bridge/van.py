@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ps_bridge.curve import CurveGate, load_keys, secure_client
 from ps_bridge.metrics import Registry
@@ -163,6 +164,7 @@ class Van:
         self.gate: CurveGate | None = None
         self._scheduler_watch: zmq.Socket | None = None   # monitor of the registering DEALER
         self._scheduler_connects = 0
+        self._scheduler_dropped = False                    # a disconnect seen since the last connect
 
     def reject(self, reason: str, sender: int | str = "?", detail: str = "") -> None:
         """Count and log a message that is dropped because it is malformed or unexpected."""
@@ -270,17 +272,22 @@ class Van:
         the node list comes (``scheduler_reconnected``)."""
         self._open_peer(SCHEDULER_ID, self.settings.root_uri, self.settings.root_port, False,
                         self.curve.scheduler if self.curve else "")
-        self._scheduler_watch = self._peers[SCHEDULER_ID].sock.get_monitor_socket(zmq.EVENT_CONNECTED)
-        self._scheduler_connects = 0
+        # and disconnects: the first connect's event can come before the monitor (then a connect after a drop tells)
+        self._scheduler_watch = self._peers[SCHEDULER_ID].sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._scheduler_connects, self._scheduler_dropped = 0, False
 
     def scheduler_reconnected(self) -> bool:
         """Whether the anonymous DEALER connected anew since the last call (after its first connection):
         the scheduler may have restarted, and a restarted one has lost an ADD_NODE it did not answer."""
         watch, again = self._scheduler_watch, False
         while watch is not None and watch.poll(0):
-            watch.recv_multipart()
+            event = parse_monitor_message(watch.recv_multipart())["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._scheduler_dropped = True
+                continue
             self._scheduler_connects += 1
-            again = again or self._scheduler_connects > 1
+            again = again or self._scheduler_connects > 1 or self._scheduler_dropped
+            self._scheduler_dropped = False
         return again
 
     def stop_watching_scheduler(self) -> None:
