@@ -79,7 +79,7 @@ def main() -> None:
               f"{procs.counters['fallbacks']}", flush=True)
         print(f"this process: RSS {owner['rss'] / 1e9:.2f} GB, private {owner['private'] / 1e9:.2f} GB, "
               f"shared {owner['shared'] / 1e9:.2f} GB", flush=True)
-        for p in [{"pid": pid, **memory_of(pid)} for pid in procs.pids()]:
+        for p in procs.memory():
             print(f"search process {p['pid']}: private {p['private'] / 1e6:.0f} MB "
                   f"({100 * p['private'] / owner['rss']:.2f} % of this process's RSS), shared "
                   f"{p['shared'] / 1e9:.2f} GB, PSS {p['pss'] / 1e9:.2f} GB, RSS {p['rss'] / 1e9:.2f} GB", flush=True)

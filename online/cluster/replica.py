@@ -45,7 +45,8 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   24.1 % for 2 workers sharing one replica. The simulation then showed that a round's k deltas from one base cost
   quality unless each replica's share of the round shrinks faster than 1 / k (8 replicas at 10,000 tokens each
   1.70 % / 0.431, at 2,500 2.49 % / 0.475; 16 at 5,000 1.39 % / 0.395, at 1,000 2.35 % / 0.397), so the default is
-  now **160,000 / workers^2 tokens, at least 1,000** (250 since session 15, 100 since session 23; ``WorkerSettings.default_sync_tokens``):
+  now **160,000 / workers^2 tokens, at least 1,000** (250 since session 15, 100 since session 23;
+  ``WorkerSettings.default_sync_tokens``):
   2 workers keep their 40,000, 8 replicas sync every 2,500 tokens and learnt 22.49 % / 0.585 (``bench/README.md``, session 13), within a
   point of one host's replica, at about 3x the bytes per token. Past 16 replicas the simulation still falls behind
   one model (32 replicas: 1.66 % at 625 tokens per sync, 1.68 % at 156; a hot tier synced after every batch recovers 8

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from online.search.model_index import ModelHolder, Neighbour
+from online.search.model_index import ModelHolder, Neighbour, answered_by
 from online.frontend import vector_queries
 from online.frontend.vector_queries import QueryRejected, Term
 from ps_bridge.metrics import Registry
@@ -233,7 +233,8 @@ class QueryEngine:
 
     def report(self) -> dict:
         """Load shedding and search methods for ``/v1/stats``."""
-        return {"waiting": self.waiting, "ms_per_query": round(1e3 * self.per_query, 3), "compute_threads": self.parallel,
+        return {"waiting": self.waiting, "ms_per_query": round(1e3 * self.per_query, 3),
+                "compute_threads": self.parallel,
                 "search_processes": self.searcher.report() if self.searcher is not None else None,
                 "max_wait_ms": round(1e3 * self.max_wait, 1), "queue_limit": self.queue_limit,
                 "answered": {m: int(c.value) for m, c in self._answered.items()},
@@ -296,7 +297,7 @@ class QueryEngine:
         else:
             top, top_scores, why = index.search_rows(queries[:len(active)], exclude, ks)
         answers = index.neighbours(top, top_scores, ks)
-        methods = ["ivf" if r == "ivf" else "exact" for r in why]
+        methods = answered_by(why)
         for job, neighbours, method, reason in zip(active, answers, methods, why):
             job.result.neighbours = neighbours
             job.result.search = method

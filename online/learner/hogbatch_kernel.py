@@ -87,25 +87,25 @@ def _plan_window(i, lo, hi, window, negative, out_rows, noise_rows, state, targe
 
 
 @njit(inline="always")
+def _prefetch_with_acc(mat, acc, r, optimizer):
+    """Row ``r`` of ``mat`` and what the optimizer reads of its accumulator (one entry, or the row)."""
+    _prefetch_row(mat, r)
+    if optimizer == OPT_ROW_ADAGRAD:
+        _prefetch(acc, r, 0)
+    elif optimizer == OPT_ADAGRAD:
+        _prefetch_row(acc, r)
+
+
+@njit(inline="always")
 def _prefetch_window(syn0, syn1, acc0, acc1, in_rows, targets, buf, nt, nj0, nj1, ni, j0, j1, i, optimizer):
     """Prefetch the next window's target rows and the context rows the current window does not hold (with
     their accumulators): they arrive while the current window computes."""
     for t in range(nt):
-        r = targets[buf, t]
-        _prefetch_row(syn1, r)
-        if optimizer == OPT_ROW_ADAGRAD:
-            _prefetch(acc1, r, 0)
-        elif optimizer == OPT_ADAGRAD:
-            _prefetch_row(acc1, r)
+        _prefetch_with_acc(syn1, acc1, targets[buf, t], optimizer)
     for j in range(nj0, nj1):
         if j == ni or (j0 <= j < j1 and j != i):
             continue
-        r = in_rows[j]
-        _prefetch_row(syn0, r)
-        if optimizer == OPT_ROW_ADAGRAD:
-            _prefetch(acc0, r, 0)
-        elif optimizer == OPT_ADAGRAD:
-            _prefetch_row(acc0, r)
+        _prefetch_with_acc(syn0, acc0, in_rows[j], optimizer)
 
 
 @njit(nogil=True, fastmath=True, cache=True)

@@ -344,7 +344,7 @@ class ModelIndex:
         top, top_scores, reasons = self.search_rows(queries, exclude, ks, exact=exact, floor=floor, nprobe=nprobe)
         if why is not None:
             why[:] = reasons
-        return self.neighbours(top, top_scores, ks), ["ivf" if r == "ivf" else "exact" for r in reasons]
+        return self.neighbours(top, top_scores, ks), answered_by(reasons)
 
     def search_rows(self, queries: np.ndarray, exclude: list[list[int]], ks: list[int], *,
                     exact: bool | None = None, floor: float | None = None,
@@ -485,6 +485,11 @@ class ModelIndex:
             out["pool"] = {"rows": pool.cap, "free": pool.n_free, "retired": pool.retired_rows(), **pool.counters}
         out["memory"] = self.memory()
         return out
+
+
+def answered_by(reasons: list[str]) -> list[str]:
+    """How each answer of ``search_rows`` was made: "ivf", or "exact" (asked, no lists, or redone: short, weak)."""
+    return ["ivf" if r == "ivf" else "exact" for r in reasons]
 
 
 def _exclusions(exclude: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
