@@ -214,3 +214,13 @@ def test_the_kernel_setting():
     assert err.value.setting == "LIVEVEC_KERNEL"
     with pytest.raises(ValueError, match="kernel"):
         LearnerConfig(kernel="batch").validate()
+
+
+@pytest.mark.parametrize("optimizer, kernel, eta, expected", [
+    ("rowadagrad", "pairs", None, 0.1), ("rowadagrad", "hogbatch", None, 0.2), ("adagrad", "hogbatch", None, 0.2),
+    ("sgd", "hogbatch", None, 0.025), ("sgd", "pairs", None, 0.025), ("rowadagrad", "hogbatch", 0.05, 0.05)])
+def test_the_rate_without_livevec_eta_is_the_kernels(optimizer, kernel, eta, expected):
+    """hogbatch steps a row once a window, so under the AdaGrads its default rate is twice the pairs kernel's;
+    a rate the operator sets is used as it is, and SGD's is word2vec.c's for both."""
+    trainer = Trainer(LearnerConfig(dim=8, optimizer=optimizer, kernel=kernel, eta=eta), inplace=True)
+    assert trainer._eta() == pytest.approx(expected)

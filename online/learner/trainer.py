@@ -53,6 +53,12 @@ from online.learner.vocab import OnlineVocab
 # order, each (context, centre) pair with negatives of its own; ``hogbatch`` shares one set of negatives among a
 # centre's context words and steps each row once per window (``online.learner.hogbatch_kernel``).
 KERNELS = {"pairs": train_inplace_rows, "hogbatch": train_hogbatch_rows}
+# A kernel's rate when ``LIVEVEC_ETA`` is not set, as a multiple of the AdaGrads' default. Under AdaGrad a row's
+# travel over a pass grows about as the square root of its number of steps, and hogbatch steps a row once a window
+# (a summed gradient) where pairs steps it once a pair, so it needs about twice the rate: one pass of wiki17m,
+# 3 seeds, hogbatch at 0.1 learnt 16.60 %, at 0.2 22.84 %, pairs at 0.1 21.84 % (bench/README.md, session 23).
+# SGD's constant rate is word2vec.c's for both: a summed gradient already steps as far as its pairs would.
+KERNEL_ETA_SCALE = {"pairs": 1.0, "hogbatch": 2.0}
 
 
 @dataclass
@@ -68,7 +74,7 @@ class LearnerConfig:
     noise_table_size: int = DEFAULT_TABLE_SIZE
     optimizer: str = "rowadagrad"       # "rowadagrad", "adagrad" (per coordinate) or "sgd" (comparisons)
     kernel: str = "pairs"               # the in-place kernel: "pairs" (word2vec.c's order) or "hogbatch"
-    eta: float | None = None            # None: 0.1 for the AdaGrads, 0.025 for SGD
+    eta: float | None = None            # None: 0.1 for the AdaGrads (0.2 with hogbatch), 0.025 for SGD
     adagrad_init: float = 1e-8          # initial accumulator (yskip: 1e-8)
     sgd_decay_words: int = 0            # SGD only: decay eta linearly to 0 over this many tokens (needs a corpus length)
     local_rate: float = 0.002           # pull/push path: SGD rate of the walk over a batch (0: one snapshot step)
@@ -162,7 +168,8 @@ class Trainer:
         self._lock = threading.Lock()
         self._local = threading.local()
         if self.shard is not None:
-            self.eta = self.shard.eta if config.eta is None else config.eta
+            self.eta = config.eta if config.eta is not None else self.shard.eta * (
+                1.0 if self.shard.optimizer == "sgd" else KERNEL_ETA_SCALE[config.kernel])
             self._opt = {"adagrad": OPT_ADAGRAD, "rowadagrad": OPT_ROW_ADAGRAD, "sgd": OPT_SGD}[self.shard.optimizer]
             self._kernel = KERNELS[config.kernel]
             self.slot_in_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
