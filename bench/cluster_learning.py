@@ -269,6 +269,9 @@ def parse_ts(ts: str) -> float:
     return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) + float("0" + ts[19:].rstrip("Z"))
 
 
+WORKER_STAGES = ("prepare", "kernel", "sync")   # livevec_worker_cpu_seconds_total's stages
+
+
 def role(name: str) -> str:
     return name.rstrip("0123456789")
 
@@ -302,6 +305,15 @@ def figures(first: dict, end: dict, cluster: LearningCluster) -> dict:
         "scheduler": {"sent": delta("scheduler", "pslite_sent_bytes_total") / tokens,
                       "received": delta("scheduler", "pslite_received_bytes_total") / tokens},
     }
+    # The workers' CPU by stage (each stage's thread CPU, from their /metrics); "other" is the rest of the
+    # workers' process CPU: ps-lite's I/O threads, reports, the GC.
+    def stage_of(snap, stage):
+        return sum(v for n, m in snap["metrics"].items() if role(n) == "worker" for series, v in m.items()
+                   if series.startswith("livevec_worker_cpu_seconds_total{") and f'stage="{stage}"' in series)
+
+    stages = {stage: stage_of(end, stage) - stage_of(first, stage) for stage in WORKER_STAGES}
+    stages["event loop"] = delta("worker", "livevec_worker_event_loop_cpu_seconds")
+    stages["other"] = sum(v for n, v in cpu.items() if role(n) == "worker") - sum(stages.values())
     return {"seconds": seconds, "tokens": tokens, "tokens_counted_by": counted_by, "words_per_second": tokens / seconds,
             "effective_words_per_second": kept / seconds,
             "cpu_seconds_window": {n: round(v, 2) for n, v in sorted(cpu.items())},
@@ -310,6 +322,7 @@ def figures(first: dict, end: dict, cluster: LearningCluster) -> dict:
                                                   for r in roles},
             "cpu_us_per_token": {r: round(1e6 * sum(v for n, v in cpu.items() if role(n) == r) / tokens, 2)
                                  for r in roles},
+            "worker_cpu_us_per_token_by_stage": {k: round(1e6 * v / tokens, 2) for k, v in stages.items()},
             "ps_bytes_per_token": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in ps.items()},
             "tokens_per_worker": [end["metrics"].get(f"worker{i}", {}).get("livevec_worker_tokens_total", 0.0)
                                   for i in range(cluster.workers)],
@@ -460,6 +473,7 @@ def main() -> int:
           f"(gensim: {gens['cpu_seconds']})")
     print(f"CPU seconds since launch per role:  {pipe['cpu_seconds_since_launch_per_role']}")
     print(f"CPU us per token per role:          {pipe['cpu_us_per_token']}")
+    print(f"worker CPU us per token by stage:   {pipe['worker_cpu_us_per_token_by_stage']}")
     ps = pipe["ps_bytes_per_token"]
     print(f"ps-lite bytes per trained token: workers -> servers {ps['workers_to_servers']['sent_by_workers']:,.1f} "
           f"(servers received {ps['workers_to_servers']['received_by_servers']:,.1f}); servers -> workers "

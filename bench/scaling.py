@@ -124,7 +124,8 @@ def count_tokens(records: list[str]) -> int:
 # ----------------------------------------------------------------------------- measuring
 
 def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
-    """A Prometheus page as name -> value, summed over labels (histogram buckets dropped)."""
+    """A Prometheus page as name -> value, summed over labels (histogram buckets dropped); each labelled series
+    is also there under its own ``name{labels}``."""
     out: dict[str, float] = {}
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         text = resp.read().decode()
@@ -137,7 +138,9 @@ def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
             try:
                 out[name] = out.get(name, 0.0) + float(value)
             except ValueError:
-                pass
+                continue
+            if name_labels != name:
+                out[name_labels] = float(value)
     return out
 
 

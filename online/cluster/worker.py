@@ -45,6 +45,7 @@ from online.cluster.node_settings import METRICS_PORT, node_groups, node_setting
 from online.cluster.ps_param_store import PSParamStore
 from online.cluster.replica import REPLICA, SYNC, ReplicaStore
 from online.cluster.training_signal import TrainingSignal
+from online.cluster.worker_metrics import WorkerMetrics
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
 from online.learner.trainer import BatchStats, LearnerConfig, Trainer
 from online.stream.batches import Batch
@@ -211,26 +212,6 @@ class BatchAbandoned(Exception):
     """A rollback (the ``abandon`` event) dropped this batch: it is not retried and not committed."""
 
 
-class WorkerMetrics:
-    def __init__(self, registry: Registry):
-        r = registry
-        self.batches = r.counter("livevec_worker_batches_total", "mini-batches trained and acknowledged")
-        self.records = r.counter("livevec_worker_records_total", "Kafka records trained")
-        self.tokens = r.counter("livevec_worker_tokens_total", "tokens read")
-        self.words = r.counter("livevec_worker_words_trained_total", "tokens trained after subsampling")
-        self.pairs = r.counter("livevec_worker_pairs_total", "(centre, context) pairs trained")
-        self.errors = r.counter("livevec_worker_batch_errors_total", "batch attempts that failed (retried)")
-        self.skipped = r.counter("livevec_worker_records_skipped_total",
-                                 "records of batches that could not be trained at all (logged with their offsets)")
-        self.batch_seconds = r.histogram("livevec_worker_batch_seconds",
-                                         "training time of a batch (replica: the kernel; pullpush: pull + kernel + push)")
-        self.lag = r.gauge("livevec_worker_kafka_lag", "records behind the high watermark, summed over partitions")
-        self.inflight = r.gauge("livevec_worker_inflight_batches", "batches being trained now")
-        self.words_per_second = r.gauge("livevec_worker_words_per_second", "tokens read per second (recent)")
-        self.unsynced = r.gauge("livevec_worker_unsynced_tokens",
-                                "tokens trained into the replica whose deltas the servers have not acknowledged")
-
-
 class StreamingWorker:
     """One worker process: the Kafka stream, the trainer and the ps-lite node.
 
@@ -348,6 +329,8 @@ class StreamingWorker:
             if await self.extension.batch_done(batch, BatchStats()):
                 await self.stream.mark_processed(batch)
             return
+        self.metrics.cpu["prepare"].inc(stats.cpu_prepare)
+        self.metrics.cpu["kernel"].inc(stats.cpu_kernel)
         self.signal.record(stats)   # what was trained, whether or not a rollback drops it later
         if len(batch) and stats.tokens:
             seen = stats.tokens / len(batch)
@@ -459,6 +442,7 @@ class StreamingWorker:
         while True:
             if self.abandon.is_set():
                 return False
+            c0 = time.thread_time()
             try:
                 self.replica.sync(min_gap=gap)
                 return True
@@ -473,6 +457,8 @@ class StreamingWorker:
                 self.extension.batch_retried(exc)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+            finally:
+                self.metrics.cpu["sync"].inc(time.thread_time() - c0)
 
     def reload_replica(self) -> int:
         """After a rollback: forget unsynced work and take the reloaded servers' rows (blocking)."""

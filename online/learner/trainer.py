@@ -112,6 +112,8 @@ class BatchStats:
     seconds: float = 0.0
     loss_sampled: float = 0.0  # in place: the SGNS loss summed over a sample of the pairs (every 32nd) ...
     loss_pairs: int = 0        # ... and how many pairs that sample holds: their ratio is the live training signal
+    cpu_prepare: float = 0.0   # CPU seconds of the calling thread: tokenising and preparing (under the GIL) ...
+    cpu_kernel: float = 0.0    # ... and training the prepared batch (the kernel, without the GIL)
 
     def add(self, other: "BatchStats") -> None:
         """Accumulate another batch's counts (the loss is per batch and is not summed)."""
@@ -123,6 +125,8 @@ class BatchStats:
         self.seconds += other.seconds
         self.loss_sampled += other.loss_sampled
         self.loss_pairs += other.loss_pairs
+        self.cpu_prepare += other.cpu_prepare
+        self.cpu_kernel += other.cpu_kernel
 
 
 @dataclass
@@ -202,13 +206,24 @@ class Trainer:
 
     def train_records(self, records, update_vocab: bool = True) -> BatchStats:
         """Train on a batch of text records (str or UTF-8 bytes), e.g. one Kafka poll."""
-        return self.run(self.prepare(self.tokenizer.spans(records), update_vocab))
+        c0 = time.thread_time()
+        prepared = self.prepare(self.tokenizer.spans(records), update_vocab)
+        return self._timed_run(prepared, c0)
 
     def train_sentences(self, sentences: list[list[str]], update_vocab: bool = True) -> BatchStats:
         """Train on tokenised sentences. ``update_vocab=False`` trains without counting
         (re-reading text already counted, e.g. the later passes of ``livevec train``)."""
+        c0 = time.thread_time()
         prepared = self.prepare(sentences, update_vocab)
-        return self.run(prepared)
+        return self._timed_run(prepared, c0)
+
+    def _timed_run(self, prepared: _Prepared, c0: float) -> BatchStats:
+        """``run``, with the thread's CPU split between the preparation (since ``c0``) and the run: where a
+        worker's CPU per token goes, stage by stage (``livevec_worker_cpu_seconds_total``)."""
+        c1 = time.thread_time()
+        stats = self.run(prepared)
+        stats.cpu_prepare, stats.cpu_kernel = c1 - c0, time.thread_time() - c1
+        return stats
 
     def export(self) -> tuple[list[str], np.ndarray, np.ndarray]:
         """(words, input vectors, counts) of the trainable vocabulary, most frequent first."""
