@@ -199,7 +199,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--optimizer", default="rowadagrad")
     ap.add_argument("--kernels", default="reference,current",
-                    help="comma list of reference, current (train_inplace_rows) and hogbatch; the first is the base")
+                    help="comma list of reference, current (train_inplace_rows), tracked (the same with the contraction "
+                         "and the loss measured, as in a worker's replica) and hogbatch; the first is the base")
     args = ap.parse_args(argv)
     print(f"load average before: {os.getloadavg()}", flush=True)
     trainer, vectors0, accum0, batches = capture(args.corpus, args.warm_tokens, args.batches, args.optimizer)
@@ -213,7 +214,17 @@ def main(argv=None) -> int:
 
     def hogbatch(*args):
         return train_hogbatch_rows(*args, K.NO_CURVATURE, K.NO_LOSS)
-    known = {"reference": reference_kernel, "current": current, "hogbatch": hogbatch}
+
+    local = threading.local()
+
+    def tracked(*args):
+        """As a worker's replica runs it: each row's contraction measured and the loss sampled (per-thread
+        buffers, kept between batches, as the Trainer's)."""
+        curv = getattr(local, "curv", None)
+        if curv is None or len(curv) < len(args[0]):
+            curv = local.curv = np.zeros(len(args[0]), np.float32)
+        return K.train_inplace_rows(*args, curv, np.zeros(2))
+    known = {"reference": reference_kernel, "current": current, "hogbatch": hogbatch, "tracked": tracked}
     names = args.kernels.split(",")
     if len(names) < 2 or any(n not in known for n in names):
         ap.error(f"--kernels: two or more of {', '.join(known)}")

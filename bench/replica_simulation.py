@@ -216,7 +216,8 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
                 out, _ = combine(rows, deltas, accum_deltas, sender, now, contraction)
                 return out, np.asarray(accum_deltas, np.float32).reshape(-1)
             server._merge.combine = combine_summing_accumulators
-    config = LearnerConfig(dim=100, vocab_capacity=200_000, min_count=args.min_count, eta=args.eta)
+    config = LearnerConfig(dim=100, vocab_capacity=200_000, min_count=args.min_count, eta=args.eta,
+                           kernel=args.kernel)
     workers = []
     shared = ReplicaShard(100, optimizer="rowadagrad", seed=1) if args.shared_replica else None
     for i in range(workers_n):
@@ -357,7 +358,9 @@ def main() -> int:
     ap.add_argument("--window-syncs", type=float, default=float(MERGE_WINDOW_SYNCS),
                     help=f"with --jitter: the servers' merge window in median intervals ({MERGE_WINDOW_SYNCS}, as "
                          "online.cluster.server sets it)")
-    ap.add_argument("--eta", type=float, default=None, help="the workers' AdaGrad step (default: the learner's, 0.1)")
+    ap.add_argument("--kernel", default=LearnerConfig.kernel, help="the in-place kernel (LIVEVEC_KERNEL)")
+    ap.add_argument("--eta", type=float, default=None,
+                    help="the workers' AdaGrad step (default: the kernel's, 0.1 for pairs and 0.2 for hogbatch)")
     args = ap.parse_args()
 
     print(f"load average at start: {os.getloadavg()}", flush=True)
