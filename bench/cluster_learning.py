@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/cluster_learning.py [--corpus ../shared/data/wiki17m.txt.xz] [--max-tokens N]
         [--workers 2] [--partitions P] [--servers 1] [--checkpoint-interval S] [--env KEY=VALUE ...]
+        [--kernels pairs,hogbatch] [--rounds 3]
+
+``--kernels`` runs the pipeline once per kernel (``LIVEVEC_KERNEL``), each followed by its own gensim run, and
+``--rounds`` repeats that with each kernel first in turn; the ratios to gensim (words/s and words per
+CPU-second) are taken per run and their medians printed, because the machine's speed drifts by the minute.
 
 Why: the learner benchmarks (``quality_vs_gensim.py``) train in process, and ``stream_throughput.py``
 measures speed only. This one runs the path of ``livevec up`` end to end and scores the model the
@@ -359,9 +364,9 @@ def checkpoint_pauses(cluster: LearningCluster, first: dict, end: dict) -> dict:
                                             "in_window")} for c in every]}
 
 
-def run_pipeline(args, records: list[str], tokens: int, work: Path) -> dict:
+def run_pipeline(args, records: list[str], tokens: int, work: Path, env: dict[str, str]) -> dict:
     ends = {f"{TOPIC}/{p}": len(range(p, len(records), args.partitions)) for p in range(args.partitions)}
-    env = dict(args.env)
+    env = dict(env)
     if args.checkpoint_interval is not None:
         env["LIVEVEC_CHECKPOINT_INTERVAL"] = str(args.checkpoint_interval)
     with KafkaBroker(KafkaBrokerSettings.from_env()) as broker:
@@ -422,7 +427,12 @@ def main() -> int:
                     help="logs, checkpoints, the export (default: a temporary dir, removed after a run that "
                          "succeeded unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary work dir")
-    ap.add_argument("--seed", type=int, default=1, help="gensim's seed")
+    ap.add_argument("--seed", type=int, default=1, help="gensim's seed (round r: seed + r)")
+    ap.add_argument("--kernels", default="",
+                    help="comma list of LIVEVEC_KERNEL values to run in turn, each with its own gensim run "
+                         "(default: the product's kernel)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat, each kernel first in turn; medians of the per-run ratios are printed")
     args = ap.parse_args()
     try:
         args.env = dict(kv.split("=", 1) for kv in args.env)
@@ -432,7 +442,6 @@ def main() -> int:
         args.partitions = 4 if args.workers < 8 else args.workers
     if not Path(args.corpus).is_file():
         ap.error(f"no corpus at {args.corpus}")
-    load_start = loadavg()
     log(f"start; reading {args.corpus}")
     records = read_prefix(Path(args.corpus), args.max_tokens or 1 << 62, words_per_line=args.words_per_record)
     tokens = sum(len(r.split()) for r in records)
@@ -442,16 +451,60 @@ def main() -> int:
     corpus_file.write_text("".join(r + "\n" for r in records), encoding="utf-8")
     log(f"corpus: {tokens:,} tokens in {len(records):,} records; work dir {work}")
 
-    pipe = run_pipeline(args, records, tokens, work)
-    del records
     from gensim.models import KeyedVectors
-    pipe["quality"] = evaluate(KeyedVectors.load_word2vec_format(pipe["vectors"], binary=True))
-    log(f"pipeline done; gensim (workers=2) on the same {tokens:,} tokens")
-    gensim = GensimRun(corpus_file, passes=1, workers=2, seed=args.seed)
-    gensim.train_pass(0)
-    gens = gensim.finish()
-    load_end = loadavg()
 
+    runs = []   # (kernel, pipeline figures, gensim figures, load at start, load at end), in the order run
+    kernels = args.kernels.split(",") if args.kernels else [None]
+    for rnd in range(args.rounds):
+        order = kernels[rnd % len(kernels):] + kernels[:rnd % len(kernels)]   # each kernel first in turn
+        for kernel in order:
+            load_start = loadavg()
+            env = {**args.env, **({"LIVEVEC_KERNEL": kernel} if kernel else {})}
+            run_dir = work / f"round{rnd}-{kernel or 'default'}"
+            run_dir.mkdir()
+            pipe = run_pipeline(args, records, tokens, run_dir, env)
+            pipe["quality"] = evaluate(KeyedVectors.load_word2vec_format(pipe["vectors"], binary=True))
+            log(f"pipeline done; gensim (workers=2) on the same {tokens:,} tokens")
+            gensim = GensimRun(corpus_file, passes=1, workers=2, seed=args.seed + rnd)
+            gensim.train_pass(0)
+            gens = gensim.finish()
+            runs.append((kernel, pipe, gens, load_start, loadavg()))
+            report(args, tokens, pipe, gens, load_start, runs[-1][4])
+    if len(runs) > 1:
+        summary(runs)
+    ok = all(pipe["exactly_once"]["ok"] for _, pipe, *_ in runs)
+    if ok and not (args.work_dir or args.keep):
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"work dir kept: {work} (logs in {work}/round*/cluster/logs)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def per_cpu_second_ratio(pipe: dict, gens: dict) -> float:
+    """The pipeline's words per CPU-second (every task's CPU in the window but the bench's own polling) over
+    gensim's raw words per CPU-second."""
+    cpu = sum(v for r, v in pipe["cpu_seconds_window_per_role"].items() if r != "bench")
+    return pipe["tokens"] / cpu / gens["raw_words_per_cpu_s"]
+
+
+def summary(runs: list) -> None:
+    """Medians over the rounds, per kernel: the ratios are taken per run (the machine's speed drifts)."""
+    print("\nmedians over the rounds (ratios to gensim in the same run):")
+    print(f"{'kernel':10}{'runs':>5}{'words/s':>10}{'per CPU-s':>11}{'worker us/tok':>15}{'analogy':>9}"
+          f"{'gensim':>8}{'WS353':>8}{'gensim':>8}")
+    med = statistics.median
+    for kernel in dict.fromkeys(k for k, *_ in runs):
+        mine = [(p, g) for k, p, g, *_ in runs if k == kernel]
+        print(f"{kernel or 'default':10}{len(mine):>5}"
+              f"{med([p['words_per_second'] / g['raw_words_per_s'] for p, g in mine]):>9.2f}x"
+              f"{med([per_cpu_second_ratio(p, g) for p, g in mine]):>10.2f}x"
+              f"{med([p['cpu_us_per_token']['worker'] for p, _ in mine]):>15.2f}"
+              f"{med([p['quality']['analogy'] for p, _ in mine]):>9.2%}{med([g['analogy'] for _, g in mine]):>8.2%}"
+              f"{med([p['quality']['ws353'] for p, _ in mine]):>8.3f}{med([g['ws353'] for _, g in mine]):>8.3f}")
+
+
+def report(args, tokens: int, pipe: dict, gens: dict, load_start, load_end) -> None:
+    """One run's figures, as text and as one JSON line."""
     w = f"{args.workers} worker{'s' * (args.workers > 1)}"
     print(f"\ncluster_learning: {tokens:,} tokens, {args.servers} server, {w}, {args.partitions} partitions, "
           f"extra env {pipe['env'] or '-'}")
@@ -469,6 +522,8 @@ def main() -> int:
           f"{pipe['tokens']:,.0f} tokens trained (by the {pipe['tokens_counted_by']}) between two polls, after "
           f"{pipe['rollbacks']:.0f} rollbacks and "
           f"{pipe['startup_seconds']:.1f} s of start-up; gensim: its train() call)")
+    print(f"livevec / gensim words per CPU-second: {per_cpu_second_ratio(pipe, gens):.2f}x   (every task's CPU in "
+          f"the window but the bench's; gensim: its process's)")
     print(f"CPU seconds in the window per role: {pipe['cpu_seconds_window_per_role']}   "
           f"(gensim: {gens['cpu_seconds']})")
     print(f"CPU seconds since launch per role:  {pipe['cpu_seconds_since_launch_per_role']}")
@@ -511,12 +566,7 @@ def main() -> int:
           f"{', '.join(f'{t:,.0f}' for t in pipe['tokens_per_worker'])}")
     print(json.dumps({"bench": "cluster_learning", "tokens": tokens, "workers": args.workers, "servers": args.servers,
                       "partitions": args.partitions, "loadavg_start": load_start, "loadavg_end": load_end,
-                      "livevec": pipe, "gensim": gens}, default=str))
-    if eo["ok"] and not (args.work_dir or args.keep):
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print(f"work dir kept: {work} (logs in {work / 'cluster' / 'logs'})", file=sys.stderr)
-    return 0 if eo["ok"] else 1
+                      "livevec": pipe, "gensim": gens}, default=str), flush=True)
 
 
 if __name__ == "__main__":
