@@ -132,22 +132,5 @@ def test_worker_killed_and_added_mid_stream_loses_nothing(tmp_path, kafka_bootst
         assert not gone, f"words counted fewer times than produced: {list(gone.items())[:10]}"
         assert cluster.metric("worker2", "livevec_worker_tokens_total") > 0
         assert planted_hits(model.words, model.vectors) >= 0.9
-        for i in range(2):
-            _assert_cpu_by_stage_adds_up(cluster, f"worker{i}")
     finally:
         cluster.stop()
-
-
-def _assert_cpu_by_stage_adds_up(cluster: Cluster, name: str) -> None:
-    """The worker's CPU by stage (``livevec_worker_cpu_seconds_total``, the event loop's thread) is each stage's
-    own share: every stage ran, and together they stay within the process's CPU as the kernel counts it."""
-    page = urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_ports[name]}/metrics", timeout=5).read()
-    stages = {stage: sum(float(line.rsplit(" ", 1)[1]) for line in page.decode().splitlines()
-                         if line.startswith("livevec_worker_cpu_seconds_total{") and f'stage="{stage}"' in line)
-              for stage in ("prepare", "kernel", "sync")}
-    stages["loop"] = cluster.metric(name, "livevec_worker_event_loop_cpu_seconds")
-    with open(f"/proc/{cluster.procs[name].pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    process = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    assert all(v > 0 for v in stages.values()), stages
-    assert sum(stages.values()) <= process + 0.05, (stages, process)

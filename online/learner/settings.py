@@ -25,7 +25,7 @@ MODEL = SettingGroup("model (the same on every role)", (
     Setting("optimizer", "LIVEVEC_OPTIMIZER", default="rowadagrad", choices=OPTIMIZERS,
             help="how updates are applied: row-wise AdaGrad, per-coordinate AdaGrad or constant-rate SGD"),
     Setting("eta", "LIVEVEC_ETA", float, minimum=1e-12,
-            help="learning rate of the optimizer (default 0.1 for the AdaGrads, 0.2 with LIVEVEC_KERNEL=hogbatch; "
+            help="learning rate of the optimizer (default 0.1 for the AdaGrads, 0.2 with the hogbatch kernel; "
                  "0.025 for SGD)"),
 ))
 
