@@ -70,8 +70,8 @@ class Cluster:
         proc.send_signal(sig)
         proc.wait(timeout=30)
 
-    def metric(self, name: str, metric: str) -> float:
-        """Sum of a metric's samples on a process's /metrics (0 when absent)."""
+    def metric(self, name: str, metric: str, **labels: str) -> float:
+        """Sum of a metric's samples on a process's /metrics whose labels include ``labels`` (0 when absent)."""
         url = f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
         try:
             text = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -81,7 +81,8 @@ class Cluster:
             return 0.0
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(metric + " ") or line.startswith(metric + "{"):
+            if (line.startswith(metric + " ") or line.startswith(metric + "{")) \
+                    and all(f'{k}="{v}"' in line for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
