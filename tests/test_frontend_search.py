@@ -215,3 +215,82 @@ def test_a_tile_is_skipped_only_when_its_error_bound_allows():
     brute = index.top_k(q, [[]], [10], prefilter=False)[0]
     assert {n.word for n in brute} <= {f"w{i}" for i in range(64, 128)}
     _assert_same(fast, brute)
+
+
+def _probed_vs_scanned_rows(unit, slot_row, queries, tile_ids, tile_ptr, exclude, k):
+    """``probed_top_k`` and the float32 top k of exactly the rows its tiles hold (``_best_of_scanned``)."""
+    codes = quantise(unit)
+    row_phys = np.arange(len(unit), dtype=np.int64)
+    ptr = np.cumsum([0] + [len(e) for e in exclude]).astype(np.int64)
+    flat = np.array([r for e in exclude for r in e], np.int64)
+    got = int8_prefilter.probed_top_k(unit, row_phys, codes, int8_prefilter.tile_error(codes[2]), slot_row, queries,
+                                      tile_ids, tile_ptr, ptr, flat, k)
+    top, scores = np.empty((len(queries), k), np.int64), np.empty((len(queries), k), np.float32)
+    for i in range(len(queries)):
+        int8_prefilter._best_of_scanned(unit, row_phys, slot_row, queries, tile_ids, tile_ptr, ptr, flat, k, top,
+                                        scores, i)
+    return got, (top, scores)
+
+
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_the_probed_tiles_answer_exactly_over_the_rows_they_hold(scan, k):
+    """What the inverted file asks the kernel: per query, some tiles in any order, slots that hold no
+    row (-1: free, -2: left), the query's own rows excluded. The compiled kernel filters the
+    candidates while it scans (``scan_select``); its answer must be the float32 top k of exactly
+    those rows, as the plain path computes it."""
+    rng = np.random.default_rng(31 + k)
+    n, dim = 64 * 40, 24
+    centres = rng.standard_normal((12, dim))
+    x = (centres[rng.integers(0, 12, n)] + 0.3 * rng.standard_normal((n, dim))).astype(np.float32)
+    x[rng.choice(n, 40, replace=False)] = x[0]                    # exact duplicates: ties across tiles
+    unit = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    slot_row = np.arange(n, dtype=np.int64)
+    slot_row[rng.choice(n, n // 5, replace=False)] = rng.choice([-1, -2], n // 5)
+    queries = unit[rng.choice(n, 9, replace=False)].copy()
+    queries[-1] = unit[0] + unit[5] - unit[9]                     # not a unit vector, as analogies are not
+    tiles, lists = [], []
+    for i in range(len(queries)):
+        tiles.append(rng.permutation(40)[:rng.integers(1, 12) if i else 0])   # query 0 scans no tile at all
+    tile_ptr = np.cumsum([0] + [len(t) for t in tiles]).astype(np.int64)
+    tile_ids = np.concatenate(tiles).astype(np.int64)
+    exclude = [[int(r) for r in rng.choice(n, rng.integers(0, 3))] for _ in range(len(queries))]
+    exclude[1] = [int(r) for r in slot_row[tiles[1][0] * 64:(tiles[1][0] + 1) * 64] if r >= 0]   # a whole tile out
+    (top, scores, searched), (want_top, want_scores) = _probed_vs_scanned_rows(unit, slot_row, queries, tile_ids,
+                                                                               tile_ptr, exclude, k)
+    assert np.array_equal(searched, np.diff(tile_ptr) * 64)
+    assert np.all(top[0] == -1)
+    for i in range(len(queries)):
+        filled = want_top[i] >= 0
+        assert np.array_equal(top[i] >= 0, filled), i
+        assert np.allclose(scores[i][filled], want_scores[i][filled], atol=TIE), i
+        ties = np.isclose(scores[i][:, None], want_scores[i][None, :], atol=TIE)
+        for r, s in zip(top[i][filled], scores[i][filled]):          # the same rows, up to equal scores
+            assert r in want_top[i] or np.any(np.isclose(s, want_scores[i][filled], atol=TIE)), (i, r)
+        assert not set(top[i][filled].tolist()) & set(exclude[i])
+        assert ties.any(axis=1)[filled].all()
+
+
+def test_the_fused_scan_rejects_what_would_read_outside_its_arrays():
+    if "portable" not in SCANS:
+        pytest.skip("built without the C kernel: nothing to misuse")
+    unit = np.eye(4, 8, dtype=np.float32)
+    codes, scale, error, csum = quantise(unit)
+    slot_row = np.array([0, 1, 2, 3] + [-1] * 60, np.int64)
+    q, qscale = np.full((1, 8), 128, np.uint8), np.ones(1, np.float32)
+    one, two = np.ones(1, np.float32), np.zeros(2, np.int64)
+
+    def call(tile_ids, rows=slot_row, k=10, space=64):
+        int8_prefilter._int8_scan.scan_select(
+            codes, csum, scale, error, rows, q, qscale, one, one, np.asarray(tile_ids, np.int64),
+            np.array([0, len(tile_ids)], np.int64), two, np.zeros(0, np.int64), k, np.empty(space, np.int64),
+            np.empty(space, np.float32), np.empty(space, np.float32), np.empty(2, np.int64), np.empty(1, np.float32),
+            codes.shape[1], 1, isa=0)
+    call([0])
+    with pytest.raises(ValueError, match="tile id is out of range"):
+        call([1])
+    with pytest.raises(ValueError, match="tile id is out of range"):
+        call([0], rows=slot_row[:32])                             # slot_row shorter than the codes' tile
+    with pytest.raises(ValueError, match="candidate buffers"):
+        call([0, 0], space=100)
+    with pytest.raises(ValueError, match="positive"):
+        call([0], k=0)

@@ -214,17 +214,16 @@ def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, consta
     There is no cap on the candidates (the buffers grow): rows of a dense cone, e.g. the
     mid-frequency words of a one-epoch skip-gram model, have thousands of rows within the int8
     error of the k-th score (18k of 220k, cosines 0.95 - 0.98), and the old way out (every scanned
-    row in numpy, then a sort) cost 5 - 20 ms a query. The re-rank needs no sort either: the
-    candidates whose lower bound is among the k best are scored first (the k-th of their exact
-    scores is a lower bound of the final k-th), then every other candidate whose upper bound
-    still reaches the current k-th exact score. Any row of the scanned rows' exact top k has
-    upper bound >= its score >= the k-th exact score >= the k-th lower bound, so it is scored."""
+    row in numpy, then a sort) cost 5 - 20 ms a query. The compiled kernel's ``scan_select``
+    makes the same candidates while it scans (``probed_top_k``); this loop serves the full scan."""
     b = len(tile_ptr) - 1
     heap = np.empty(k, dtype=np.float32)
     cap = max(cap, 16)
     lb = np.empty(cap, dtype=np.float32)
     ub = np.empty(cap, dtype=np.float32)
     rows = np.empty(cap, dtype=np.int64)
+    kth = np.empty(1, dtype=np.float32)
+    two = np.zeros(2, dtype=np.int64)
     for i in range(b):
         qn, margin = factor[i], constant[i]
         size = 0
@@ -263,18 +262,32 @@ def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, consta
                 if size >= k:
                     threshold = heap[0]
         status[i] = c
+        kth[0] = heap[0] if size >= k else -np.inf
+        two[1] = c
+        _rerank(rows, lb, ub, two, kth, unit, row_phys, queries[i:i + 1], k, out_rows[i:i + 1], out_scores[i:i + 1])
+
+
+@njit(nogil=True, cache=True)
+def _rerank(rows, lb, ub, cand_ptr, kth, unit, row_phys, queries, k, out_rows, out_scores):
+    """The exact top k of each query's candidates ``rows[cand_ptr[i]:cand_ptr[i + 1]]`` (their int8
+    bounds ``lb``/``ub``; ``kth[i]``: the k-th best lower bound) into ``out_rows``/``out_scores``
+    (best first, ties: lower row first; -1 / -inf where unfilled). No sort: the candidates whose
+    lower bound is among the k best are scored first (the k-th of their exact scores is a lower
+    bound of the final k-th), then every other candidate whose upper bound still reaches the
+    current k-th exact score. Any row of the scanned rows' exact top k has upper bound >= its
+    score >= the k-th exact score >= the k-th lower bound, so it is scored."""
+    for i in range(len(cand_ptr) - 1):
         for t in range(k):
             out_rows[i, t] = -1
             out_scores[i, t] = -np.inf
-        if c == 0:
-            continue
-        threshold = heap[0] if size >= k else -np.inf
+        threshold = kth[i]
         filled = 0
-        for o in range(c):                              # the k best lower bounds (and ties) first
+        lo, hi = cand_ptr[i], cand_ptr[i + 1]
+        for o in range(lo, hi):                         # the k best lower bounds (and ties) first
             if lb[o] >= threshold:
                 filled = _insert(out_rows, out_scores, i, k, filled, rows[o],
                                  _dot(unit, row_phys[rows[o]], queries, i))
-        for o in range(c):                              # then whatever can still reach the k-th
+        for o in range(lo, hi):                         # then whatever can still reach the k-th
             if lb[o] >= threshold or ub[o] < threshold:
                 continue
             if filled >= k and ub[o] < out_scores[i, k - 1]:
@@ -462,14 +475,14 @@ def probed_top_k(unit: np.ndarray, row_phys: np.ndarray, codes, tile_errors: np.
     qscale, qerror = np.empty(b, np.float32), np.empty(b, np.float32)
     factor, constant = np.empty(b, np.float32), np.empty(b, np.float32)
     _quantise_queries(queries, groups, packed_q, qscale, qerror, factor, constant)
-    total = len(tile_ids)
-    approx = np.empty(total * TILE_ROWS, dtype=np.float32)
-    tile_max = np.empty(total, dtype=np.float32)
-    _int8_scan.scan_tiles(packed, csum, scale, packed_q, qscale, tile_ids, tile_ptr, approx, tile_max, groups, b,
-                          isa=ISA[SCAN])
-    status = np.empty(b, dtype=np.int64)
-    _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_errors, factor, constant, error, slot_row, ptr, flat,
-                unit, row_phys, queries, kk, 4 * kk + 1024, top, top_scores, status)
+    # at most every scanned slot is a candidate: untouched pages of these cost nothing
+    space = len(tile_ids) * TILE_ROWS
+    cand_rows, cand_lb, cand_ub = np.empty(space, np.int64), np.empty(space, np.float32), np.empty(space, np.float32)
+    cand_ptr, kth = np.empty(b + 1, np.int64), np.empty(b, np.float32)
+    _int8_scan.scan_select(packed, csum, scale, error, slot_row, packed_q, qscale, factor, constant, tile_ids,
+                           tile_ptr, np.ascontiguousarray(ptr, np.int64), np.ascontiguousarray(flat, np.int64), kk,
+                           cand_rows, cand_lb, cand_ub, cand_ptr, kth, groups, b, isa=ISA[SCAN])
+    _rerank(cand_rows, cand_lb, cand_ub, cand_ptr, kth, unit, row_phys, queries, kk, top, top_scores)
     return top, top_scores, searched
 
 

@@ -29,7 +29,8 @@
  * scan() scores every tile against every query of the batch, tile by tile and, inside a
  * tile, query by query: a tile's codes (groups x 256 bytes) are read from memory once per
  * batch and then from L1 for every further query (the exact search). scan_tiles() scores,
- * for each query, only the tiles it names (the inverted file's probed lists).
+ * for each query, only the tiles it names; scan_select() does the same and filters the candidates
+ * (score + error bound still reaching the k-th lower bound) while the tile is in registers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -294,6 +295,205 @@ done:
     return result;
 }
 
+/* A lower bound in the size-k min-heap of the k best lower bounds (the root is the k-th best); new size. */
+static Py_ssize_t heap_push(float *heap, Py_ssize_t size, Py_ssize_t k, float v)
+{
+    Py_ssize_t pos;
+    if (size < k) {
+        pos = size++;
+        while (pos > 0) {
+            Py_ssize_t parent = (pos - 1) / 2;
+            if (heap[parent] <= v)
+                break;
+            heap[pos] = heap[parent];
+            pos = parent;
+        }
+        heap[pos] = v;
+    } else if (v > heap[0]) {
+        pos = 0;
+        for (;;) {
+            Py_ssize_t child = 2 * pos + 1;
+            if (child >= k)
+                break;
+            if (child + 1 < k && heap[child + 1] < heap[child])
+                child++;
+            if (v <= heap[child])
+                break;
+            heap[pos] = heap[child];
+            pos = child;
+        }
+        heap[pos] = v;
+    }
+    return size;
+}
+
+/* Bit t set where slot t of the tile may still reach the threshold: score + factor * error + constant >= thr. */
+typedef uint64_t (*reach_fn)(const float *o, const float *err, float factor, float constant, float thr);
+
+static uint64_t reach_portable(const float *o, const float *err, float factor, float constant, float thr)
+{
+    uint64_t mask = 0;
+    for (int t = 0; t < TILE_ROWS; t++)
+        if (!(o[t] + (factor * err[t] + constant) < thr))
+            mask |= (uint64_t)1 << t;
+    return mask;
+}
+
+#if HAVE_X86_BUILD
+__attribute__((target("avx512f")))
+static uint64_t reach_avx512(const float *o, const float *err, float factor, float constant, float thr)
+{
+    const __m512 f = _mm512_set1_ps(factor), c = _mm512_set1_ps(constant), th = _mm512_set1_ps(thr);
+    uint64_t mask = 0;
+    for (int s = 0; s < 4; s++) {
+        __m512 ub = _mm512_add_ps(_mm512_loadu_ps(o + 16 * s),
+                                  _mm512_add_ps(_mm512_mul_ps(f, _mm512_loadu_ps(err + 16 * s)), c));
+        mask |= (uint64_t)_mm512_cmp_ps_mask(ub, th, _CMP_NLT_UQ) << (16 * s);
+    }
+    return mask;
+}
+#endif
+
+PyDoc_STRVAR(scan_select_doc,
+"scan_select(codes, csum, scale, error, slot_row, queries, qscale, factor, constant, tile_ids, tile_ptr,\n"
+"            exclude_ptr, exclude_rows, k, cand_rows, cand_lb, cand_ub, cand_ptr, kth, groups, batch, isa=0)\n\n"
+"scan_tiles() and the candidates' filter in one pass, so no score leaves the cache: for query i, the\n"
+"slots of tiles tile_ids[tile_ptr[i]:tile_ptr[i + 1]] whose upper bound (score + factor[i] * error[slot]\n"
+"+ constant[i]) still reaches the k-th best lower bound seen so far, that hold a row (slot_row >= 0) and\n"
+"whose row is not in exclude_rows[exclude_ptr[i]:exclude_ptr[i + 1]], go to cand_rows / cand_lb / cand_ub\n"
+"[cand_ptr[i]:cand_ptr[i + 1]] in scan order; kth[i] gets the k-th best lower bound (-inf: fewer than k).\n"
+"The candidate buffers must hold 64 entries per tile id. Runs without the GIL.");
+
+static PyObject *scan_select(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"codes", "csum", "scale", "error", "slot_row", "queries", "qscale", "factor",
+                             "constant", "tile_ids", "tile_ptr", "exclude_ptr", "exclude_rows", "k", "cand_rows",
+                             "cand_lb", "cand_ub", "cand_ptr", "kth", "groups", "batch", "isa", NULL};
+    Py_buffer codes, csum, scale, error, slot_row, queries, qscale, factor, constant, tile_ids, tile_ptr, ex_ptr,
+        ex_rows, cand_rows, cand_lb, cand_ub, cand_ptr, kth;
+    Py_ssize_t k, groups, batch;
+    int isa = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*y*y*y*y*y*y*y*y*y*y*nw*w*w*w*w*nn|i", kwlist, &codes,
+                                     &csum, &scale, &error, &slot_row, &queries, &qscale, &factor, &constant,
+                                     &tile_ids, &tile_ptr, &ex_ptr, &ex_rows, &k, &cand_rows, &cand_lb, &cand_ub,
+                                     &cand_ptr, &kth, &groups, &batch, &isa))
+        return NULL;
+    PyObject *result = NULL;
+    float *heap = NULL;
+    const int64_t *ids = tile_ids.buf, *ptr = tile_ptr.buf, *xp = ex_ptr.buf, *xr = ex_rows.buf;
+    const int64_t *srow = slot_row.buf;
+    Py_ssize_t total = tile_ids.len / 8, tiles = groups > 0 ? codes.len / (groups * 256) : 0;
+    /* a tile id must have all of its 64 slots in every per-slot array (some may hold spare capacity) */
+    Py_ssize_t per_slot = csum.len / 4;
+    per_slot = scale.len / 4 < per_slot ? scale.len / 4 : per_slot;
+    per_slot = error.len / 4 < per_slot ? error.len / 4 : per_slot;
+    per_slot = slot_row.len / 8 < per_slot ? slot_row.len / 8 : per_slot;
+    if (per_slot / TILE_ROWS < tiles)
+        tiles = per_slot / TILE_ROWS;
+    if (!check(groups > 0 && batch >= 0 && k > 0, "groups, batch and k must be positive")
+        || !check(codes.len % (groups * 256) == 0, "codes must hold whole tiles of groups * 256 bytes")
+        || !check(queries.len == batch * groups * 4, "queries must hold batch * groups * 4 bytes")
+        || !check(qscale.len == batch * 4 && factor.len == batch * 4 && constant.len == batch * 4
+                  && kth.len == batch * 4, "qscale, factor, constant and kth must hold batch float32")
+        || !check(tile_ptr.len == (batch + 1) * 8 && ex_ptr.len == (batch + 1) * 8 && cand_ptr.len == (batch + 1) * 8,
+                  "tile_ptr, exclude_ptr and cand_ptr must hold batch + 1 int64")
+        || !check(cand_rows.len >= total * TILE_ROWS * 8 && cand_lb.len >= total * TILE_ROWS * 4
+                  && cand_ub.len >= total * TILE_ROWS * 4, "the candidate buffers must hold 64 entries per tile id"))
+        goto done;
+    if (batch && !check(ptr[0] == 0 && ptr[batch] == total, "tile_ptr must run from 0 to len(tile_ids)"))
+        goto done;
+    for (Py_ssize_t i = 0; i < batch; i++)
+        if (!check(ptr[i] <= ptr[i + 1] && xp[i] <= xp[i + 1] && xp[i] >= 0 && xp[i + 1] <= ex_rows.len / 8,
+                   "tile_ptr and exclude_ptr must not decrease and must stay in their arrays"))
+            goto done;
+    for (Py_ssize_t j = 0; j < total; j++)
+        if (!check(ids[j] >= 0 && ids[j] < tiles, "a tile id is out of range"))
+            goto done;
+    heap = PyMem_RawMalloc(k * sizeof(float));
+    if (heap == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    tile_fn kernel = tile_kernel(isa);
+    reach_fn reach = reach_portable;
+#if HAVE_X86_BUILD
+    if (isa == ISA_VNNI && cpu_has(ISA_VNNI))
+        reach = reach_avx512;
+#endif
+    const int8_t *cb = codes.buf;
+    const int32_t *cs = csum.buf;
+    const float *sc = scale.buf, *qsc = qscale.buf, *er = error.buf, *fa = factor.buf, *co = constant.buf;
+    const uint8_t *qb = queries.buf;
+    int64_t *crow = cand_rows.buf, *cptr = cand_ptr.buf;
+    float *clb = cand_lb.buf, *cub = cand_ub.buf, *kb = kth.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t c = 0;
+    float o[TILE_ROWS];
+    cptr[0] = 0;
+    for (Py_ssize_t i = 0; i < batch; i++) {
+        const float qn = fa[i], margin = co[i];
+        float threshold = -INFINITY, best;
+        Py_ssize_t size = 0;
+        for (int64_t j = ptr[i]; j < ptr[i + 1]; j++) {
+            const int64_t tile = ids[j];
+            if (j + 1 < ptr[i + 1])
+                __builtin_prefetch(cb + ids[j + 1] * groups * 256);
+            kernel(cb + tile * groups * 256, cs + tile * TILE_ROWS, sc + tile * TILE_ROWS, qb + i * groups * 4,
+                   qsc[i], groups, o, &best);
+            uint64_t mask = reach(o, er + tile * TILE_ROWS, qn, margin, threshold);
+            while (mask) {
+                const int t = __builtin_ctzll(mask);
+                mask &= mask - 1;
+                const int64_t slot = tile * TILE_ROWS + t;
+                const float slack = qn * er[slot] + margin;
+                if (o[t] + slack < threshold)           /* the threshold rose within this tile */
+                    continue;
+                const int64_t row = srow[slot];
+                if (row < 0)
+                    continue;
+                int excluded = 0;
+                for (int64_t e = xp[i]; e < xp[i + 1]; e++)
+                    excluded |= xr[e] == row;
+                if (excluded)
+                    continue;
+                crow[c] = row;
+                clb[c] = o[t] - slack;
+                cub[c] = o[t] + slack;
+                c++;
+                size = heap_push(heap, size, k, o[t] - slack);
+                if (size >= k)
+                    threshold = heap[0];
+            }
+        }
+        cptr[i + 1] = c;
+        kb[i] = size >= k ? heap[0] : -INFINITY;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_RawFree(heap);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&csum);
+    PyBuffer_Release(&scale);
+    PyBuffer_Release(&error);
+    PyBuffer_Release(&slot_row);
+    PyBuffer_Release(&queries);
+    PyBuffer_Release(&qscale);
+    PyBuffer_Release(&factor);
+    PyBuffer_Release(&constant);
+    PyBuffer_Release(&tile_ids);
+    PyBuffer_Release(&tile_ptr);
+    PyBuffer_Release(&ex_ptr);
+    PyBuffer_Release(&ex_rows);
+    PyBuffer_Release(&cand_rows);
+    PyBuffer_Release(&cand_lb);
+    PyBuffer_Release(&cand_ub);
+    PyBuffer_Release(&cand_ptr);
+    PyBuffer_Release(&kth);
+    return result;
+}
+
 static PyObject *has_vnni(PyObject *self, PyObject *unused)
 {
     return PyBool_FromLong(cpu_has(ISA_VNNI));
@@ -307,6 +507,7 @@ static PyObject *has_avx2(PyObject *self, PyObject *unused)
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS, scan_doc},
     {"scan_tiles", (PyCFunction)(void (*)(void))scan_tiles, METH_VARARGS | METH_KEYWORDS, scan_tiles_doc},
+    {"scan_select", (PyCFunction)(void (*)(void))scan_select, METH_VARARGS | METH_KEYWORDS, scan_select_doc},
     {"has_vnni", has_vnni, METH_NOARGS, "Whether this CPU runs the AVX-512 VNNI kernel."},
     {"has_avx2", has_avx2, METH_NOARGS, "Whether this CPU runs the AVX2 kernel."},
     {NULL, NULL, 0, NULL},
