@@ -423,6 +423,12 @@ def memory_available() -> float:
     return float("inf")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its threads so far (/proc: the share of its one core it used)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_size(args, n: int, empty_url: str) -> dict:
     """One vocabulary size: a fresh front end, its figures, its load runs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEVEC_", "DMLC_"))}
@@ -472,10 +478,13 @@ def run_size(args, n: int, empty_url: str) -> dict:
             print(f"  /v1/similar c={c:<4}        {fmt(out['runs'][f'c{c}'])}", flush=True)
         for rate in args.rates:
             e = measure({**common, "base": empty_url, "path": "/empty", "mode": "open", "rate": rate})
+            cpu0, wall0 = cpu_seconds(frontend.pid), time.monotonic()
             r = measure({**common, "base": url, "path": "/v1/similar", "mode": "open", "rate": rate})
+            r["frontend_cpu"] = (cpu_seconds(frontend.pid) - cpu0) / (time.monotonic() - wall0)
             out["runs"][f"empty {rate:g}"], out["runs"][f"similar {rate:g}"] = e, r
             print(f"  empty handler {rate:5.0f}/s   {fmt(e)}", flush=True)
-            print(f"  /v1/similar   {rate:5.0f}/s   {fmt(r)}   (load {load()})", flush=True)
+            print(f"  /v1/similar   {rate:5.0f}/s   {fmt(r)}   front end CPU {r['frontend_cpu']:.2f} s/s "
+                  f"(load {load()})", flush=True)
         after = get_json(url + "v1/stats")
         after_m = scrape(url)
         out["memory"] = memory(frontend.pid)

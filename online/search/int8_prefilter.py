@@ -204,7 +204,7 @@ def _insert(out_rows, out_scores, i, k, filled, row, acc):
 @njit(nogil=True, cache=True)
 def _ivf_select(approx, tile_max, tile_ids, tile_ptr, tile_error, factor, constant, error, slot_row, exclude_ptr,
                 exclude_rows, unit, row_phys, queries, k, cap, out_rows, out_scores, status):
-    """Candidates over the tiles each query scanned (``scan_tiles``: query i's tiles are
+    """Candidates over the tiles each query scanned (query i's tiles are
     ``tile_ids[tile_ptr[i]:tile_ptr[i + 1]]``, their scores ``approx[64 j : 64 j + 64]``; the full
     scan is the case where every query lists every tile) and the exact re-rank in one call
     (row r's unit vector is ``unit[row_phys[r]]``).

@@ -28,9 +28,9 @@
  *
  * scan() scores every tile against every query of the batch, tile by tile and, inside a
  * tile, query by query: a tile's codes (groups x 256 bytes) are read from memory once per
- * batch and then from L1 for every further query (the exact search). scan_tiles() scores,
- * for each query, only the tiles it names; scan_select() does the same and filters the candidates
- * (score + error bound still reaching the k-th lower bound) while the tile is in registers.
+ * batch and then from L1 for every further query (the exact search). scan_select()
+ * scores, for each query, only the tiles it names (the inverted file's probed lists) and filters
+ * the candidates (score + error bound still reaching the k-th lower bound) while the tile is in L1.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -226,75 +226,6 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(scan_tiles_doc,
-"scan_tiles(codes, csum, scale, queries, qscale, tile_ids, tile_ptr, out, tile_max, groups, batch, isa=0)\n\n"
-"For query i, the tiles tile_ids[tile_ptr[i]:tile_ptr[i + 1]] (int64) only: their 64 scores each\n"
-"go to out[64 * j : 64 * j + 64] and their best to tile_max[j], j = tile_ptr[i] .. tile_ptr[i + 1] - 1\n"
-"(the inverted file's probed lists). Same arithmetic and buffers as scan(). Runs without the GIL.");
-
-static PyObject *scan_tiles(PyObject *self, PyObject *args, PyObject *kwargs)
-{
-    static char *kwlist[] = {"codes", "csum", "scale", "queries", "qscale", "tile_ids", "tile_ptr", "out",
-                             "tile_max", "groups", "batch", "isa", NULL};
-    Py_buffer codes, csum, scale, queries, qscale, tile_ids, tile_ptr, out, tile_max;
-    Py_ssize_t groups, batch;
-    int isa = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*y*y*y*y*w*w*nn|i", kwlist, &codes, &csum, &scale,
-                                     &queries, &qscale, &tile_ids, &tile_ptr, &out, &tile_max, &groups, &batch,
-                                     &isa))
-        return NULL;
-    PyObject *result = NULL;
-    const int64_t *ids = tile_ids.buf, *ptr = tile_ptr.buf;
-    Py_ssize_t total = tile_ids.len / 8, tiles = groups > 0 ? codes.len / (groups * 256) : 0;
-    if (!check(groups > 0 && batch >= 0, "groups and batch must be non-negative")
-        || !check(codes.len % (groups * 256) == 0, "codes must hold whole tiles of groups * 256 bytes")
-        || !check(csum.len >= tiles * TILE_ROWS * 4 && scale.len >= tiles * TILE_ROWS * 4,
-                  "csum and scale must hold 64 entries per tile")
-        || !check(queries.len == batch * groups * 4, "queries must hold batch * groups * 4 bytes")
-        || !check(qscale.len == batch * 4, "qscale must hold batch float32")
-        || !check(tile_ptr.len == (batch + 1) * 8, "tile_ptr must hold batch + 1 int64")
-        || !check(out.len >= total * TILE_ROWS * 4 && tile_max.len >= total * 4,
-                  "out must hold 64 float32 and tile_max one float32 per tile id"))
-        goto done;
-    if (batch && !check(ptr[0] == 0 && ptr[batch] == total, "tile_ptr must run from 0 to len(tile_ids)"))
-        goto done;
-    for (Py_ssize_t i = 0; i < batch; i++)
-        if (!check(ptr[i] <= ptr[i + 1], "tile_ptr must not decrease"))
-            goto done;
-    for (Py_ssize_t j = 0; j < total; j++)
-        if (!check(ids[j] >= 0 && ids[j] < tiles, "a tile id is out of range"))
-            goto done;
-    tile_fn kernel = tile_kernel(isa);
-    const int8_t *cb = codes.buf;
-    const int32_t *cs = csum.buf;
-    const float *sc = scale.buf, *qsc = qscale.buf;
-    const uint8_t *qb = queries.buf;
-    float *ob = out.buf, *tm = tile_max.buf;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < batch; i++)
-        for (int64_t j = ptr[i]; j < ptr[i + 1]; j++) {
-            int64_t tile = ids[j];
-            if (j + 1 < ptr[i + 1])                 /* the next tile of a list is usually adjacent; else fetch it */
-                __builtin_prefetch(cb + ids[j + 1] * groups * 256);
-            kernel(cb + tile * groups * 256, cs + tile * TILE_ROWS, sc + tile * TILE_ROWS, qb + i * groups * 4,
-                   qsc[i], groups, ob + j * TILE_ROWS, tm + j);
-        }
-    Py_END_ALLOW_THREADS
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    PyBuffer_Release(&codes);
-    PyBuffer_Release(&csum);
-    PyBuffer_Release(&scale);
-    PyBuffer_Release(&queries);
-    PyBuffer_Release(&qscale);
-    PyBuffer_Release(&tile_ids);
-    PyBuffer_Release(&tile_ptr);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&tile_max);
-    return result;
-}
-
 /* A lower bound in the size-k min-heap of the k best lower bounds (the root is the k-th best); new size. */
 static Py_ssize_t heap_push(float *heap, Py_ssize_t size, Py_ssize_t k, float v)
 {
@@ -357,7 +288,7 @@ static uint64_t reach_avx512(const float *o, const float *err, float factor, flo
 PyDoc_STRVAR(scan_select_doc,
 "scan_select(codes, csum, scale, error, slot_row, queries, qscale, factor, constant, tile_ids, tile_ptr,\n"
 "            exclude_ptr, exclude_rows, k, cand_rows, cand_lb, cand_ub, cand_ptr, kth, groups, batch, isa=0)\n\n"
-"scan_tiles() and the candidates' filter in one pass, so no score leaves the cache: for query i, the\n"
+"The probed lists' scan and the candidates' filter in one pass, so no score leaves the cache: for query i, the\n"
 "slots of tiles tile_ids[tile_ptr[i]:tile_ptr[i + 1]] whose upper bound (score + factor[i] * error[slot]\n"
 "+ constant[i]) still reaches the k-th best lower bound seen so far, that hold a row (slot_row >= 0) and\n"
 "whose row is not in exclude_rows[exclude_ptr[i]:exclude_ptr[i + 1]], go to cand_rows / cand_lb / cand_ub\n"
@@ -506,7 +437,6 @@ static PyObject *has_avx2(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS, scan_doc},
-    {"scan_tiles", (PyCFunction)(void (*)(void))scan_tiles, METH_VARARGS | METH_KEYWORDS, scan_tiles_doc},
     {"scan_select", (PyCFunction)(void (*)(void))scan_select, METH_VARARGS | METH_KEYWORDS, scan_select_doc},
     {"has_vnni", has_vnni, METH_NOARGS, "Whether this CPU runs the AVX-512 VNNI kernel."},
     {"has_avx2", has_avx2, METH_NOARGS, "Whether this CPU runs the AVX2 kernel."},
