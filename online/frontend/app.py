@@ -9,6 +9,7 @@ body); anything unexpected becomes a logged JSON 500 in ``error_middleware``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import re
 import signal
@@ -22,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from online.frontend.blas_threads import set_blas_threads
+from online.frontend.thread_priority import background_executor
 from online.frontend.export import Export
 from online.frontend.guards import Guards, GuardedRunner
 from online.frontend.http_metrics import HttpMetrics
@@ -417,6 +419,10 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 # ---------------------------------------------------------------------- the app
 async def _background(app: web.Application):
     settings, source = app[SETTINGS], app[SOURCE]
+    # every asyncio.to_thread from here on (syncs, builds, recall checks, analytics) runs below the queries
+    loop, background = asyncio.get_running_loop(), background_executor(settings.background_nice)
+    loop.set_default_executor(background)
+    log_event(log, "background_priority", nice_steps=settings.background_nice)
     if settings.blas_threads:
         changed = await asyncio.to_thread(set_blas_threads, settings.blas_threads)
         log_event(log, "blas_threads_set", threads=settings.blas_threads, libraries=len(changed))
@@ -450,6 +456,8 @@ async def _background(app: web.Application):
             await close()
         except Exception as exc:   # closing a broken source must not hide the shutdown
             log_event(log, "source_close_failed", logging.WARNING, error=repr(exc))
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())    # the loop may outlive this app
+    background.shutdown(wait=False)
 
 
 def create_app(settings: FrontendSettings, source: ModelSource, registry: Registry | None = None) -> web.Application:

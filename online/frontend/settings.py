@@ -42,6 +42,10 @@ FRONTEND = SettingGroup("front end", (
             help="compute queries in a thread (else on the event loop)"),
     Setting("blas_threads", "LIVEVEC_BLAS_THREADS", int, 1, minimum=0, maximum=256,
             help="BLAS threads on the query path, 0 = leave as is"),
+    Setting("background_nice", "LIVEVEC_BACKGROUND_NICE", int, 10, minimum=0, maximum=19,
+            help="how many nice steps below the similarity queries the background work runs (syncs, the "
+                 "inverted file's builds and recall checks, analytics): on a shared core the queries keep "
+                 "their latency and the rest takes what they leave; 0 = the same priority"),
     Setting("search_processes", "LIVEVEC_SEARCH_PROCESSES", int, 0, minimum=0, maximum=64,
             help="processes that search beside the front end, mapping its model from shared memory (one copy "
                  "of the model; online/search/search_processes.py); 0 = the query thread searches"),
@@ -137,6 +141,7 @@ class FrontendSettings:
     query_thread: bool = True
     gc_freeze: bool = True
     blas_threads: int = 1
+    background_nice: int = 10
     search_processes: int = 0
     search: str = "auto"
     ivf_min_rows: int = 100_000

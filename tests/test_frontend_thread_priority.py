@@ -1,0 +1,93 @@
+"""Background work runs below the similarity queries (``online/frontend/thread_priority.py``).
+
+On a shared core the syncs, the inverted file's builds and recall checks and the analytics
+requests must take the CPU the queries leave, not half of it: their threads (the loop's default
+executor, behind every ``asyncio.to_thread``) carry a higher nice value than the event loop and
+the query threads. Read back from the kernel (``/proc``), in a real front end serving HTTP.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+
+from online.frontend.app import create_app
+from online.frontend.settings import FrontendSettings
+from online.frontend.thread_priority import MAX_NICE, background_executor
+from online.search.delta import ModelDelta
+from online.learner.keys import word_keys
+from ps_bridge.settings import SettingError
+
+
+def nice_of(tid: int) -> int:
+    """The nice value the kernel holds for thread ``tid`` of this process (field 19 of its stat)."""
+    stat = open(f"/proc/self/task/{tid}/stat").read()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def threads_named(prefix: str) -> list[int]:
+    return [t.native_id for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+class Source:
+    def __init__(self, n: int = 500, dim: int = 8):
+        self.words = [f"w{i}" for i in range(n)]
+        self.vectors = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+
+    async def changes_since(self, version):
+        if version:
+            return ModelDelta.unchanged(version, self.vectors.shape[1])
+        return ModelDelta(word_keys(self.words), self.words, self.vectors, np.ones(len(self.words), np.int64), 1,
+                          full=True)
+
+    async def stats(self):
+        return {}
+
+
+def test_the_pool_lowers_its_own_threads_only():
+    base = nice_of(threading.get_native_id())
+    with background_executor(5) as pool:
+        assert pool.submit(lambda: nice_of(threading.get_native_id())).result() == min(MAX_NICE, base + 5)
+    with background_executor(40) as pool:                 # capped at the kernel's lowest priority
+        assert pool.submit(lambda: nice_of(threading.get_native_id())).result() == MAX_NICE
+    assert nice_of(threading.get_native_id()) == base      # the caller keeps its priority
+
+
+@pytest.mark.parametrize("steps", [10, 0])
+async def test_the_front_ends_background_runs_below_its_queries(steps):
+    base = nice_of(threading.get_native_id())
+    settings = FrontendSettings(source="test", sync_interval=0.05, background_nice=steps).validate()
+    server = TestServer(create_app(settings, Source()), host="127.0.0.1")
+    await server.start_server()
+    try:
+        base_url = str(server.make_url("")).rstrip("/")
+        async with aiohttp.ClientSession() as session:
+            for _ in range(500):
+                async with session.get(base_url + "/ready") as r:
+                    if r.status == 200:
+                        break
+                await asyncio.sleep(0.01)
+            async with session.get(base_url + "/v1/similar?word=w1&k=3") as r:
+                assert r.status == 200 and len((await r.json())["neighbours"]) == 3
+        background = await asyncio.to_thread(lambda: nice_of(threading.get_native_id()))
+        syncing = threads_named("background")
+        queries = threads_named("similarity-queries")
+        assert syncing and queries
+        assert {nice_of(t) for t in syncing} == {min(MAX_NICE, base + steps)}   # the syncs ran in them
+        assert {nice_of(t) for t in queries} == {base}
+        assert background == min(MAX_NICE, base + steps)
+        assert nice_of(threading.get_native_id()) == base     # the event loop's thread
+    finally:
+        await server.close()
+    # the loop outlives the app: its default executor is an ordinary one again
+    assert await asyncio.to_thread(lambda: nice_of(threading.get_native_id())) == base
+
+
+def test_a_nice_out_of_range_names_the_setting():
+    with pytest.raises(SettingError, match="LIVEVEC_BACKGROUND_NICE"):
+        FrontendSettings(source="test", background_nice=20).validate()
