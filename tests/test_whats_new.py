@@ -441,3 +441,48 @@ def test_a_bad_history_setting_stops_the_start_naming_it(tmp_path, variable, val
         settings_from(None, env)
     assert str(err.value).startswith(variable)
     assert settings_from(None, {"LIVEVEC_MODEL_FILE": str(model), "LIVEVEC_DRIFT_KEEP": "0"}).drift_keep == 0
+
+
+def test_a_checkpoint_in_the_making_blocks_neither_the_stats_nor_the_answers(monkeypatch):
+    """A drift checkpoint copies every row: about 27 s at 10M words in a background thread. ``/v1/stats``
+    reads the history's size on the event loop, and while the copy ran under the history's lock every
+    request waited for it. The copy now runs outside the lock, once: the sizes, the answers and further
+    looks go on meanwhile."""
+    import threading
+    from online.frontend import whats_new
+
+    holder, clock, wn = recorder(drift_interval=1.0)
+    step(holder, clock, wn, delta(1, ["a", "b", "c"], full=True), 1000.0)       # checkpoint 1
+    holder.swap(holder.current.apply(delta(2, ["d", "a"])))
+    clock.t = 1002.0
+    started, release = threading.Event(), threading.Event()
+    real = whats_new.PastModel
+
+    class SlowPastModel(real):
+        def __init__(self, *args, **kwargs):
+            started.set()
+            assert release.wait(30)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(whats_new, "PastModel", SlowPastModel)
+    looking = threading.Thread(target=wn.observe, args=(1002.0,))
+    looking.start()
+    try:
+        assert started.wait(10)
+        done = threading.Event()
+
+        def read_while_copying():
+            wn.nbytes(), wn.disk_bytes(), wn.new_words(0, 10), wn.rising(5.0, 10), wn.history()
+            assert wn.drift("a", 2, "1")["checkpoint"]["id"] == 1
+            wn.observe(1002.5)                    # no second copy while one is being made
+            done.set()
+
+        reader = threading.Thread(target=read_while_copying)
+        reader.start()
+        assert done.wait(10), "the history's readers waited for the checkpoint's copy"
+        reader.join()
+    finally:
+        release.set()
+        looking.join(30)
+    assert [c["id"] for c in wn.history()["checkpoints"]] == [1, 2]
+    assert wn.drift("d", 2, "2")["in_checkpoint"] is True

@@ -39,10 +39,12 @@ class CountSamples:
         return [t for t, *_ in self._older] + ([self._newest[0]] if self._newest is not None else [])
 
     def nbytes(self) -> int:
-        """Bytes these samples hold of their own (the newest one's array is the served snapshot's)."""
+        """Bytes these samples hold of their own (the newest one's array is the served snapshot's). Safe
+        without the history's lock (``WhatsNew.nbytes``): it reads a copy of the list and one tuple."""
         own = sum(rows.nbytes + counts.nbytes + (present.nbytes if isinstance(present, np.ndarray) else 0)
-                  for _, present, rows, counts in self._older)
-        return int(own + (self._newest[1].nbytes if self._newest_own else 0))
+                  for _, present, rows, counts in list(self._older))
+        newest, newest_own = self._newest, self._newest_own
+        return int(own + (newest[1].nbytes if newest_own and newest is not None else 0))
 
     def add(self, t: float, counts: np.ndarray) -> None:
         """A sample of ``counts`` (a snapshot's array, never written again) at time ``t``."""

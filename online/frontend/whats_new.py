@@ -239,6 +239,7 @@ class WhatsNew:
         self.forgotten_until: float | None = None      # arrivals up to this time were dropped from the ring
         self._samples = CountSamples(self.rising_samples + 1)
         self._checkpoints: deque[Checkpoint] = deque(maxlen=self.drift_keep)
+        self._checkpointing = False          # observe() is making one outside the lock
         self._next_id = 1
 
     @property
@@ -248,11 +249,34 @@ class WhatsNew:
 
     # ------------------------------------------------------------ recording
     def observe(self, now: float | None = None) -> None:
-        """Record what changed since the last look at the served snapshot (keeping no reference to it)."""
-        with self._lock:
-            self._observe(self.clock() if now is None else now)
+        """Record what changed since the last look at the served snapshot (keeping no reference to it).
 
-    def _observe(self, now: float) -> ModelIndex | None:
+        A drift checkpoint copies every row (about 27 s at 10M words in a background thread), so it
+        is made outside the lock: ``/v1/stats`` reads the history's size on the event loop, and
+        waiting for the lock stalled every request for that long."""
+        with self._lock:
+            index = self._observe(self.clock() if now is None else now, checkpoint=False)
+            now = self._last_at
+            due = index is not None and self._checkpoint_due(index, now)
+            self._checkpointing |= due
+        if not due:
+            return
+        try:
+            past = PastModel(index, self.drift_dir)
+        finally:
+            with self._lock:
+                self._checkpointing = False
+        with self._lock:
+            self._checkpoints.append(Checkpoint(self._next_id, now, past, weakref.ref(index)))
+            self._next_id += 1
+
+    def _checkpoint_due(self, index: ModelIndex, now: float) -> bool:
+        if not self.drift_keep or self._checkpointing:
+            return False
+        return not self._checkpoints or (now - self._checkpoints[-1].taken_at >= self.drift_interval
+                                         and self._checkpoints[-1].served() is not index)
+
+    def _observe(self, now: float, checkpoint: bool = True) -> ModelIndex | None:
         if not self.holder.loaded:
             return None
         index = self.holder.current
@@ -266,8 +290,7 @@ class WhatsNew:
         self._last_at = now
         if not len(self._samples) or now - self._samples.times()[-1] >= self.rising_interval:
             self._samples.add(now, index.counts)
-        if self.drift_keep and (not self._checkpoints or (now - self._checkpoints[-1].taken_at >= self.drift_interval
-                                                          and self._checkpoints[-1].served() is not index)):
+        if checkpoint and self._checkpoint_due(index, now):     # an answer that needs one: not the periodic look
             self._checkpoints.append(Checkpoint(self._next_id, now, PastModel(index, self.drift_dir),
                                                 weakref.ref(index)))
             self._next_id += 1
@@ -437,18 +460,17 @@ class WhatsNew:
                 "now": listed(now_nb), "then": listed(then_nb)}
 
     def nbytes(self) -> int:
-        """What the history holds: the drift checkpoints' rows, the rising samples and the arrivals."""
-        with self._lock:
-            past = sum(c.model.memory_bytes() for c in self._checkpoints)
-            return int(past + self._samples.nbytes() + sum(k.nbytes for _, k in self._arrivals))
+        """What the history holds: the drift checkpoints' rows, the rising samples and the arrivals. Read
+        without the lock (from the event loop): copies of the deques, sizes only."""
+        past = sum(c.model.memory_bytes() for c in list(self._checkpoints))
+        return int(past + self._samples.nbytes() + sum(k.nbytes for _, k in list(self._arrivals)))
 
     def disk_bytes(self) -> int:
-        """What the drift checkpoints hold on disk (``LIVEVEC_DRIFT_DIR``)."""
-        with self._lock:
-            return self._disk_bytes()
+        """What the drift checkpoints hold on disk (``LIVEVEC_DRIFT_DIR``); without the lock, as ``nbytes``."""
+        return self._disk_bytes()
 
     def _disk_bytes(self) -> int:
-        return sum(c.model.disk_bytes() for c in self._checkpoints)
+        return sum(c.model.disk_bytes() for c in list(self._checkpoints))
 
     def history(self) -> dict[str, Any]:
         """What the front end remembers: checkpoints, the samples' reach, the arrivals kept."""
