@@ -640,3 +640,22 @@ def filed_codes(index):
     """The codes and scales of the slots a snapshot files, in row order."""
     return np.concatenate([code_matrix(index.codes, len(index.slot_row), index.dim)[index.row_slot],
                            index.code_scale[index.row_slot].view(np.int8).reshape(index.n, -1)], axis=1)
+
+
+def test_an_install_that_grows_the_maps_does_not_copy_the_old_codes_first(monkeypatch):
+    """The install lays the codes out anew; growing the old code arrays into larger ones first
+    (1.3 GB at 10M words, on top of both layouts) only raised the install's peak."""
+    grown = []
+    real = row_store.CodeStore.grown
+    monkeypatch.setattr(row_store.CodeStore, "grown", lambda self, *a: grown.append(a) or real(self, *a))
+    # 600 lists of about 10 rows: a tile each, more tiles than the list-free layout has room for
+    holder = with_lists(clustered(6000, 16, 30, seed=40), SearchConfig(ivf_min_rows=1000, ivf_lists=600))
+    store = holder.current.store
+    assert store.counters["grown"] >= 1, "the install did not grow the maps: this test shows nothing"
+    assert grown == []
+    assert store.codes.cap_tiles >= holder.current.ivf.n_tiles
+    holder.swap(holder.current.apply(ModelDelta(word_keys(["w1", "new"]), ["w1", "new"],
+                                                np.ones((2, 16), np.float32), np.ones(2, np.int64), 3)))
+    r, methods = recall(holder.current, np.arange(0, 6000, 97))
+    assert r >= 0.95 and set(methods) <= {"ivf", "exact"}
+    check_layout(holder.current)

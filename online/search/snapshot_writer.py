@@ -302,7 +302,7 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     else:
         store.pool.reserve(len(rows))      # slot = physical row: all of them within the tiles sized here
         need_tiles = -(-store.pool.cap // TILE_ROWS)
-    target = store.writable(src, n_old, index.n_tiles, n, need_tiles)
+    target = store.writable(src, n_old, index.n_tiles, n, need_tiles, new_codes=install is not None)
     target.state = -1                      # half-written until the end: a failure leaves it to a full copy
     state = store.next_state()
     if install is not None:
