@@ -223,8 +223,7 @@ def _probed_vs_scanned_rows(unit, slot_row, queries, tile_ids, tile_ptr, exclude
     row_phys = np.arange(len(unit), dtype=np.int64)
     ptr = np.cumsum([0] + [len(e) for e in exclude]).astype(np.int64)
     flat = np.array([r for e in exclude for r in e], np.int64)
-    got = int8_prefilter.probed_top_k(unit, row_phys, codes, int8_prefilter.tile_error(codes[2]), slot_row, queries,
-                                      tile_ids, tile_ptr, ptr, flat, k)
+    got = int8_prefilter.probed_top_k(unit, row_phys, codes, slot_row, queries, tile_ids, tile_ptr, ptr, flat, k)
     top, scores = np.empty((len(queries), k), np.int64), np.empty((len(queries), k), np.float32)
     for i in range(len(queries)):
         int8_prefilter._best_of_scanned(unit, row_phys, slot_row, queries, tile_ids, tile_ptr, ptr, flat, k, top,

@@ -451,8 +451,7 @@ def prefiltered_top_k(unit: np.ndarray, row_phys: np.ndarray, codes, tile_errors
     return top, top_scores
 
 
-def probed_top_k(unit: np.ndarray, row_phys: np.ndarray, codes, tile_errors: np.ndarray, slot_row: np.ndarray,
-                 queries: np.ndarray,
+def probed_top_k(unit: np.ndarray, row_phys: np.ndarray, codes, slot_row: np.ndarray, queries: np.ndarray,
                  tile_ids: np.ndarray, tile_ptr: np.ndarray, ptr: np.ndarray, flat: np.ndarray,
                  kk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Like ``prefiltered_top_k``, but query i searches only the slots of the tiles

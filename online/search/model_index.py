@@ -359,7 +359,7 @@ class ModelIndex:
         ptr, flat = _exclusions(exclude)
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         tile_ids, tile_ptr = ivf_lists.probe(self.ivf, queries, nprobe or self.config.nprobe)
-        top, top_scores, _ = int8_prefilter.probed_top_k(self._pool, self.row_phys, self._code_arrays, self.tile_err,
+        top, top_scores, _ = int8_prefilter.probed_top_k(self._pool, self.row_phys, self._code_arrays,
                                                          self.slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk)
         valid = (top >= 0) & (top_scores != -np.inf)
         reasons = ["ivf"] * b
