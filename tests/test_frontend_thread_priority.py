@@ -91,3 +91,22 @@ async def test_the_front_ends_background_runs_below_its_queries(steps):
 def test_a_nice_out_of_range_names_the_setting():
     with pytest.raises(SettingError, match="LIVEVEC_BACKGROUND_NICE"):
         FrontendSettings(source="test", background_nice=20).validate()
+
+
+def test_a_sandbox_that_refuses_the_priority_still_gets_a_working_pool(monkeypatch, caplog):
+    """seccomp can refuse setpriority; the pool must start anyway (a broken pool fails every sync),
+    at the queries' priority, with one warning for all its threads."""
+    from online.frontend import thread_priority
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(thread_priority.os, "setpriority", refuse)
+    monkeypatch.setattr(thread_priority, "_refused", False)
+    base = nice_of(threading.get_native_id())
+    with caplog.at_level("WARNING", logger="livevec.frontend"):
+        with background_executor(10, max_workers=3) as pool:
+            got = list(pool.map(lambda _: (threading.get_native_id(), nice_of(threading.get_native_id())),
+                                range(30)))
+    assert {nice for _, nice in got} == {base}
+    assert sum("background_priority_refused" in r.getMessage() for r in caplog.records) == 1

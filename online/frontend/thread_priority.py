@@ -17,19 +17,35 @@ thread does not run.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import threading
 
+from ps_bridge.structured_logging import log_event
+
+log = logging.getLogger("livevec.frontend")
+
 MAX_NICE = 19
+_refused = False          # logged once: a refusal repeats for every thread of the pool
 
 
 def lower_this_thread(by: int) -> int:
-    """Raise the calling thread's nice value by ``by`` (capped at 19); its new value."""
+    """Raise the calling thread's nice value by ``by`` (capped at 19); its value afterwards (0 when
+    refused). A sandbox that refuses the call (seccomp) leaves the thread as it was and says so once:
+    the pool must still start, or every sync would fail."""
     tid = threading.get_native_id()
-    nice = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, tid) + by)
-    if by > 0:
-        os.setpriority(os.PRIO_PROCESS, tid, nice)
-    return nice
+    try:
+        nice = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, tid) + by)
+        if by > 0:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        return nice
+    except OSError as exc:
+        global _refused
+        if not _refused:
+            _refused = True
+            log_event(log, "background_priority_refused", logging.WARNING, error=repr(exc),
+                      note="background work runs at the queries' priority")
+        return 0
 
 
 def background_executor(nice: int, max_workers: int | None = None) -> concurrent.futures.ThreadPoolExecutor:
