@@ -14,14 +14,11 @@ import threading
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
-from online.frontend.app import create_app
 from online.frontend.settings import FrontendSettings
 from online.frontend.thread_priority import MAX_NICE, background_executor
-from online.search.delta import ModelDelta
-from online.learner.keys import word_keys
 from ps_bridge.settings import SettingError
+from tests.test_frontend_ivf import StaticSource, _serve
 
 
 def nice_of(tid: int) -> int:
@@ -32,21 +29,6 @@ def nice_of(tid: int) -> int:
 
 def threads_named(prefix: str) -> list[int]:
     return [t.native_id for t in threading.enumerate() if t.name.startswith(prefix)]
-
-
-class Source:
-    def __init__(self, n: int = 500, dim: int = 8):
-        self.words = [f"w{i}" for i in range(n)]
-        self.vectors = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
-
-    async def changes_since(self, version):
-        if version:
-            return ModelDelta.unchanged(version, self.vectors.shape[1])
-        return ModelDelta(word_keys(self.words), self.words, self.vectors, np.ones(len(self.words), np.int64), 1,
-                          full=True)
-
-    async def stats(self):
-        return {}
 
 
 def test_the_pool_lowers_its_own_threads_only():
@@ -62,16 +44,10 @@ def test_the_pool_lowers_its_own_threads_only():
 async def test_the_front_ends_background_runs_below_its_queries(steps):
     base = nice_of(threading.get_native_id())
     settings = FrontendSettings(source="test", sync_interval=0.05, background_nice=steps).validate()
-    server = TestServer(create_app(settings, Source()), host="127.0.0.1")
-    await server.start_server()
+    vectors = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
+    server, base_url = await _serve(settings, StaticSource(vectors))
     try:
-        base_url = str(server.make_url("")).rstrip("/")
         async with aiohttp.ClientSession() as session:
-            for _ in range(500):
-                async with session.get(base_url + "/ready") as r:
-                    if r.status == 200:
-                        break
-                await asyncio.sleep(0.01)
             async with session.get(base_url + "/v1/similar?word=w1&k=3") as r:
                 assert r.status == 200 and len((await r.json())["neighbours"]) == 3
         background = await asyncio.to_thread(lambda: nice_of(threading.get_native_id()))
