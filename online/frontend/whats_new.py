@@ -261,14 +261,15 @@ class WhatsNew:
             self._checkpointing |= due
         if not due:
             return
+        past = None
         try:
             past = PastModel(index, self.drift_dir)
         finally:
-            with self._lock:
+            with self._lock:            # one step: no other look sees the flag down before it is filed
                 self._checkpointing = False
-        with self._lock:
-            self._checkpoints.append(Checkpoint(self._next_id, now, past, weakref.ref(index)))
-            self._next_id += 1
+                if past is not None:
+                    self._checkpoints.append(Checkpoint(self._next_id, now, past, weakref.ref(index)))
+                    self._next_id += 1
 
     def _checkpoint_due(self, index: ModelIndex, now: float) -> bool:
         if not self.drift_keep or self._checkpointing:
