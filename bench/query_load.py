@@ -47,6 +47,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from stream_throughput import cpu_seconds  # noqa: E402  (bench/ is on the path: this script's directory)
+
 
 # ------------------------------------------------------------------ child roles
 def empty_server() -> None:
@@ -421,12 +423,6 @@ def memory_available() -> float:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024.0
     return float("inf")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its threads so far (/proc: the share of its one core it used)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_size(args, n: int, empty_url: str) -> dict:
