@@ -161,8 +161,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-words", type=int, default=10_000)
     ap.add_argument("--local-rate", type=float, default=None,
                     help="pull/push path: SGD rate of the walk over each batch (default the learner's, 0.002)")
-    ap.add_argument("--kernel", default="pairs",
-                    help="livevec's in-place kernel (LIVEVEC_KERNEL): pairs or hogbatch; a comma list runs each")
+    ap.add_argument("--kernel", default="auto",
+                    help="livevec's in-place kernel (LIVEVEC_KERNEL): auto (the default; hogbatch as one model), "
+                         "pairs or hogbatch; a comma list runs each")
     ap.add_argument("--sgd-decay", action="store_true",
                     help="livevec with SGD and gensim's linear decay over the known corpus length (diagnostic)")
     args = ap.parse_args(argv)

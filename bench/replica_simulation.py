@@ -38,7 +38,7 @@ from online.cluster.server import MERGE_WINDOW_SYNCS     # noqa: E402
 from online.learner.concurrent_merge import CONTRACTION_SCALE  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
-from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
+from online.learner.trainer import LearnerConfig, Trainer, kernel_for  # noqa: E402
 from quality_vs_gensim import evaluate                   # noqa: E402
 from stream_throughput import DEFAULT_CORPUS, read_prefix  # noqa: E402
 
@@ -217,7 +217,7 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
                 return out, np.asarray(accum_deltas, np.float32).reshape(-1)
             server._merge.combine = combine_summing_accumulators
     config = LearnerConfig(dim=100, vocab_capacity=200_000, min_count=args.min_count, eta=args.eta,
-                           kernel=args.kernel)
+                           kernel=kernel_for(args.kernel, 1 if args.shared_replica else workers_n))
     workers = []
     shared = ReplicaShard(100, optimizer="rowadagrad", seed=1) if args.shared_replica else None
     for i in range(workers_n):
@@ -358,7 +358,8 @@ def main() -> int:
     ap.add_argument("--window-syncs", type=float, default=float(MERGE_WINDOW_SYNCS),
                     help=f"with --jitter: the servers' merge window in median intervals ({MERGE_WINDOW_SYNCS}, as "
                          "online.cluster.server sets it)")
-    ap.add_argument("--kernel", default=LearnerConfig.kernel, help="the in-place kernel (LIVEVEC_KERNEL)")
+    ap.add_argument("--kernel", default=LearnerConfig.kernel,
+                    help="the in-place kernel (LIVEVEC_KERNEL; auto: as a worker of a cluster of --workers picks it)")
     ap.add_argument("--eta", type=float, default=None,
                     help="the workers' AdaGrad step (default: the kernel's, 0.1 for pairs and 0.2 for hogbatch)")
     args = ap.parse_args()

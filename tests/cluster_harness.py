@@ -42,6 +42,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class BoundPorts(dict):
+    """Each process's metrics port, read from its ``metrics_listening`` log line.
+
+    Why: the processes bind port 0. A port the harness picked as free and passed on could be taken before the child
+    bound it (an ephemeral port of any connection on the machine), and the worker then died with "Address already
+    in use". A name is looked up in the lines its log got since its last start; reading one waits for the line.
+    """
+
+    _LINE = re.compile(rb"event=metrics_listening port=(\d+)")
+
+    def __init__(self, procs: dict[str, subprocess.Popen]):
+        super().__init__()
+        self._procs = procs
+        self._logs: dict[str, tuple[Path, int]] = {}
+
+    def started(self, name: str, log: Path, offset: int) -> None:
+        self._logs[name] = (log, offset)
+        self.pop(name, None)
+
+    def bound(self, name: str) -> int | None:
+        """The port, or None while the process has not logged it yet."""
+        if name not in self and name in self._logs:
+            path, offset = self._logs[name]
+            with open(path, "rb") as f:
+                f.seek(offset)
+                found = self._LINE.search(f.read())
+            if found:
+                super().__setitem__(name, int(found.group(1)))
+        return self.get(name)
+
+    def __getitem__(self, name: str) -> int:
+        deadline = time.monotonic() + 60
+        while (port := self.bound(name)) is None:
+            proc = self._procs.get(name)
+            if name not in self._logs or time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+                raise KeyError(f"{name} has not logged its metrics port")
+            time.sleep(0.1)
+        return port
+
+    def __delitem__(self, name: str) -> None:
+        self._logs.pop(name, None)
+        self.pop(name, None)
+
+    def items(self):
+        return [(name, self[name]) for name in {*self.keys(), *self._logs}]
+
+
 class Cluster:
     def __init__(self, tmp: Path, *, servers: int, workers: int, env: dict[str, str]):
         self.tmp = Path(tmp)
@@ -53,16 +100,16 @@ class Cluster:
             "LIVEVEC_ELASTIC_WORKERS": "1", "PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "4",
             "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000", "PYTHONUNBUFFERED": "1", **env}
         self.procs: dict[str, subprocess.Popen] = {}
-        self.metrics_ports: dict[str, int] = {}
+        self.metrics_ports = BoundPorts(self.procs)
 
     def start(self, name: str, role: str, **extra: str) -> subprocess.Popen:
-        port = free_port()
-        env = {**self.env, "DMLC_ROLE": role, "LIVEVEC_METRICS_PORT": str(port), **extra}
-        log = open(self.tmp / f"{name}.log", "ab")
+        env = {**self.env, "DMLC_ROLE": role, "LIVEVEC_METRICS_PORT": "0", **extra}
+        path = self.tmp / f"{name}.log"
+        log = open(path, "ab")
+        self.metrics_ports.started(name, path, log.tell())
         proc = subprocess.Popen([sys.executable, "-m", "online.cli", role], env=env, cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
-        self.metrics_ports[name] = port
         return proc
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -72,7 +119,11 @@ class Cluster:
 
     def metric(self, name: str, metric: str, **labels: str) -> float:
         """Sum of a metric's samples on a process's /metrics whose labels include ``labels`` (0 when absent)."""
-        url = f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
+        port = self.metrics_ports.bound(name)
+        if port is None:   # not listening yet; a dead process is an error
+            self.assert_alive()
+            return 0.0
+        url = f"http://127.0.0.1:{port}/metrics"
         try:
             text = urllib.request.urlopen(url, timeout=5).read().decode()
         except OSError:   # not listening yet (still starting); a dead process is an error

@@ -206,7 +206,7 @@ def _config(argv, env):
 
 
 def test_the_kernel_setting():
-    assert _config([], {}).kernel == "pairs"
+    assert _config([], {}).kernel == "auto"
     assert _config([], {"LIVEVEC_KERNEL": "hogbatch"}).kernel == "hogbatch"
     assert _config(["--kernel", "pairs"], {"LIVEVEC_KERNEL": "hogbatch"}).kernel == "pairs"
     with pytest.raises(SettingError) as err:
@@ -224,3 +224,23 @@ def test_the_rate_without_livevec_eta_is_the_kernels(optimizer, kernel, eta, exp
     a rate the operator sets is used as it is, and SGD's is word2vec.c's for both."""
     trainer = Trainer(LearnerConfig(dim=8, optimizer=optimizer, kernel=kernel, eta=eta), inplace=True)
     assert trainer._eta() == pytest.approx(expected)
+
+
+def test_auto_trains_one_model_with_hogbatch():
+    """``livevec train`` is one model: auto is hogbatch, at hogbatch's rate."""
+    trainer = Trainer(LearnerConfig(dim=8), inplace=True)
+    assert trainer.kernel == "hogbatch" and trainer._kernel is train_hogbatch_rows
+    assert trainer._eta() == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("workers, choice, expected", [
+    (1, None, "hogbatch"), (2, None, "hogbatch"), (3, None, "pairs"), (8, None, "pairs"),
+    (8, "hogbatch", "hogbatch"), (1, "pairs", "pairs")])
+def test_a_worker_resolves_auto_by_the_clusters_workers(workers, choice, expected):
+    """Each worker may hold a replica of its own, and hogbatch's deltas combine worse than the pairs kernel's
+    across many replicas: auto is hogbatch for up to HOGBATCH_MAX_REPLICAS workers; a named kernel is kept."""
+    from online.cluster.worker import WorkerSettings
+    env = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091",
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(workers), "LIVEVEC_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+           "LIVEVEC_KAFKA_TOPICS": "t", **({"LIVEVEC_KERNEL": choice} if choice else {})}
+    assert WorkerSettings.from_args(None, env).learner.kernel == expected

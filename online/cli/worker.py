@@ -114,7 +114,7 @@ async def _main(settings: WorkerSettings, directory: str | None, stop: StopDeadl
     # exits 3 for Marathon to relaunch it, instead of holding its partitions while training nothing.
     kv.po.replaced_listeners.append(lambda _owner: loop.call_soon_threadsafe(_stop))
     log_event(log, "worker_ready", node_id=kv.po.node_id, pid=os.getpid(), topics=",".join(settings.stream.topics),
-              group=settings.stream.group)
+              group=settings.stream.group, kernel=settings.learner.kernel)
     try:
         await worker.run()
     finally:

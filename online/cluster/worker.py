@@ -47,7 +47,7 @@ from online.cluster.replica import REPLICA, SYNC, ReplicaStore
 from online.cluster.training_signal import TrainingSignal
 from online.cluster.worker_metrics import WorkerMetrics
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
-from online.learner.trainer import BatchStats, LearnerConfig, Trainer
+from online.learner.trainer import BatchStats, LearnerConfig, Trainer, kernel_for
 from online.stream.batches import Batch
 from online.stream.settings import STREAM, StreamSettings
 from ps_bridge.customer import RequestTimeout
@@ -151,6 +151,8 @@ class WorkerSettings:
         worker = WORKER.read(args, env)
         if not worker["sync_tokens"]:
             worker["sync_tokens"] = cls.default_sync_tokens(node.num_worker)
+        # Each worker may hold a replica of its own, so the cluster's workers bound its replicas.
+        learner["kernel"] = kernel_for(learner["kernel"], replicas=node.num_worker)
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
                    metrics_port=METRICS_PORT.read(args, env), **worker,
                    **SYNC.read(args, env), **REPLICA.read(args, env))

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from online.learner.embedding_shard import OPTIMIZERS
 from online.learner.tokenizers import TOKENIZERS
 from online.learner.tokenizers.cjk import LANGUAGES
-from online.learner.trainer import KERNELS, LearnerConfig
+from online.learner.trainer import HOGBATCH_MAX_REPLICAS, KERNEL_CHOICES, LearnerConfig
 from ps_bridge.settings import Setting, SettingError, SettingGroup
 
 MODEL = SettingGroup("model (the same on every role)", (
@@ -42,9 +42,12 @@ LEARNER = SettingGroup("learner", (
             help="SGD rate of the walk over a mini-batch before its push (0 = one step against the pulled rows)"),
     Setting("batch_words", "LIVEVEC_BATCH_WORDS", int, 10_000, minimum=1,
             help="most tokens in one mini-batch (one pull and one push on the pull/push path)"),
-    Setting("kernel", "LIVEVEC_KERNEL", default="pairs", choices=tuple(KERNELS),
+    Setting("kernel", "LIVEVEC_KERNEL", default="auto", choices=KERNEL_CHOICES,
             help="in-place training (livevec train, a worker's replica): pairs (word2vec.c's order, negatives per "
-                 "pair) or hogbatch (negatives shared by a centre word's window, each row stepped once a window)"),
+                 "pair), hogbatch (negatives shared by a centre word's window, each row stepped once a window; "
+                 "faster, and learns more as one model) or auto: hogbatch where at most "
+                 f"{HOGBATCH_MAX_REPLICAS} replicas exchange deltas (livevec train; up to {HOGBATCH_MAX_REPLICAS} "
+                 "DMLC_NUM_WORKER), else pairs"),
 ))
 
 # In process the optimizer runs once per (centre, context) pair, where row-wise AdaGrad is

@@ -59,6 +59,22 @@ KERNELS = {"pairs": train_inplace_rows, "hogbatch": train_hogbatch_rows}
 # 3 seeds, hogbatch at 0.1 learnt 16.60 %, at 0.2 22.84 %, pairs at 0.1 21.84 % (bench/README.md, session 23).
 # SGD's constant rate is word2vec.c's for both: a summed gradient already steps as far as its pairs would.
 KERNEL_ETA_SCALE = {"pairs": 1.0, "hogbatch": 2.0}
+# ``LIVEVEC_KERNEL=auto`` (the default) picks a kernel by how many replicas exchange deltas. As one model (``livevec
+# train``, workers sharing one host replica) hogbatch learns more and faster: one pass of wiki17m, 22.84 % against
+# 21.84 % (3 seeds), and 2.7x gensim's words per CPU-second against 1.9x. Across replicas its deltas combine worse
+# than the pairs kernel's: in the simulation on 10M tokens 8 replicas took it from 15.22 % to 11.36 %, while pairs
+# went from 12.61 % to 13.39 % (bench/README.md, sessions 24 and 26). So it trains where at most this many replicas
+# exchange deltas, and pairs where more do.
+HOGBATCH_MAX_REPLICAS = 2
+KERNEL_CHOICES = ("auto", *KERNELS)
+
+
+def kernel_for(choice: str, replicas: int) -> str:
+    """The in-place kernel that ``choice`` (``LIVEVEC_KERNEL``) means for a model trained as ``replicas`` replicas
+    that exchange deltas (1: one model)."""
+    if choice != "auto":
+        return choice
+    return "hogbatch" if replicas <= HOGBATCH_MAX_REPLICAS else "pairs"
 
 
 @dataclass
@@ -73,7 +89,7 @@ class LearnerConfig:
     vocab_capacity: int = 1_000_000
     noise_table_size: int = DEFAULT_TABLE_SIZE
     optimizer: str = "rowadagrad"       # "rowadagrad", "adagrad" (per coordinate) or "sgd" (comparisons)
-    kernel: str = "pairs"               # the in-place kernel: "pairs" (word2vec.c's order) or "hogbatch"
+    kernel: str = "auto"                # the in-place kernel: "pairs" (word2vec.c's order), "hogbatch" or "auto"
     eta: float | None = None            # None: 0.1 for the AdaGrads (0.2 with hogbatch), 0.025 for SGD
     adagrad_init: float = 1e-8          # initial accumulator (yskip: 1e-8)
     sgd_decay_words: int = 0            # SGD only: decay eta linearly to 0 over this many tokens (needs a corpus length)
@@ -93,8 +109,8 @@ class LearnerConfig:
             raise ValueError("sample must be >= 0")
         if self.optimizer not in ("adagrad", "rowadagrad", "sgd"):
             raise ValueError("optimizer must be adagrad, rowadagrad or sgd")
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}")
+        if self.kernel not in KERNEL_CHOICES:
+            raise ValueError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}")
         if self.eta is not None and self.eta <= 0:
             raise ValueError("eta must be > 0")
         if not 0 <= self.local_rate <= 1:
@@ -171,11 +187,13 @@ class Trainer:
         self._rng = np.random.default_rng(config.seed)
         self._lock = threading.Lock()
         self._local = threading.local()
+        # "auto" here is one model; a worker resolves it for its cluster first (``WorkerSettings``).
+        self.kernel = kernel_for(config.kernel, replicas=1)
         if self.shard is not None:
             self.eta = config.eta if config.eta is not None else self.shard.eta * (
-                1.0 if self.shard.optimizer == "sgd" else KERNEL_ETA_SCALE[config.kernel])
+                1.0 if self.shard.optimizer == "sgd" else KERNEL_ETA_SCALE[self.kernel])
             self._opt = {"adagrad": OPT_ADAGRAD, "rowadagrad": OPT_ROW_ADAGRAD, "sgd": OPT_SGD}[self.shard.optimizer]
-            self._kernel = KERNELS[config.kernel]
+            self._kernel = KERNELS[self.kernel]
             self.slot_in_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
             self.slot_out_row = np.full(config.vocab_capacity, -1, dtype=np.int64)
             # The noise table as output rows, ``slot_out_row[noise.active()]``, for the kernel (one load per
