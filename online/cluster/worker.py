@@ -151,8 +151,9 @@ class WorkerSettings:
         worker = WORKER.read(args, env)
         if not worker["sync_tokens"]:
             worker["sync_tokens"] = cls.default_sync_tokens(node.num_worker)
-        # Each worker may hold a replica of its own, so the cluster's workers bound its replicas.
-        learner["kernel"] = kernel_for(learner["kernel"], replicas=node.num_worker)
+        # Each worker may hold a replica of its own, so the cluster's workers bound its replicas; with elastic
+        # workers more may join.
+        learner["kernel"] = kernel_for(learner["kernel"], replicas=node.num_worker + node.elastic_workers)
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
                    metrics_port=METRICS_PORT.read(args, env), **worker,
                    **SYNC.read(args, env), **REPLICA.read(args, env))

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from online.learner.embedding_shard import OPTIMIZERS
 from online.learner.tokenizers import TOKENIZERS
 from online.learner.tokenizers.cjk import LANGUAGES
-from online.learner.trainer import HOGBATCH_MAX_REPLICAS, KERNEL_CHOICES, LearnerConfig
+from online.learner.trainer import KERNEL_CHOICES, LearnerConfig
 from ps_bridge.settings import Setting, SettingError, SettingGroup
 
 MODEL = SettingGroup("model (the same on every role)", (
@@ -45,9 +45,9 @@ LEARNER = SettingGroup("learner", (
     Setting("kernel", "LIVEVEC_KERNEL", default="auto", choices=KERNEL_CHOICES,
             help="in-place training (livevec train, a worker's replica): pairs (word2vec.c's order, negatives per "
                  "pair), hogbatch (negatives shared by a centre word's window, each row stepped once a window; "
-                 "faster, and learns more as one model) or auto: hogbatch where at most "
-                 f"{HOGBATCH_MAX_REPLICAS} replicas exchange deltas (livevec train; up to {HOGBATCH_MAX_REPLICAS} "
-                 "DMLC_NUM_WORKER), else pairs"),
+                 "faster, and learns more as one model, but its deltas combine worse across replicas) or auto: "
+                 "hogbatch where the model is surely one replica (livevec train; a worker with DMLC_NUM_WORKER "
+                 "1 and no elastic workers), else pairs"),
 ))
 
 # In process the optimizer runs once per (centre, context) pair, where row-wise AdaGrad is

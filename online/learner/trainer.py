@@ -60,12 +60,12 @@ KERNELS = {"pairs": train_inplace_rows, "hogbatch": train_hogbatch_rows}
 # SGD's constant rate is word2vec.c's for both: a summed gradient already steps as far as its pairs would.
 KERNEL_ETA_SCALE = {"pairs": 1.0, "hogbatch": 2.0}
 # ``LIVEVEC_KERNEL=auto`` (the default) picks a kernel by how many replicas exchange deltas. As one model (``livevec
-# train``, workers sharing one host replica) hogbatch learns more and faster: one pass of wiki17m, 22.84 % against
-# 21.84 % (3 seeds), and 2.7x gensim's words per CPU-second against 1.9x. Across replicas its deltas combine worse
-# than the pairs kernel's: in the simulation on 10M tokens 8 replicas took it from 15.22 % to 11.36 %, while pairs
-# went from 12.61 % to 13.39 % (bench/README.md, sessions 24 and 26). So it trains where at most this many replicas
-# exchange deltas, and pairs where more do.
-HOGBATCH_MAX_REPLICAS = 2
+# train``, or the workers of one host sharing its replica) hogbatch learns more and faster: one pass of wiki17m,
+# 22.84 % against 21.84 % (3 seeds), at 2.7x gensim's words per CPU-second against 1.9x. Across replicas its deltas
+# combine worse than the pairs kernel's: in the simulation on 10M tokens (bench/README.md, session 26) hogbatch went
+# from 15.22 % as one model to 12.75 % with 2 replicas, 12.03 % with 4 and 11.36 % with 8, while pairs went from
+# 12.61 % to 13.41, 12.78 and 13.39 %. So auto trains with hogbatch only where the replica is surely the only one.
+HOGBATCH_MAX_REPLICAS = 1
 KERNEL_CHOICES = ("auto", *KERNELS)
 
 
