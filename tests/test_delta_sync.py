@@ -127,6 +127,25 @@ def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_
     np.testing.assert_allclose(r1.vectors[rows1], expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("kernel, width", [("pairs", 4 + 2), ("hogbatch", 4 + 1)])
+def test_a_replica_sends_a_contraction_only_for_the_kernel_whose_deltas_merge_by_it(kernel, width):
+    """A pairs replica sends each row's contraction, and the servers merge its deltas by it; a hogbatch replica
+    sends none (dim + 1 floats per key: online.cluster.server), and the servers merge its deltas by alignment."""
+    from online.cluster.replica import MERGE_BY_CONTRACTION
+    r = ReplicaShard(4, seed=5)
+    r.tracks_contraction = MERGE_BY_CONTRACTION[kernel]
+    rows = r.rows_for(np.array([11, 12], dtype=np.uint64))
+    r.collect()
+    r.vectors[rows] += 1.0
+    r.add_contraction(rows, np.full(2, 0.5, np.float32))
+    r.mark_changed(rows)
+    _, deltas, _ = r.collect()
+    assert deltas.shape == (2, width)
+    np.testing.assert_allclose(deltas[:, :4], 1.0)
+    assert Trainer(LearnerConfig(dim=4, kernel=kernel), inplace=True)._curvature(r).shape[0] == \
+        (r.capacity if width == 6 else 0)   # the kernel measures the contraction only when it is sent
+
+
 def test_the_refresh_turn_reaches_every_held_row_while_the_replica_keeps_growing(monkeypatch):
     """Rows held but not trained here learn the others' work only through the refresh turn; with a
     vocabulary that grows between syncs the turn used to restart at the new rows and leave the old

@@ -233,15 +233,15 @@ def test_auto_trains_one_model_with_hogbatch():
     assert trainer._eta() == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize("workers, elastic, choice, expected", [
-    (1, "0", None, "hogbatch"), (1, "1", None, "pairs"), (2, "0", None, "pairs"), (8, "0", None, "pairs"),
-    (8, "1", "hogbatch", "hogbatch"), (1, "0", "pairs", "pairs")])
-def test_a_worker_trains_with_hogbatch_only_as_the_clusters_one_replica(workers, elastic, choice, expected):
-    """hogbatch's deltas combine worse than the pairs kernel's across replicas, so auto is hogbatch only for a
-    worker that is surely the only one (elastic workers may join); a named kernel is kept."""
+@pytest.mark.parametrize("workers, choice, expected", [
+    (1, None, "hogbatch"), (2, None, "hogbatch"), (3, None, "pairs"), (8, None, "pairs"),
+    (8, "hogbatch", "hogbatch"), (1, "pairs", "pairs")])
+def test_a_worker_resolves_auto_by_the_workers_its_cluster_declares(workers, choice, expected):
+    """hogbatch's deltas combine worse than the pairs kernel's across more than 2 replicas, so auto is hogbatch up
+    to HOGBATCH_MAX_REPLICAS declared workers; a named kernel is kept."""
     from online.cluster.worker import WorkerSettings
     env = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091",
-           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(workers), "LIVEVEC_ELASTIC_WORKERS": elastic,
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(workers), "LIVEVEC_ELASTIC_WORKERS": "1",
            "LIVEVEC_KAFKA_BOOTSTRAP": "127.0.0.1:9092", "LIVEVEC_KAFKA_TOPICS": "t",
            **({"LIVEVEC_KERNEL": choice} if choice else {})}
     assert WorkerSettings.from_args(None, env).learner.kernel == expected

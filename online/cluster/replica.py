@@ -209,6 +209,14 @@ class TrainableJournal:
         return np.sort(np.concatenate(self._keys))
 
 
+# Whether the servers combine the deltas a kernel made by their contraction (which the kernel then measures) or by
+# their alignment (``online.learner.concurrent_merge``). The contraction rule was chosen for the pairs kernel
+# (session 12, above). hogbatch's deltas combine better by alignment: in the simulation on 10M tokens, 2 replicas
+# learnt 14.17 % by alignment against 12.75 % by contraction, as well as two workers training one shared replica
+# (14.14 %; bench/README.md, session 26).
+MERGE_BY_CONTRACTION = {"pairs": True, "hogbatch": False}
+
+
 class ReplicaStore:
     """The trainer's ``ParamStore`` on a worker: a ``ReplicaShard`` trained in place, and ``sync``.
 
@@ -224,7 +232,7 @@ class ReplicaStore:
     def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
                  seed: int = 1, timeout: float = 30.0, registry: Registry | None = None,
                  refresh_share: float = REFRESH_SHARE.default, host_replica: str = "", host_rows: int = 0,
-                 prefetch_rows: int = 1_000_000):
+                 prefetch_rows: int = 1_000_000, kernel: str = "pairs"):
         registry = registry or Registry()
         self.worker = worker
         self.dim = int(dim)
@@ -234,6 +242,7 @@ class ReplicaStore:
                                             eta=eta, seed=seed)
         else:
             self.shard = ReplicaShard(dim, refresh_share, optimizer=optimizer, eta=eta, seed=seed)
+        self.shard.tracks_contraction = MERGE_BY_CONTRACTION[kernel]
         self.on_totals = None
         self.on_trainable = None   # (every key the cluster trains, sorted; the ones new here)
         self.prefetch_rows = int(prefetch_rows)   # rows held at most when the cluster's new words are taken in

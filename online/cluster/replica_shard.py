@@ -31,7 +31,8 @@ class ReplicaShard(EmbeddingShard):
     """An ``EmbeddingShard`` that also keeps the servers' last confirmed value of every row."""
 
     REFRESH_MIN = 256     # idle rows a sync refreshes at least: every held row within rows / that syncs
-    tracks_contraction = True   # the trainer's kernel measures each row's contraction for ``collect``
+    tracks_contraction = True   # the trainer's kernel measures each row's contraction, and ``collect`` sends it
+                                # (False: the servers merge these deltas by their alignment)
     shared = False        # one replica for several processes (``online.cluster.host_replica``)
     group = 0             # the id servers merge this replica's deltas under (0: the sending node's)
     rows_refused = 0      # keys a full replica had no room for (only a shared one cannot grow)
@@ -214,7 +215,7 @@ class ReplicaShard(EmbeddingShard):
             keys = self.row_keys[rows]
             order = np.argsort(keys)
             rows, keys = rows[order], keys[order]
-            out = np.empty((len(rows), self.dim + 2), dtype=np.float32)
+            out = np.empty((len(rows), self.dim + (2 if self.tracks_contraction else 1)), dtype=np.float32)
             take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction, rows, out)
             return keys, out, ~self.confirmed[rows]
 

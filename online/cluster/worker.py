@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -142,6 +142,12 @@ class WorkerSettings:
     report_interval: float = 2.0
     metrics_port: int | None = None
 
+    def __post_init__(self):
+        # LIVEVEC_KERNEL=auto for this cluster: each worker may hold a replica of its own, so the workers it declares
+        # bound its replicas (as they set the sync interval; elastic workers and front ends beyond them are not
+        # counted).
+        self.learner = replace(self.learner, kernel=kernel_for(self.learner.kernel, self.node.num_worker))
+
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> "WorkerSettings":
         env = os.environ if env is None else env
@@ -151,9 +157,6 @@ class WorkerSettings:
         worker = WORKER.read(args, env)
         if not worker["sync_tokens"]:
             worker["sync_tokens"] = cls.default_sync_tokens(node.num_worker)
-        # Each worker may hold a replica of its own, so the cluster's workers bound its replicas; with elastic
-        # workers more may join.
-        learner["kernel"] = kernel_for(learner["kernel"], replicas=node.num_worker + node.elastic_workers)
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
                    metrics_port=METRICS_PORT.read(args, env), **worker,
                    **SYNC.read(args, env), **REPLICA.read(args, env))
@@ -236,7 +239,7 @@ class StreamingWorker:
                                         refresh_share=settings.refresh_share,
                                         host_replica=self._host_replica_path(settings),
                                         host_rows=settings.host_replica_rows or 2 * cfg.vocab_capacity,
-                                        prefetch_rows=cfg.vocab_capacity)
+                                        prefetch_rows=cfg.vocab_capacity, kernel=cfg.kernel)
             self.trainer = Trainer(cfg, self.replica)
             self.replica.on_totals = self.trainer.apply_cluster_counts
             self.replica.on_trainable = self.trainer.learn_cluster_trainable

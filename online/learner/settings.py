@@ -46,8 +46,7 @@ LEARNER = SettingGroup("learner", (
             help="in-place training (livevec train, a worker's replica): pairs (word2vec.c's order, negatives per "
                  "pair), hogbatch (negatives shared by a centre word's window, each row stepped once a window; "
                  "faster, and learns more as one model, but its deltas combine worse across replicas) or auto: "
-                 "hogbatch where the model is surely one replica (livevec train; a worker with DMLC_NUM_WORKER "
-                 "1 and no elastic workers), else pairs"),
+                 "hogbatch as one model (livevec train) and for up to 2 replicas (DMLC_NUM_WORKER <= 2), else pairs"),
 ))
 
 # In process the optimizer runs once per (centre, context) pair, where row-wise AdaGrad is

@@ -61,11 +61,11 @@ KERNELS = {"pairs": train_inplace_rows, "hogbatch": train_hogbatch_rows}
 KERNEL_ETA_SCALE = {"pairs": 1.0, "hogbatch": 2.0}
 # ``LIVEVEC_KERNEL=auto`` (the default) picks a kernel by how many replicas exchange deltas. As one model (``livevec
 # train``, or the workers of one host sharing its replica) hogbatch learns more and faster: one pass of wiki17m,
-# 22.84 % against 21.84 % (3 seeds), at 2.7x gensim's words per CPU-second against 1.9x. Across replicas its deltas
-# combine worse than the pairs kernel's: in the simulation on 10M tokens (bench/README.md, session 26) hogbatch went
-# from 15.22 % as one model to 12.75 % with 2 replicas, 12.03 % with 4 and 11.36 % with 8, while pairs went from
-# 12.61 % to 13.41, 12.78 and 13.39 %. So auto trains with hogbatch only where the replica is surely the only one.
-HOGBATCH_MAX_REPLICAS = 1
+# 22.84 % against 21.84 % (3 seeds), at 2.7x gensim's words per CPU-second against 1.9x. Across replicas it is
+# better up to 2 and worse beyond. In the simulation on 10M tokens (bench/README.md, session 26), one model: hogbatch
+# 15.22 %, pairs 12.61 %; 2 replicas: hogbatch 14.17 % (its deltas merged by alignment, ``online.cluster.replica``),
+# pairs 13.41 %; 4: 12.03 % against 12.78 %; 8: 11.36 % against 13.39 %.
+HOGBATCH_MAX_REPLICAS = 2
 KERNEL_CHOICES = ("auto", *KERNELS)
 
 
