@@ -108,6 +108,64 @@ def _prefetch_window(syn0, syn1, acc0, acc1, in_rows, targets, buf, nt, nj0, nj1
         _prefetch_with_acc(syn0, acc0, in_rows[j], optimizer)
 
 
+@njit(inline="always")
+def _dots_of(mat, i, other, rows, k, out, o):
+    """out[o, k] = mat[i] . other[rows[k]] and out[o, k + 1] = mat[i] . other[rows[k + 1]], in one pass over
+    mat[i]: two rows a pass halve the loads of the row they share and the loop's fixed cost (the block's
+    passes are short, d = 100, and L1-resident; measured in a window alone: 1.25 -> 0.77 us at m = 6)."""
+    a = mat[i]
+    b0 = other[rows[k]]
+    b1 = other[rows[k + 1]]
+    f0 = _ZERO32
+    f1 = _ZERO32
+    for d in range(a.shape[0]):
+        x = a[d]
+        f0 += x * b0[d]
+        f1 += x * b1[d]
+    out[o, k] = f0
+    out[o, k + 1] = f1
+
+
+@njit(inline="always")
+def _dot_of(mat, i, other, r):
+    a = mat[i]
+    b = other[r]
+    f = _ZERO32
+    for d in range(a.shape[0]):
+        f += a[d] * b[d]
+    return f
+
+
+@njit(inline="always")
+def _weighted_rows(out, mat, rows, weights, n):
+    """out = sum_k weights[k] mat[rows[k]] for k < n (n >= 1), two rows a pass."""
+    r0 = mat[rows[0]]
+    w0 = weights[0]
+    if n > 1:
+        r1 = mat[rows[1]]
+        w1 = weights[1]
+        for d in range(out.shape[0]):
+            out[d] = w0 * r0[d] + w1 * r1[d]
+        k = 2
+    else:
+        for d in range(out.shape[0]):
+            out[d] = w0 * r0[d]
+        k = 1
+    while k + 1 < n:
+        r0 = mat[rows[k]]
+        r1 = mat[rows[k + 1]]
+        w0 = weights[k]
+        w1 = weights[k + 1]
+        for d in range(out.shape[0]):
+            out[d] += w0 * r0[d] + w1 * r1[d]
+        k += 2
+    if k < n:
+        r0 = mat[rows[k]]
+        w0 = weights[k]
+        for d in range(out.shape[0]):
+            out[d] += w0 * r0[d]
+
+
 @njit(nogil=True, fastmath=True, cache=True)
 def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
                         window, negative, eta, optimizer, seed, touched, curv, loss):
@@ -117,9 +175,10 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
     replace the other). Per window, three passes over a block small enough to stay in L1 (m <= 2 window
     context rows, 1 + N target rows, 400 B each at d=100):
 
-    1. for each context j, f_jt for every target t from the old rows, s(f_jt) kept, and the context's
-       gradient sum_t g_jt v_t (old v_t) into a buffer: a target row comes from memory for j = 1 only;
-    2. for each target t, sum_j g_jt u_j (old u_j: the contexts have not moved), then its one step;
+    1. for each context j, f_jt for every target t from the old rows (two targets a pass), g_jt kept, and the
+       context's gradient sum_t g_jt v_t (old v_t) into a buffer: a target row comes from memory for j = 1 only;
+    2. for each target t, sum_j g_jt u_j (old u_j: the contexts have not moved; two contexts a pass), then its
+       one step;
     3. each context's one step along its buffered gradient.
 
     ``curv`` (length 0: off) gets, for a target row, rate * sum_j s'(f_jt) |u_j|^2 and, for a context row,
@@ -132,7 +191,9 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
     max_t = negative + 1
     targets = np.empty((2, max_t), dtype=np.int64)         # [buffer, target]: the centre's row, the negatives
     ctx = np.empty(max_ctx, dtype=np.int64)
-    sig = np.empty((max_ctx, max_t), dtype=np.float32)     # s(f_jt)
+    sig = np.empty((max_ctx, max_t), dtype=np.float32)     # f_jt, then s(f_jt)
+    gct = np.empty((max_ctx, max_t), dtype=np.float32)     # g_jt, by context
+    gtc = np.empty((max_t, max_ctx), dtype=np.float32)     # g_jt, by target
     grad_in = np.empty((max_ctx, dim), dtype=np.float32)   # sum_t g_jt v_t per context
     grad_out = np.empty(dim, dtype=np.float32)              # sum_j g_jt u_j for the target at hand
     uu = np.zeros(max_ctx, dtype=np.float32)                # |u_j|^2 and |v_t|^2: the contraction only
@@ -180,43 +241,31 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
                         a += syn1[r, d] * syn1[r, d]
                     vv[t] = a
             # 1. the block of f's from the old rows; each context's gradient against the old targets
+            tg = targets[cur]
             for c in range(m):
                 l1 = ctx[c]
                 if track:
-                    a = _ZERO32
-                    for d in range(dim):
-                        a += syn0[l1, d] * syn0[l1, d]
-                    uu[c] = a
+                    uu[c] = _dot_of(syn0, l1, syn0, l1)
+                t = 0
+                while t + 1 < nt:
+                    _dots_of(syn0, l1, syn1, tg, t, sig, c)
+                    t += 2
+                if t < nt:
+                    sig[c, t] = _dot_of(syn0, l1, syn1, tg[t])
                 for t in range(nt):
-                    r = targets[cur, t]
-                    f = _ZERO32
-                    for d in range(dim):
-                        f += syn0[l1, d] * syn1[r, d]
+                    f = sig[c, t]
                     sg = _sigmoid32(f)
                     sig[c, t] = sg
-                    label = _ONE32 if t == 0 else _ZERO32
-                    g = label - sg
+                    g = (_ONE32 if t == 0 else _ZERO32) - sg
+                    gct[c, t] = g
+                    gtc[t, c] = g
                     if sample:
                         loss[0] += _pair_loss(f, 1.0 if t == 0 else 0.0)
-                    if t == 0:
-                        for d in range(dim):
-                            grad_in[c, d] = g * syn1[r, d]
-                    else:
-                        for d in range(dim):
-                            grad_in[c, d] += g * syn1[r, d]
+                _weighted_rows(grad_in[c], syn1, tg, gct[c], nt)
             # 2. each target's one step along sum_j g_jt u_j (the contexts' old rows)
             for t in range(nt):
-                r = targets[cur, t]
-                label = _ONE32 if t == 0 else _ZERO32
-                for c in range(m):
-                    l1 = ctx[c]
-                    g = label - sig[c, t]
-                    if c == 0:
-                        for d in range(dim):
-                            grad_out[d] = g * syn0[l1, d]
-                    else:
-                        for d in range(dim):
-                            grad_out[d] += g * syn0[l1, d]
+                r = tg[t]
+                _weighted_rows(grad_out, syn0, ctx, gtc[t], m)
                 rate = _update_input(syn1, acc1, r, grad_out, eta32, inv_dim, optimizer)
                 touched[r] = 1
                 if track:
