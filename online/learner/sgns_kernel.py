@@ -467,8 +467,9 @@ def patched_noise_rows(noise_rows, noise_slots, changed_slots, slot_out_row):
     rows = np.asarray(slot_out_row)[changed_slots]
     if len(rows) and noise_rows.dtype == np.int32 and rows.max() >= np.iinfo(np.int32).max:
         return noise_rows_of(noise_slots, slot_out_row)
-    lo = np.searchsorted(noise_slots, changed_slots, side="left")
-    lengths = np.searchsorted(noise_slots, changed_slots, side="right") - lo
+    wanted = changed_slots.astype(noise_slots.dtype, copy=False)   # a mixed search converts the whole table
+    lo = np.searchsorted(noise_slots, wanted, side="left")
+    lengths = np.searchsorted(noise_slots, wanted, side="right") - lo
     out = noise_rows.copy()
     total = int(lengths.sum())
     if total:

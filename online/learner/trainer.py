@@ -347,7 +347,8 @@ class Trainer:
         if len(slots) and len(table):
             # the table is in slot order (``noise._layout``): a binary search tells who is in it. If it was
             # laid out again since the rows were mapped, the next batch maps it in full and drops the queue.
-            at = np.minimum(np.searchsorted(table, slots), len(table) - 1)
+            # (slots in the table's dtype: a mixed search would convert the whole table, 0.08 ms a call)
+            at = np.minimum(np.searchsorted(table, slots.astype(table.dtype, copy=False)), len(table) - 1)
             in_table = slots[table[at] == slots]
             if len(in_table):
                 self._noise_dirty.append(in_table)
