@@ -328,3 +328,26 @@ def test_a_worker_trained_with_an_absurd_learning_rate_fires_the_alert(tmp_path,
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr + path.read_text()
+
+
+
+def test_the_windows_running_loss_equals_the_sum_over_its_batches(monkeypatch):
+    """The window's sums are kept as batches come and go (not summed afresh per batch); they must equal a fresh
+    sum over what is in the window, with a non-finite batch while it is in it and after it left."""
+    import online.cluster.training_signal as ts
+    clock = [1000.0]
+    monkeypatch.setattr(ts.time, "monotonic", lambda: clock[0])
+    signal = TrainingSignal(Registry(), vocab=None, window=10.0)
+    losses = [0.25 * (i % 17) for i in range(6000)]
+    losses[3000] = math.inf
+    for i, loss in enumerate(losses):
+        clock[0] += 0.01                      # 1,000 batches in the window at a time
+        signal.record(SimpleNamespace(loss_sampled=loss, loss_pairs=1 + i % 5))
+        if i in (2999, 3500, 5999):
+            kept = list(signal._batches)
+            mean, pairs, nonfinite = signal._window_loss()
+            assert pairs == sum(n for _, _, n in kept) and nonfinite == (i == 3500)
+            if i == 3500:
+                assert math.isinf(mean)
+            else:
+                assert mean == pytest.approx(sum(x for _, x, _ in kept) / pairs, rel=1e-12)

@@ -111,6 +111,12 @@ class TrainingSignal:
         self.window, self.words = window, words
         self._lock = threading.Lock()
         self._batches: collections.deque = collections.deque()   # (monotonic time, loss, pairs), finite or not
+        # The window's sums, kept as batches come and go: summed afresh per batch they cost the event loop
+        # O(batches in the window) each time, thousands of them at tens of batches a second.
+        self._finite_loss = 0.0
+        self._pairs = 0
+        self._nonfinite = 0
+        self._recorded = 0
         self.hot: dict[str, Any] | None = None
         self._above_bound = False
         r = registry
@@ -141,6 +147,10 @@ class TrainingSignal:
             self.m_pairs.inc(pairs)
         with self._lock:
             self._batches.append((time.monotonic(), loss, pairs))
+            self._count(loss, pairs, 1)
+            self._recorded += 1
+            if self._recorded % 4096 == 0:   # the running sum's rounding, reset now and then
+                self._finite_loss = math.fsum(x for _, x, _ in self._batches if math.isfinite(x))
             self._prune()
             mean, _, _ = self._window_loss()
         self.m_loss.set(_finite_or_inf(mean))
@@ -149,13 +159,25 @@ class TrainingSignal:
         """Drop batches older than the window, keeping the last one (the gauge keeps the latest loss)."""
         horizon = time.monotonic() - self.window
         while len(self._batches) > 1 and self._batches[0][0] < horizon:
-            self._batches.popleft()
+            _, loss, pairs = self._batches.popleft()
+            self._count(loss, pairs, -1)
+        if not self._batches:
+            self._finite_loss = 0.0
+
+    def _count(self, loss: float, pairs: int, sign: int) -> None:
+        self._pairs += sign * pairs
+        if math.isfinite(loss):
+            self._finite_loss += sign * loss
+        else:
+            self._nonfinite += sign
 
     def _window_loss(self) -> tuple[float, int, int]:
-        """(mean loss per pair, pairs, non-finite batches) over the window; NaN mean with nothing in it."""
-        total = sum(loss for _, loss, _ in self._batches)
-        pairs = sum(n for _, _, n in self._batches)
-        nonfinite = sum(1 for _, loss, _ in self._batches if not math.isfinite(loss))
+        """(mean loss per pair, pairs, non-finite batches) over the window; NaN mean with nothing in it, and
+        the non-finite losses' own sum (inf or NaN) while one is in it."""
+        pairs, nonfinite = self._pairs, self._nonfinite
+        total = self._finite_loss
+        if nonfinite:
+            total = sum(loss for _, loss, _ in self._batches)
         return (total / pairs if pairs else math.nan), pairs, nonfinite
 
     # ------------------------------------------------------------------ the hot rows
