@@ -46,7 +46,8 @@ LEARNER = SettingGroup("learner", (
             help="in-place training (livevec train, a worker's replica): pairs (word2vec.c's order, negatives per "
                  "pair), hogbatch (negatives shared by a centre word's window, each row stepped once a window; "
                  "faster, and learns more as one model, but its deltas combine worse across replicas) or auto: "
-                 "hogbatch as one model (livevec train) and for up to 2 replicas (DMLC_NUM_WORKER <= 2), else pairs"),
+                 "hogbatch as one model (livevec train) and where the cluster declares at most 2 workers, else "
+                 "pairs"),
 ))
 
 # In process the optimizer runs once per (centre, context) pair, where row-wise AdaGrad is
