@@ -161,8 +161,6 @@ class TrainingSignal:
         while len(self._batches) > 1 and self._batches[0][0] < horizon:
             _, loss, pairs = self._batches.popleft()
             self._count(loss, pairs, -1)
-        if not self._batches:
-            self._finite_loss = 0.0
 
     def _count(self, loss: float, pairs: int, sign: int) -> None:
         self._pairs += sign * pairs

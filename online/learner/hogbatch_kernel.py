@@ -233,15 +233,11 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
         if m > 0:
             sample = sample_loss and (windows & 31) == 0
             windows += 1
+            tg = targets[cur]
             if track:
                 for t in range(nt):
-                    r = targets[cur, t]
-                    a = _ZERO32
-                    for d in range(dim):
-                        a += syn1[r, d] * syn1[r, d]
-                    vv[t] = a
+                    vv[t] = _dot_of(syn1, tg[t], syn1, tg[t])
             # 1. the block of f's from the old rows; each context's gradient against the old targets
-            tg = targets[cur]
             for c in range(m):
                 l1 = ctx[c]
                 if track:
