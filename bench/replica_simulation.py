@@ -109,8 +109,7 @@ class SimulatedReplica:
             return
         created = self.shard.take_created()
         if self.fetch_new_rows and len(created):   # the cluster's values of rows new here, before they are trained
-            vectors, acc = self.server.read_rows(created)
-            self.shard.adopt(created, np.hstack([vectors, acc[:, None]]))
+            self.shard.adopt(created, self.server.read_rows(created))
             self.rows_sent += len(created)
         if self.stale_refresh:   # the rows the servers changed since the last sync, refreshed by this one
             self.seen_version, changed = self.server.changed_keys_since(self.seen_version, asker=self.node_id)
@@ -120,10 +119,10 @@ class SimulatedReplica:
         answers = []
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
             dim = self.dim
-            vectors, acc = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
-                                                  sender=self.node_id, now=now,
-                                                  contraction=deltas[pick, dim + 1] if self.contraction else None)
-            answers.append((keys[pick], np.hstack([vectors, acc[:, None]])))
+            merged = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
+                                            sender=self.node_id, now=now,
+                                            contraction=deltas[pick, dim + 1] if self.contraction else None)
+            answers.append((keys[pick], merged))
         if self.lag:   # the answer arrives while the next interval trains (``simulate`` applies it)
             self.apply_pending()
             self.pending = answers
@@ -153,9 +152,8 @@ class SimulatedReplica:
         take_deltas(shard.vectors, shard.accum, shard.base, shard.base_acc, shard.contraction, rows.astype(np.int64),
                     out)
         self.rows_sent += len(keys)
-        vectors, acc = self.server.add_deltas(keys, out[:, :dim], out[:, dim], fresh=False, sender=self.node_id,
-                                              now=now, contraction=out[:, dim + 1] if self.contraction else None)
-        shard.apply(keys, np.hstack([vectors, acc[:, None]]))
+        shard.apply(keys, self.server.add_deltas(keys, out[:, :dim], out[:, dim], fresh=False, sender=self.node_id,
+                                                 now=now, contraction=out[:, dim + 1] if self.contraction else None))
 
 
 def simulate_async(args, workers, batches, per_sync: int, server: EmbeddingShard) -> int:

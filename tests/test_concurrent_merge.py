@@ -134,8 +134,7 @@ def test_a_zero_delta_refresh_changes_and_stamps_nothing():
     before = shard.pull(keys).copy()
     shard.add_deltas(keys, np.zeros((2, 4), np.float32), np.zeros(2, np.float32), sender=11, now=0.1,
                      contraction=np.zeros(2, np.float32))
-    vectors, acc = shard.read_rows(keys)
-    np.testing.assert_array_equal(vectors, before)
+    np.testing.assert_array_equal(shard.read_rows(keys)[:, :4], before)
     assert shard.changed_keys_since(version)[1].tolist() == []
     shard.add_deltas(keys[:1], np.ones((1, 4), np.float32), np.zeros(1, np.float32), sender=11, now=0.2)
     assert shard.changed_keys_since(version)[1].tolist() == [5]

@@ -86,16 +86,42 @@ def test_deltas_from_two_workers_merge_on_the_shard():
     d1 = np.ones((2, 3), np.float32)
     d2 = np.full((2, 3), 2.0, np.float32)
     server.add_deltas(keys, d1, np.array([0.5, 0.5], np.float32))
-    vectors, acc = server.add_deltas(keys, d2, np.array([0.25, 0.25], np.float32))
+    merged = server.add_deltas(keys, d2, np.array([0.25, 0.25], np.float32))
+    vectors, acc = merged[:, :-1], merged[:, -1]
     np.testing.assert_allclose(vectors, start + 3.0, rtol=1e-6)
     np.testing.assert_allclose(acc, 0.75 + server.adagrad_init, rtol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", ["rowadagrad", "adagrad", "sgd"])
+def test_a_shards_answer_to_deltas_is_each_row_then_its_mean_accumulator(optimizer):
+    """The compiled passes (``online.learner.shard_passes``) against the plain reading: rows += deltas, every
+    accumulator column += its increment, the answer [values, mean accumulator], and only moved rows stamped."""
+    server = EmbeddingShard(5, optimizer=optimizer)
+    keys = np.array([3, 9, 4, 12], dtype=np.uint64)
+    before = server.pull(keys).copy()
+    acc0 = server.accum[server.rows_for(keys)].copy() if server.accum.shape[0] else None
+    rng = np.random.default_rng(1)
+    deltas = rng.standard_normal((4, 5)).astype(np.float32)
+    deltas[1] = 0.0                                               # a refresh: no change
+    acc = np.array([0.5, 0.0, 0.0, 2.0], np.float32)              # row 2 moves by its values only
+    version = server.version
+    answer = server.add_deltas(keys, deltas, acc)
+    assert answer.shape == (4, 6) and answer.dtype == np.float32
+    np.testing.assert_allclose(answer[:, :5], before + deltas, rtol=1e-6)
+    np.testing.assert_array_equal(server.pull(keys), answer[:, :5])
+    if acc0 is None:
+        assert not answer[:, 5].any()
+    else:
+        np.testing.assert_allclose(answer[:, 5], (acc0 + acc[:, None]).mean(axis=1), rtol=1e-6)
+    assert sorted(server.changed_keys_since(version)[1].tolist()) == [3, 4, 12]
+    np.testing.assert_array_equal(server.read_rows(keys), answer)
 
 
 def _sync_by_hand(replica: ReplicaShard, server: EmbeddingShard) -> None:
     keys, deltas, fresh = replica.collect()
     for pick in (~fresh, fresh):
-        vectors, acc = server.add_deltas(keys[pick], deltas[pick, :replica.dim], deltas[pick, replica.dim], fresh=pick is fresh)
-        replica.apply(keys[pick], np.hstack([vectors, acc[:, None]]))
+        merged = server.add_deltas(keys[pick], deltas[pick, :replica.dim], deltas[pick, replica.dim], fresh=pick is fresh)
+        replica.apply(keys[pick], merged)
 
 
 def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_during_a_sync():
@@ -117,8 +143,7 @@ def test_replicas_converge_to_the_sum_of_their_changes_and_keep_local_work_made_
     assert not fresh2.any()
     r2.vectors[rows2[0]] += 100.0          # trained while the pushpull is on the wire
     r2.mark_changed(rows2[:1])
-    vectors, acc = server.add_deltas(keys2, deltas2[:, :4], deltas2[:, 4])
-    r2.apply(keys2, np.hstack([vectors, acc[:, None]]))
+    r2.apply(keys2, server.add_deltas(keys2, deltas2[:, :4], deltas2[:, 4]))
     _sync_by_hand(r2, server)              # sends the +100 made during its first sync
     _sync_by_hand(r1, server)              # nothing changed in r1: its rows are refreshed with r2's work
     expected = init + np.array([[111.0], [11.0], [1.0]], np.float32)
@@ -499,8 +524,7 @@ def test_a_replica_refreshes_the_rows_the_servers_changed_before_it_trains_them_
     r2.mark_stale(changed)
     keys2, deltas2, _ = r2.collect()
     assert keys2.tolist() == keys[:3].tolist() and not deltas2[:, :4].any()   # a refresh: zero deltas
-    vectors, acc = server.read_rows(keys2)
-    r2.apply(keys2, np.hstack([vectors, acc[:, None]]))
+    r2.apply(keys2, server.read_rows(keys2))
     np.testing.assert_allclose(r2.vectors[rows2], target, rtol=1e-6)
 
 
@@ -521,11 +545,29 @@ def test_work_trained_on_new_rows_while_their_first_sync_is_in_flight_is_kept():
         ckeys, deltas, fresh = replica.collect()
         assert fresh.all()
         replica.vectors[rows] += 0.25                     # trained while the sync is in flight
-        vectors, acc = server.add_deltas(ckeys, deltas[:, :4], deltas[:, 4], fresh=True)
-        replica.apply(ckeys, np.hstack([vectors, acc[:, None]]))
-        np.testing.assert_allclose(replica.vectors[rows], vectors + 0.25, rtol=1e-6)
+        merged = server.add_deltas(ckeys, deltas[:, :4], deltas[:, 4], fresh=True)
+        replica.apply(ckeys, merged)
+        np.testing.assert_allclose(replica.vectors[rows], merged[:, :4] + 0.25, rtol=1e-6)
         expected_server = server.pull(keys) if servers_row_moved else None
         if not servers_row_moved:                         # the fresh delta was taken: init + 0.5
-            np.testing.assert_allclose(vectors, ReplicaShard(4, seed=5).pull(keys) + 0.5, rtol=1e-6)
+            np.testing.assert_allclose(merged[:, :4], ReplicaShard(4, seed=5).pull(keys) + 0.5, rtol=1e-6)
         else:
             assert expected_server is not None and server.fresh_dropped == 2
+
+
+def test_the_trainable_journal_lists_what_is_new_and_keeps_every_key_sorted():
+    """Per server: the keys new to this worker, the rest remembered; ``known`` is sorted across servers whose key
+    ranges do not follow their ranks; a new generation lists everything again."""
+    from online.cluster.replica import TrainableJournal
+    j = TrainableJournal(2)
+    high, low = np.array([900, 950, 901], np.uint64), np.array([5, 3], np.uint64)
+    assert j.answer(0, (1, 3, high)).tolist() == [900, 901, 950]
+    assert j.answer(1, (1, 2, low)).tolist() == [3, 5]
+    assert j.known().tolist() == [3, 5, 900, 901, 950] and j.changed
+    j.changed = False
+    assert j.answer(0, (1, 5, np.array([950, 920, 900], np.uint64))).tolist() == [920]
+    assert j.known().tolist() == [3, 5, 900, 901, 920, 950]
+    assert j.answer(1, (1, 2, np.zeros(0, np.uint64))).tolist() == []
+    j.changed = False
+    assert j.answer(1, (2, 1, np.array([4], np.uint64))).tolist() == [4]   # a new log: it is everything now
+    assert j.known().tolist() == [4, 900, 901, 920, 950] and j.changed

@@ -50,6 +50,19 @@ def _in_another_process(target, *args):
         assert proc.exitcode == 0
 
 
+def _count_members(path, queue):
+    queue.put(_shard(path).members())
+
+
+def test_a_shared_replica_counts_the_processes_attached_to_it(segment_path):
+    """The sync interval is a replica's, split over the processes that train it (``online.cluster.sync_interval``),
+    so the count follows processes that attach and exit."""
+    here = _shard(segment_path)
+    assert here.members() == 1
+    assert _in_another_process(_count_members, segment_path) == 2   # that process and this one
+    assert here.members() == 1                                        # it exited: its slot is free again
+
+
 @pytest.fixture
 def segment_path(tmp_path):
     path = f"/dev/shm/livevec-test-{tmp_path.name}"

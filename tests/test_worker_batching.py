@@ -6,7 +6,8 @@ import pytest
 
 from online.cluster import ps_commands as pc
 from online.cluster.replica import ReplicaStore
-from online.cluster.worker import WorkerSettings, mini_batches, records_per_batch
+from online.cluster.sync_interval import SyncInterval, default_sync_tokens, unsynced_bound
+from online.cluster.worker import mini_batches, records_per_batch
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -33,11 +34,11 @@ def test_a_record_longer_than_the_cap_is_a_mini_batch_of_its_own():
 def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
     """A sync carries whole batches, so a batch longer than LIVEVEC_SYNC_TOKENS would stretch every replica's
     share of a round to the batch (issue #26: 16 workers synced every 5,000 tokens instead of 625)."""
-    sync = WorkerSettings.default_sync_tokens(16)
+    sync = default_sync_tokens(16)
     assert sync == 625
     assert records_per_batch(500, 100.0, 10_000, sync) == 6          # 600 tokens, not 5,000
     assert records_per_batch(500, 100.0, 10_000) == 50               # no replica: batch_words / 2
-    assert records_per_batch(500, 100.0, 10_000, WorkerSettings.default_sync_tokens(2)) == 50   # 40,000: no cap
+    assert records_per_batch(500, 100.0, 10_000, default_sync_tokens(2)) == 50   # 40,000: no cap
     assert records_per_batch(500, 1000.0, 10_000, sync) == 1         # never empty
     assert records_per_batch(20, 1.0, 10_000, sync) == 20            # the stream's own cap still holds
     assert records_per_batch(500, 0.0, 10_000, sync) == 64           # records' size unknown yet
@@ -46,8 +47,24 @@ def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
 def test_many_replicas_train_at_most_half_an_interval_while_a_sync_is_in_flight():
     """A whole interval trained while a sync is in flight collapses 8 and 16 replicas in the simulation
     (issue #26, session 19); 2 - 4 replicas keep the looser bound."""
-    assert WorkerSettings.unsynced_bound(2) == WorkerSettings.unsynced_bound(4) == 2.0
-    assert WorkerSettings.unsynced_bound(8) == WorkerSettings.unsynced_bound(64) == 1.5
+    assert unsynced_bound(2) == unsynced_bound(4) == 2.0
+    assert unsynced_bound(8) == unsynced_bound(64) == 1.5
+
+
+def test_the_interval_is_a_replicas_not_a_process_s():
+    """Processes that share a host's replica train one replica: its interval is one replica's share of a round,
+    split over them (issue #30: 2 workers on one host's replica stood still a fifth of the time at 40,000 each)."""
+    assert default_sync_tokens(2, sharing=2) == 80_000          # one replica: 160,000, half each
+    assert default_sync_tokens(8, sharing=8) == 20_000          # one replica of 8 processes
+    assert default_sync_tokens(8, sharing=2) == 5_000           # 4 replicas: 10,000 each, 2 processes each
+    assert default_sync_tokens(3, sharing=2) == 20_000          # 2 replicas (one host short of a pair)
+    assert default_sync_tokens(64, sharing=1) == 100            # the floor
+    members = [1]
+    interval = SyncInterval(2, 0, members=lambda: members[0])
+    assert interval.tokens() == 40_000 and interval.limit() == 80_000
+    members[0], interval.RECOUNT = 2, 0.0                          # the host's second process attached
+    assert interval.tokens() == 80_000 and interval.limit() == 160_000
+    assert SyncInterval(2, 7_000, members=lambda: 2).tokens() == 7_000   # LIVEVEC_SYNC_TOKENS wins
 
 
 def test_a_sync_pulls_the_rows_it_only_refreshes_and_pushes_only_real_deltas():

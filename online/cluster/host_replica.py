@@ -307,6 +307,22 @@ class HostSegment:
             os.close(fd)   # (releases the lock if it was taken)
         return False
 
+    def members(self) -> int:
+        """Processes attached now (each holds its member slot's lock); opens the slots' files, so call it seldom."""
+        n = 0
+        for m in range(MAX_MEMBERS):
+            try:
+                fd = os.open(self._member_file(m), os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                n += 1
+            finally:
+                os.close(fd)
+        return n
+
     def detach(self) -> bool:
         """At exit: the last process of the host removes the data file (its memory goes with the last
         mapping), the member files and the side locks. Returns whether it did."""
@@ -456,6 +472,9 @@ class SharedReplicaShard(ReplicaShard):
 
     def sync_began(self) -> None:
         self._hdr[H_LAST_SYNC] = time.monotonic_ns()
+
+    def members(self) -> int:
+        return max(self.segment.members(), 1)
 
     def held_elsewhere(self) -> bool:
         """Whether a live process of the host holds syncs for a checkpoint (a holder that died is cleared:

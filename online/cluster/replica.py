@@ -46,7 +46,7 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   quality unless each replica's share of the round shrinks faster than 1 / k (8 replicas at 10,000 tokens each
   1.70 % / 0.431, at 2,500 2.49 % / 0.475; 16 at 5,000 1.39 % / 0.395, at 1,000 2.35 % / 0.397), so the default is
   now **160,000 / workers^2 tokens, at least 1,000** (250 since session 15, 100 since session 23;
-  ``WorkerSettings.default_sync_tokens``):
+  ``sync_interval.default_sync_tokens``):
   2 workers keep their 40,000, 8 replicas sync every 2,500 tokens and learnt 22.49 % / 0.585 (``bench/README.md``, session 13), within a
   point of one host's replica, at about 3x the bytes per token. Past 16 replicas the simulation still falls behind
   one model (32 replicas: 1.66 % at 625 tokens per sync, 1.68 % at 156; a hot tier synced after every batch recovers 8
@@ -73,7 +73,7 @@ tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
   16 processes on two cores was not the cause. And what a replica trains while a sync is in flight starts from
   rows without the round's merge: half an interval of it is harmless (``--lag 0.5``: 2.33 %), a whole one
   collapses 8 and 16 replicas (0.36 %, 0.01 %; 2 and 4 are unharmed), so with more than 4 workers a worker trains
-  no further once 1.5 intervals are unsynced (``WorkerSettings.unsynced_bound``; it was 2). 16 replicas still
+  no further once 1.5 intervals are unsynced (``sync_interval.unsynced_bound``; it was 2). 16 replicas still
   learn 1.2 - 2.4 points less than one host (21.20 - 22.42 % against 23.60 % in the same sitting; 22.42 % with
   the bound of 1.5).
 * **Session 20: a merge that knows each delta's base, built, measured and reverted.** Each row kept on the
@@ -135,6 +135,7 @@ from online.cluster.host_replica import SharedReplicaShard
 from online.cluster.replica_shard import ReplicaShard
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import word_rows
+from online.learner.shard_passes import nonzero_rows
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.metrics import Registry
 from ps_bridge.settings import Setting, SettingGroup
@@ -193,20 +194,26 @@ class TrainableJournal:
         """Take one server's reply; returns the keys new to this worker."""
         generation, position, keys = reply
         keys = np.unique(keys)
-        new = np.setdiff1d(keys, self._keys[rank], assume_unique=True)
+        known = self._keys[rank]
+        if len(known):   # a binary search per key answered (a set difference sorted everything known again)
+            at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+            new = keys[known[at] != keys]
+        else:
+            new = keys
         if generation != self._at[rank][0]:   # a new log (restart, rollback, churn): it lists everything
             self.changed |= len(keys) != len(self._keys[rank]) or len(new) > 0
             self._keys[rank] = keys
         elif len(new):                        # both sorted: an insert, not a sort of everything known
-            known = self._keys[rank]
             self._keys[rank] = np.insert(known, np.searchsorted(known, new), new)
         self.changed |= len(new) > 0
         self._at[rank] = (generation, position)
         return new
 
     def known(self) -> np.ndarray:
-        """Every key listed, sorted (the servers' key ranges are disjoint but not ordered by rank here)."""
-        return np.sort(np.concatenate(self._keys))
+        """Every key listed, sorted: the servers' key ranges are disjoint, so their sorted lists are laid end to end
+        in the order of their first keys (ranks need not follow the ranges)."""
+        parts = sorted((k for k in self._keys if len(k)), key=lambda k: int(k[0]))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 
 # Whether the servers combine the deltas a kernel made by their contraction (which the kernel then measures) or by
@@ -377,7 +384,7 @@ class ReplicaStore:
         answered for as ``CMD_DELTA`` pushpulls, rows created here since as ``CMD_DELTA_FRESH`` pushpulls, and
         rows only refreshed (nothing changed here: the delta is all zeros) as ``CMD_DELTA`` pulls (data None),
         which carry no zeros out."""
-        unchanged = ~fresh & ~np.any(deltas != 0, axis=1)
+        unchanged = ~fresh & ~nonzero_rows(deltas)
         parts = []
         for cmd, pick, pull in ((pc.CMD_DELTA, ~fresh & ~unchanged, False), (pc.CMD_DELTA_FRESH, fresh, False),
                                 (pc.CMD_DELTA, unchanged, True)):

@@ -129,6 +129,10 @@ class ReplicaShard(EmbeddingShard):
         """A checkpoint holds this process's syncs (and, shared, every sync of the host)."""
         self._held[self.member] = int(held)
 
+    def members(self) -> int:
+        """Processes that train this replica (a host's, when shared: ``online.cluster.sync_interval``)."""
+        return 1
+
     def held_elsewhere(self) -> bool:
         """Another process of the host holds syncs; never with a process's own replica."""
         return False

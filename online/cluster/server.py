@@ -96,11 +96,6 @@ class ServerSettings:
                    **SERVER_MODEL.read(args, env), **SYNC.read(args, env))
 
 
-def _rows_answer(keys: np.ndarray, vectors: np.ndarray, accum: np.ndarray) -> KVPairs:
-    """A replica's rows on the wire: per key its ``dim`` values, then its row-wise accumulator."""
-    return KVPairs(keys, np.hstack([vectors, accum[:, None]]).reshape(-1))
-
-
 @dataclass
 class _Counters:
     pulls: int = 0
@@ -171,12 +166,12 @@ class ShardService:
                     return
             elif req.cmd == pc.CMD_DELTA and req.pull and not req.push:
                 # a replica refreshing rows it did not change: the rows and their accumulators, nothing applied
-                vectors, accum = self.shard.read_rows(keys)
+                rows = self.shard.read_rows(keys)
                 self.c.pulls += 1
                 self.c.keys_pulled += n
                 self.m_requests["refresh"].inc()
                 self.m_keys_pulled.inc(n)
-                server.response(req, _rows_answer(keys, vectors, accum))
+                server.response(req, KVPairs(keys, rows.reshape(-1)))
                 return
             elif req.cmd in (pc.CMD_DELTA, pc.CMD_DELTA_FRESH) and req.push and req.pull:
                 # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
@@ -185,7 +180,7 @@ class ShardService:
                     raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} "
                                      f"(expected {dim} + 1 or {dim} + 2 per key)")
                 vals = data.vals.reshape(n, width)
-                vectors, accum = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
+                rows = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
                                                        fresh=req.cmd == pc.CMD_DELTA_FRESH,
                                                        sender=self.merge_groups.get(req.sender, req.sender),
                                                        contraction=vals[:, dim + 1] if width == dim + 2 else None)
@@ -193,7 +188,7 @@ class ShardService:
                 self.c.keys_pushed += n
                 self.m_requests["deltas"].inc()
                 self.m_keys_pushed.inc(n)
-                server.response(req, _rows_answer(keys, vectors, accum))
+                server.response(req, KVPairs(keys, rows.reshape(-1)))   # per key: its values, its accumulator
                 return
             elif req.cmd == pc.CMD_WORD_COUNTS and req.push and req.pull:
                 if len(data.vals) != n:

@@ -44,6 +44,7 @@ from online.cluster import ps_commands as pc
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.ps_param_store import PSParamStore
 from online.cluster.replica import REPLICA, SYNC, ReplicaStore
+from online.cluster.sync_interval import SyncInterval
 from online.cluster.training_signal import TrainingSignal
 from online.cluster.worker_metrics import WorkerMetrics
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
@@ -68,9 +69,10 @@ WORKER = SettingGroup("worker", (
             help="replica: train a local replica and sync deltas; pullpush: pull and push every mini-batch"),
     Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 0, minimum=0,
             help="replica: sync sooner once this many tokens were trained since the last sync, and train no "
-                 "further before a sync once 1.5 times as many are (2 with up to 4 workers; the replica's "
-                 "staleness, in tokens; a Kafka batch is no longer than this); 0: 160,000 / DMLC_NUM_WORKER^2, "
-                 "at least 100"),
+                 "further before a sync once 1.5 times as many are (2 with up to 4 replicas; the replica's "
+                 "staleness, in tokens; a Kafka batch is no longer than this); 0: 160,000 / replicas^2 per "
+                 "replica, at least 100, split over the processes sharing it (replicas: DMLC_NUM_WORKER / "
+                 "the processes sharing this one)"),
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
@@ -155,47 +157,9 @@ class WorkerSettings:
         stream = StreamSettings.from_args(args, env)
         learner = {**WORKER_MODEL.read(args, env), **LEARNER.read(args, env)}
         worker = WORKER.read(args, env)
-        if not worker["sync_tokens"]:
-            worker["sync_tokens"] = cls.default_sync_tokens(node.num_worker)
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
                    metrics_port=METRICS_PORT.read(args, env), **worker,
                    **SYNC.read(args, env), **REPLICA.read(args, env))
-
-    @classmethod
-    def default_sync_tokens(cls, workers: int) -> int:
-        """``LIVEVEC_SYNC_TOKENS`` 0: the tokens a replica trains between its syncs, ``SYNC_TOKENS_K / workers^2``.
-
-        Why the square: with k replicas, a round's k deltas of a hot row all start from the same value, and the
-        simulation loses quality as k grows unless each replica's share of the round shrinks faster than 1/k
-        (3M tokens; one model 2.92 % analogy / 0.377 WS353; 8 replicas at 10,000 tokens each 1.70 % / 0.431,
-        at 2,500 tokens 2.49 % / 0.475; 4 at 20,000 2.83 % / 0.476; bench/README.md, session 13). Two workers
-        keep the 40,000 of before, so the common deployment pays no more syncs; 8 pay about 3x the rows per
-        token, which is what the quality costs. The floor, 250 since session 15 (1,000 before): once replicas
-        fetch the rows of new words (``ReplicaStore._hold_new_words``), 32 replicas at 250 tokens come within
-        0.72 points of one model and 64 within 0.51, where the old floor left them 1.18 and 2.02 behind; and on
-        the real cluster 16 workers at 625 tokens learnt 20.91 % against 20.23 % at 1,000 (bench/README.md). 100
-        since session 23: on 10M tokens, once each worker's noise table takes the words the cluster trains, 64
-        replicas at 250 tokens learnt 10.28 % against one model's 12.61 %, at 100 tokens 12.34 % / 0.592 (WS353;
-        one model 0.538), at 330 rows synced per kept token against 211. The floor binds from 26 workers on.
-        The price is round trips: a worker trains at most 1.5 intervals ahead of its last answered sync
-        (``unsynced_bound``), so at 100 tokens a 1 ms round trip caps it near 150k tokens/s; where round trips are
-        longer, pack workers per host (``LIVEVEC_HOST_REPLICA``: one replica, fewer replicas)."""
-        k = max(int(workers), 1)
-        return max(cls.SYNC_TOKENS_MIN, cls.SYNC_TOKENS_K // (k * k))
-
-    SYNC_TOKENS_K = 160_000
-    SYNC_TOKENS_MIN = 100
-
-    @staticmethod
-    def unsynced_bound(workers: int) -> float:
-        """Trained tokens no sync has carried yet, at most, in ``LIVEVEC_SYNC_TOKENS``. A sync starts at one
-        interval unsynced, so this bounds what a replica trains while a sync is in flight, from rows that lack
-        the round's merge. In the simulation (``--lag``, bench/README.md, session 19) a whole interval trained
-        so is harmless to 2 and 4 replicas (2.85 % and 2.58 %, one model 2.92 %) and collapses 8 and 16 (0.36 %
-        and 0.01 %): every hot row's delta redoes the round's move; half an interval costs 16 nothing (2.33 %
-        against 2.32 %). So up to 4 workers keep 2 (a slow sync then holds training less), more get 1.5; slow
-        syncs (many replicas, slow links) are what reach it."""
-        return 2.0 if workers <= 4 else 1.5
 
 
 def mini_batches(texts: list[str], max_words: int):
@@ -260,7 +224,8 @@ class StreamingWorker:
         self.abandon = threading.Event()
         self.stop_deadline = None   # a ``StopDeadline`` (``online.cluster.stopping``): bounds the final sync
         self._inflight: collections.deque = collections.deque()
-        self._unsynced_limit = WorkerSettings.unsynced_bound(settings.node.num_worker) * settings.sync_tokens
+        self.interval = SyncInterval(settings.node.num_worker, settings.sync_tokens,
+                                     self.replica.shard.members if self.replica is not None else lambda: 1)
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
         self.extension = extension or WorkerExtension()
         self.extension.attach(self)
@@ -311,7 +276,7 @@ class StreamingWorker:
 
     def _records_per_batch(self) -> int:
         return records_per_batch(self.stream.batch_records, self._words_per_record, self.settings.batch_words,
-                                 self.settings.sync_tokens if self.replica is not None else 0)
+                                 self.interval.tokens() if self.replica is not None else 0)
 
     async def _finish_oldest(self) -> None:
         batch, task = self._inflight.popleft()
@@ -346,7 +311,7 @@ class StreamingWorker:
             self.replica.shard.batch_finished()
             self._awaiting_tokens += stats.tokens
             self.metrics.unsynced.set(self._awaiting_tokens)
-            if self._awaiting_tokens >= self.settings.sync_tokens:
+            if self._awaiting_tokens >= self.interval.tokens():
                 self._sync_soon.set()   # the sync loop runs it while the next batches train
             return
         await self._complete(batch, stats)
@@ -485,7 +450,9 @@ class StreamingWorker:
             if (self._awaiting or self.replica.has_pending()) and not self.abandon.is_set() \
                     and not self.paused.is_set():
                 try:
-                    await self.sync(paced=True)
+                    # Held by the bound, this process syncs itself: the host's next paced sync may be a whole
+                    # LIVEVEC_SYNC_MS away, and the process would stand still until then.
+                    await self.sync(paced=self._awaiting_tokens < self.interval.limit())
                 except Exception:
                     log.exception("sync failed")
 
@@ -502,7 +469,7 @@ class StreamingWorker:
                     await asyncio.sleep(0.05)
                     continue
                 self.idle.clear()
-                if self.replica is not None and self._awaiting_tokens >= self._unsynced_limit:
+                if self.replica is not None and self._awaiting_tokens >= self.interval.limit():
                     # The replica's staleness is bounded in tokens, not only in time: where syncs are slow (many
                     # replicas on few cores) training would otherwise run ahead, and every replica would walk its
                     # rows further from the cluster's between two merges (bench/README.md, session 12).

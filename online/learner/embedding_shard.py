@@ -50,6 +50,7 @@ from numba import njit
 from online.learner.concurrent_merge import ConcurrentMerge
 from online.learner.key_index import KeyIndex
 from online.learner.keys import OUTPUT_BIT, word_rows
+from online.learner.shard_passes import add_rows, answer_rows
 from online.learner.word_counts import WordCounts
 
 OPTIMIZERS = ("adagrad", "rowadagrad", "sgd")
@@ -321,9 +322,10 @@ class EmbeddingShard:
 
     def add_deltas(self, keys: np.ndarray, deltas: np.ndarray, accum_deltas: np.ndarray,
                    fresh: bool = False, sender: int = 0, now: float | None = None,
-                   contraction: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   contraction: np.ndarray | None = None) -> np.ndarray:
         """Add workers' row changes (float32 [n, dim]) and AdaGrad accumulator increments ([n]);
-        returns the merged (vectors [n, dim], accumulators [n]).
+        returns the merged rows as a sync's answer: float32 [n, dim + 1], each row's values and then its
+        row-wise accumulator (``online.learner.shard_passes``).
 
         The accumulator is the row-wise one (the mean squared gradient summed): with a
         per-coordinate AdaGrad shard the increment goes to every coordinate, which keeps the
@@ -352,28 +354,31 @@ class EmbeddingShard:
                 now = time.monotonic() if now is None else now   # (a simulation passes its own clock)
                 deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now, contraction)
                 accum_deltas = acc_inc[:, None]
-            self.vectors[rows] += deltas
-            if self.accum.shape[0]:
-                self.accum[rows] += accum_deltas
+            moved = np.empty(len(rows), dtype=np.bool_)
+            add_rows(self.vectors, self.accum, np.ascontiguousarray(rows, np.int64),
+                     np.ascontiguousarray(deltas, np.float32), np.ascontiguousarray(accum_deltas[:, 0], np.float32),
+                     moved)
             # Only rows that moved are stamped: a zero delta (a replica refreshing a row) is no change, and
             # stamped it would be listed as changed to every other replica, whose refreshes would stamp it again.
-            moved = rows[np.any(deltas != 0, axis=1) | (accum_deltas[:, 0] != 0)]
+            moved = rows[moved]
             if len(moved):
                 self._stamp(moved)
                 self._note_writer(moved, sender)
                 if fresh:   # still nothing but deltas from the initial value: later fresh ones add up too
                     self.row_born[moved] = self.version
-            rows = rows_all
-            acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
-            return self.vectors[rows], acc
+            return self._answer(rows_all)
 
-    def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(vectors [n, dim], row-wise accumulators [n]) of ``keys``, created at their initial value if absent,
-        changing nothing else: what a replica refreshing rows it did not train reads (``CMD_DELTA`` pulled)."""
+    def read_rows(self, keys: np.ndarray) -> np.ndarray:
+        """The rows of ``keys`` with their row-wise accumulators, in ``add_deltas``' answer layout ([n, dim + 1]),
+        created at their initial value if absent, changing nothing else: what a replica refreshing rows it did
+        not train reads (``CMD_DELTA`` pulled)."""
         with self._lock:
-            rows = self.rows_for(np.ascontiguousarray(keys, dtype=np.uint64), create=True)
-            acc = self.accum[rows].mean(axis=1) if self.accum.shape[0] else np.zeros(len(rows), dtype=np.float32)
-            return self.vectors[rows], acc
+            return self._answer(self.rows_for(np.ascontiguousarray(keys, dtype=np.uint64), create=True))
+
+    def _answer(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), self.dim + 1), dtype=np.float32)
+        answer_rows(self.vectors, self.accum, np.ascontiguousarray(rows, np.int64), out)
+        return out
 
     def count_words(self, keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
         """Add occurrence counts of words (distinct input keys) to the cluster's totals; returns the totals.

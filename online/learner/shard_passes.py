@@ -1,0 +1,67 @@
+"""A server shard's row passes for the replica exchange, compiled: add a sync's deltas, answer rows.
+
+Why compiled: a sync's rows arrive a few thousand at a time, about two rows per five tokens trained, and in
+numpy each request took six fancy-indexed temporaries: the rows gathered, the deltas added and scattered back,
+a boolean copy of the deltas to find the rows that moved, the rows and their accumulators gathered again and
+stacked into the answer. A server spent 0.8 µs of CPU per token trained on them (issue #30). One pass per row
+reads each value once and writes the answer in its wire layout.
+
+Layout (``online.learner.embedding_shard``): ``vectors`` [rows, dim] float32; ``accum`` the optimizer's
+accumulators, [rows, 1] (row-wise AdaGrad), [rows, dim] (AdaGrad) or [0, dim] (SGD: none). A wire row is
+``dim`` values, then the row's mean accumulator. Keys within one request are distinct, so no row repeats.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(nogil=True, cache=True)
+def add_rows(vectors, accum, rows, deltas, acc_deltas, moved):
+    """vectors[rows[i]] += deltas[i]; each accumulator column += acc_deltas[i]; ``moved[i]``: anything of the
+    two was non-zero (a zero delta is a replica refreshing a row, not a change to stamp)."""
+    dim = vectors.shape[1]
+    has_acc = accum.shape[0] > 0
+    width = accum.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        nonzero = 0
+        for d in range(dim):
+            x = deltas[i, d]
+            vectors[r, d] += x
+            nonzero |= x != 0
+        a = acc_deltas[i]
+        if has_acc:
+            for c in range(width):
+                accum[r, c] += a
+        moved[i] = nonzero != 0 or a != 0
+
+
+@njit(nogil=True, cache=True)
+def answer_rows(vectors, accum, rows, out):
+    """out[i] = (the row ``rows[i]``, its mean accumulator; 0 without one): the answer to a sync."""
+    dim = vectors.shape[1]
+    has_acc = accum.shape[0] > 0
+    width = accum.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for d in range(dim):
+            out[i, d] = vectors[r, d]
+        a = np.float32(0.0)
+        if has_acc:
+            for c in range(width):
+                a += accum[r, c]
+            a /= np.float32(width)
+        out[i, dim] = a
+
+
+@njit(nogil=True, cache=True)
+def nonzero_rows(values):
+    """Whether each row of ``values`` has a non-zero entry; stops at the first (a changed row's first value)."""
+    out = np.zeros(values.shape[0], dtype=np.bool_)
+    for i in range(values.shape[0]):
+        for d in range(values.shape[1]):
+            if values[i, d] != 0:
+                out[i] = True
+                break
+    return out
