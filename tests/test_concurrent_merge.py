@@ -78,6 +78,8 @@ def test_the_shard_merges_only_when_a_window_is_set_and_forgets_freed_rows():
     np.testing.assert_allclose(shard.pull(keys), start + 4.0, rtol=1e-6)     # no window: plain sum
     shard.merge_window = 1.0
     shard._merge.floor = 1.0
+    other = np.array([6], np.uint64)
+    shard.add_deltas(other, np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=W[5])   # not alone now
     before = shard.pull(keys).copy()
     for sender in W[:4]:
         shard.add_deltas(keys, np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=sender)
@@ -86,6 +88,22 @@ def test_the_shard_merges_only_when_a_window_is_set_and_forgets_freed_rows():
     again = shard.pull(keys).copy()
     shard.add_deltas(keys, np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=W[4])
     np.testing.assert_allclose(shard.pull(keys), again + 1.0, rtol=1e-6)     # a new row: a new round
+
+
+def test_a_sender_alone_adds_its_deltas_as_they_are_and_keeps_no_rounds():
+    """One sender within two windows (a host's shared replica, or a single worker): every round would hold one
+    delta, counted once, so the rounds' bookkeeping is skipped; a second sender brings it back."""
+    shard = EmbeddingShard(2, optimizer="rowadagrad")
+    shard.merge_window = 1.0
+    keys = np.array([5, 7], np.uint64)
+    start = shard.pull(keys).copy()
+    for t in (0.0, 0.1, 0.2):
+        shard.add_deltas(keys, np.ones((2, 2), np.float32), np.ones(2, np.float32), sender=W[0], now=t)
+    np.testing.assert_allclose(shard.pull(keys), start + 3.0, rtol=1e-6)
+    assert not np.isfinite(shard._merge.t0).any()                            # no round was opened
+    shard.add_deltas(keys[:1], np.ones((1, 2), np.float32), np.ones(1, np.float32), sender=W[1], now=0.3)
+    assert np.isfinite(shard._merge.t0).sum() == 1                           # two senders: rounds again
+    assert shard._merge.alone(W[0], 2.4) and not shard._merge.alone(W[1], 2.5)   # W[1] left, then came back
 
 
 def _round_with_contraction(merge, deltas, contraction, now=0.0):

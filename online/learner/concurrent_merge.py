@@ -162,6 +162,20 @@ class ConcurrentMerge:
         self.floor = float(floor)
         self.contraction_scale = float(contraction_scale)
         self._alloc(0)
+        self._last_seen: dict[int, float] = {}   # sender -> when its last delta arrived
+
+    def alone(self, sender: int, now: float) -> bool:
+        """No other sender's delta arrived within two windows, so every round of ``sender``'s rows holds this delta
+        alone, and either rule adds one delta exactly once: it is added as it is, without the rounds' bookkeeping
+        (a host's shared replica syncs as one sender: on 2 workers sharing one, the rounds were 30 % of a server's
+        CPU). When a second sender appears, its first deltas start rounds of their own rather than joining the
+        first sender's of the last window; from then on the rounds are kept again."""
+        self._last_seen[sender] = now
+        horizon = now - 2 * self.window
+        for other, seen in list(self._last_seen.items()):
+            if seen < horizon:
+                del self._last_seen[other]
+        return len(self._last_seen) == 1
 
     def _alloc(self, cap: int) -> None:
         old = getattr(self, "S", None)

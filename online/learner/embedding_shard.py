@@ -339,8 +339,8 @@ class EmbeddingShard:
         row, which the worker adopts). A row stays "at the initial value" while every delta it
         got was fresh (workers that discovered a new word at the same time all count); the
         first ordinary delta, a push or an assignment establishes it."""
-        deltas = np.ascontiguousarray(deltas, dtype=np.float32).reshape(len(keys), self.dim)
-        accum_deltas = np.asarray(accum_deltas, dtype=np.float32).reshape(len(keys), 1)
+        deltas = np.asarray(deltas, dtype=np.float32).reshape(len(keys), self.dim)   # (a view of the wire's rows)
+        accum_deltas = np.ascontiguousarray(accum_deltas, dtype=np.float32).reshape(len(keys))
         with self._lock:
             rows = self.rows_for(keys, create=True)
             rows_all = rows
@@ -352,12 +352,11 @@ class EmbeddingShard:
                     contraction = np.asarray(contraction)[keep]
             if self._merge is not None:
                 now = time.monotonic() if now is None else now   # (a simulation passes its own clock)
-                deltas, acc_inc = self._merge.combine(rows, deltas, accum_deltas, sender, now, contraction)
-                accum_deltas = acc_inc[:, None]
+                if not self._merge.alone(sender, now):
+                    deltas, accum_deltas = self._merge.combine(rows, deltas, accum_deltas, sender, now, contraction)
             moved = np.empty(len(rows), dtype=np.bool_)
-            add_rows(self.vectors, self.accum, np.ascontiguousarray(rows, np.int64),
-                     np.ascontiguousarray(deltas, np.float32), np.ascontiguousarray(accum_deltas[:, 0], np.float32),
-                     moved)
+            out = np.empty((0 if fresh else len(rows), self.dim + 1), dtype=np.float32)
+            add_rows(self.vectors, self.accum, np.ascontiguousarray(rows, np.int64), deltas, accum_deltas, moved, out)
             # Only rows that moved are stamped: a zero delta (a replica refreshing a row) is no change, and
             # stamped it would be listed as changed to every other replica, whose refreshes would stamp it again.
             moved = rows[moved]
@@ -366,7 +365,7 @@ class EmbeddingShard:
                 self._note_writer(moved, sender)
                 if fresh:   # still nothing but deltas from the initial value: later fresh ones add up too
                     self.row_born[moved] = self.version
-            return self._answer(rows_all)
+            return self._answer(rows_all) if fresh else out
 
     def read_rows(self, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` with their row-wise accumulators, in ``add_deltas``' answer layout ([n, dim + 1]),

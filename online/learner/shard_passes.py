@@ -17,23 +17,33 @@ from numba import njit
 
 
 @njit(nogil=True, cache=True)
-def add_rows(vectors, accum, rows, deltas, acc_deltas, moved):
+def add_rows(vectors, accum, rows, deltas, acc_deltas, moved, out):
     """vectors[rows[i]] += deltas[i]; each accumulator column += acc_deltas[i]; ``moved[i]``: anything of the
-    two was non-zero (a zero delta is a replica refreshing a row, not a change to stamp)."""
+    two was non-zero (a zero delta is a replica refreshing a row, not a change to stamp). With room in ``out``
+    (n rows, not 0), also the answer of ``answer_rows``, while the row is in cache."""
     dim = vectors.shape[1]
     has_acc = accum.shape[0] > 0
     width = accum.shape[1]
+    answer = out.shape[0] > 0
     for i in range(rows.shape[0]):
         r = rows[i]
         nonzero = 0
         for d in range(dim):
             x = deltas[i, d]
-            vectors[r, d] += x
+            v = vectors[r, d] + x
+            vectors[r, d] = v
             nonzero |= x != 0
+            if answer:
+                out[i, d] = v
         a = acc_deltas[i]
+        total = np.float32(0.0)
         if has_acc:
             for c in range(width):
                 accum[r, c] += a
+                total += accum[r, c]
+            total /= np.float32(width)
+        if answer:
+            out[i, dim] = total
         moved[i] = nonzero != 0 or a != 0
 
 
