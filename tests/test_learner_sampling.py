@@ -149,3 +149,25 @@ def test_a_word_the_cluster_trains_is_a_negative_from_its_first_local_count():
     common = trainer.vocab.counts[trainer.vocab.slot("common")]
     expected = 2 ** 0.75 / (2 ** 0.75 + common ** 0.75)               # its local count's weight
     assert abs(share - expected) < 0.01, (share, expected)
+
+
+def test_the_table_lays_out_exactly_the_words_of_positive_weight_as_they_join():
+    """The layout reads the slots in the table from a list kept as words join (not a scan of every slot's weight):
+    after any sequence of counts it is the layout of every positive weight, in slot order."""
+    from online.learner.noise import _layout
+    rng = np.random.default_rng(4)
+    table = NoiseTable(size=10_007, refresh=0.0)            # laid out after every change
+    counts = np.zeros(5_000, np.int64)
+    for _ in range(40):
+        slots = np.unique(rng.integers(0, 5_000, 300))
+        counts[slots] += rng.integers(1, 4, len(slots))
+        early = rng.random(len(slots)) < 0.1
+        table.add(slots, counts[slots], 5, early)
+        expected = np.empty(table.size, np.int32)
+        z = _layout(table._weights, np.flatnonzero(table._weights > 0), expected)
+        np.testing.assert_array_equal(table.active(), expected)
+        assert table.z == z
+    table.rebuild(np.arange(0, 5_000, 7), counts[::7] + 1)
+    expected = np.empty(table.size, np.int32)
+    _layout(table._weights, np.arange(0, 5_000, 7), expected)
+    np.testing.assert_array_equal(table.active(), expected)

@@ -56,23 +56,22 @@ DEFAULT_REFRESH = 0.005
 
 
 @njit(nogil=True, cache=True)
-def _layout(weights, n_slots, table):
-    """Systematic layout of the positive ``weights[:n_slots]`` over ``table``; returns their sum."""
+def _layout(weights, slots, table):
+    """Systematic layout of ``weights[slots]`` (the positive ones, in slot order) over ``table``; returns their
+    sum. Given the slots, not all of them: a stream's vocabulary table holds several times as many words as are
+    trainable, and a scan of every slot was two thirds of a layout (3.6 ms for 1M slots, 68k trainable)."""
     z = 0.0
-    for s in range(n_slots):
-        if weights[s] > 0:
-            z += weights[s]
+    for i in range(slots.shape[0]):
+        z += weights[slots[i]]
     m = table.shape[0]
     if z <= 0:
         return z
     acc = 0.0
     pos = 0
     last = 0
-    for s in range(n_slots):
-        w = weights[s]
-        if w <= 0:
-            continue
-        acc += w
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        acc += weights[s]
         end = min(m, np.int64(acc / z * m + 0.5))
         while pos < end:
             table[pos] = s
@@ -85,16 +84,19 @@ def _layout(weights, n_slots, table):
 
 
 @njit(nogil=True, cache=True)
-def _grow(weights, slots, new_counts, min_count, early, power):
+def _grow(weights, slots, new_counts, min_count, early, power, joined):
     """Set the weights of the slots whose counts reached ``min_count`` (or 1 where ``early``); returns
-    the weight added."""
+    the weight added, and marks in ``joined`` the slots that were not in the table yet."""
     added = 0.0
     for k in range(slots.shape[0]):
+        joined[k] = False
         c = new_counts[k]
         if c < min_count and not (early[k] and c > 0):
             continue
         w = float(c) ** power
-        added += w - weights[slots[k]]       # 0 for a word not in the table yet
+        before = weights[slots[k]]
+        joined[k] = before <= 0
+        added += w - before                  # 0 for a word not in the table yet
         weights[slots[k]] = w
     return added
 
@@ -119,6 +121,7 @@ class NoiseTable:
         self._weights = np.zeros(1024, dtype=np.float64)
         self._n_slots = 0            # weights beyond this are all 0
         self._moved = 0.0            # weight added since the last layout
+        self._in_table = np.zeros(0, dtype=np.int64)   # the slots of positive weight, ascending (what is laid out)
 
     def weight(self, counts) -> np.ndarray:
         return np.asarray(counts, dtype=np.float64) ** self.power
@@ -139,7 +142,12 @@ class NoiseTable:
             return
         self._reserve(int(slots.max()) + 1)
         early = np.zeros(len(slots), dtype=np.bool_) if early is None else np.asarray(early, dtype=np.bool_)
-        added = _grow(self._weights, slots, np.asarray(new_counts, dtype=np.int64), int(min_count), early, self.power)
+        joined = np.empty(len(slots), dtype=np.bool_)
+        added = _grow(self._weights, slots, np.asarray(new_counts, dtype=np.int64), int(min_count), early, self.power,
+                      joined)
+        if joined.any():   # both sorted: an insert, not a scan of every slot's weight
+            new = np.unique(slots[joined])
+            self._in_table = np.insert(self._in_table, np.searchsorted(self._in_table, new), new)
         if added <= 0 and self.filled:
             return
         self.z += added
@@ -155,11 +163,12 @@ class NoiseTable:
         if len(slots):
             self._reserve(int(slots.max()) + 1)
             self._weights[slots] = self.weight(counts)
+        self._in_table = np.flatnonzero(self._weights[:self._n_slots] > 0)
         self._lay_out()
 
     def _lay_out(self) -> None:
         table = np.empty(self.size, dtype=np.int32)
-        self.z = float(_layout(self._weights, self._n_slots, table))
+        self.z = float(_layout(self._weights, self._in_table, table))
         self._moved = 0.0
         self.layouts += 1
         if self.z > 0:
