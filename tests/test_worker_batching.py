@@ -6,6 +6,7 @@ import pytest
 
 from online.cluster import ps_commands as pc
 from online.cluster.replica import ReplicaStore
+from online.cluster.replica_shard import ReplicaShard
 from online.cluster.sync_interval import SyncInterval, default_sync_tokens, unsynced_bound
 from online.cluster.worker import mini_batches, records_per_batch
 
@@ -67,14 +68,30 @@ def test_the_interval_is_a_replicas_not_a_process_s():
     assert SyncInterval(2, 7_000, members=lambda: 2).tokens() == 7_000   # LIVEVEC_SYNC_TOKENS wins
 
 
-def test_a_sync_pulls_the_rows_it_only_refreshes_and_pushes_only_real_deltas():
-    """A held row not trained since the last sync has a zero delta: it goes out as a pull with no values, and its
-    contraction column (zero) must not make it look changed."""
+def test_a_sync_pushes_what_changed_here_and_pulls_what_it_only_refreshes():
+    """Rows stamped since the last collect push their deltas (an accumulator's move alone counts), rows no answer
+    reached yet go as fresh, and rows only refreshed are pulled with their base untouched: what a running kernel
+    wrote to them unstamped goes with the sync after its stamp. Each request is a slice of one payload."""
     dim = 4
-    keys = np.array([1, 2, 3, 4], np.uint64)
-    deltas = np.zeros((4, dim + 2), np.float32)
-    deltas[0, 0] = 0.5                    # trained here
-    deltas[1, dim] = 0.25                 # only its accumulator moved: still a delta
-    fresh = np.array([False, False, False, True])
-    parts = {(cmd, data is None): k.tolist() for cmd, k, data in ReplicaStore._parts(keys, deltas, fresh)}
-    assert parts == {(pc.CMD_DELTA, False): [1, 2], (pc.CMD_DELTA_FRESH, False): [4], (pc.CMD_DELTA, True): [3]}
+    shard = ReplicaShard(dim, seed=1)
+    keys = np.array([10, 20, 30, 40, 50], np.uint64)
+    rows = shard.rows_for(keys)
+    shard.collect_parts()
+    shard.apply(keys[:4], np.hstack([shard.vectors[rows[:4]], shard.accum[rows[:4]]]))   # answered: all but 50
+    shard.vectors[rows[0]] += 0.5
+    shard.accum[rows[1]] += 0.25
+    shard.vectors[rows[2]] += 1.0                                   # a kernel still running: not stamped yet
+    shard.mark_changed(rows[:2])
+    payload = shard.collect_parts()
+    got, got_rows, deltas, pushed, fresh = payload
+    assert (pushed, fresh) == (2, 1) and got.tolist() == [10, 20, 50, 30, 40]
+    np.testing.assert_array_equal(got_rows, shard.rows_for(got, create=False))
+    assert deltas.shape == (3, dim + 2)
+    np.testing.assert_allclose(deltas[0, :dim], 0.5)
+    np.testing.assert_allclose(deltas[1, dim], 0.25)
+    parts = {(cmd, data is None): k.tolist() for cmd, k, data, _ in ReplicaStore._parts(*payload)}
+    assert parts == {(pc.CMD_DELTA, False): [10, 20], (pc.CMD_DELTA_FRESH, False): [50], (pc.CMD_DELTA, True): [30, 40]}
+    np.testing.assert_allclose(shard.vectors[rows[2]] - shard.base[rows[2]], 1.0)   # still to send
+    shard.mark_changed(rows[2:3])
+    got, _, deltas, pushed, _ = shard.collect_parts()
+    assert got[:pushed].tolist() == [30] and np.allclose(deltas[0, :dim], 1.0)

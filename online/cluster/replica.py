@@ -135,7 +135,6 @@ from online.cluster.host_replica import SharedReplicaShard
 from online.cluster.replica_shard import ReplicaShard
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import word_rows
-from online.learner.shard_passes import nonzero_rows
 from ps_bridge.kv_app import KVWorker
 from ps_bridge.metrics import Registry
 from ps_bridge.settings import Setting, SettingGroup
@@ -338,20 +337,20 @@ class ReplicaStore:
             vocabulary = self._send_vocabulary(group)
             if self._unsent is None:
                 self._read_changed_rows()
-                self._unsent = self._parts(*self.shard.collect())
+                self._unsent = self._parts(*self.shard.collect_parts())
                 self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
-            sent = [(kv.pull(k, cmd=cmd) if d is None else kv.pushpull(k, d.reshape(-1), cmd=cmd), cmd, k)
-                    for cmd, k, d in parts]
+            sent = [(kv.pull(k, cmd=cmd) if d is None else kv.pushpull(k, d.reshape(-1), cmd=cmd), k, r)
+                    for cmd, k, d, r in parts]
             self._await_vocabulary(vocabulary)
             rows_sent = 0
-            for i, (ts, cmd, k) in enumerate(sent):
+            for i, (ts, k, r) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
                 merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
                 # Fresh rows too: what was trained on them while this sync was in flight stays on top of the
                 # servers' answer. (Adopted, it was lost: a burst trained whole during a slow first sync left the
                 # servers at the initial values, tests/test_kafka_security.py 1 run in 5.)
-                self.shard.apply(k, merged)
+                self.shard.apply(k, merged, rows=r)
                 self._unsent = parts[i + 1:]
                 rows_sent += len(k)
             self._unsent = None
@@ -379,18 +378,17 @@ class ReplicaStore:
                 self.m_stale.inc(len(keys))
 
     @staticmethod
-    def _parts(keys, deltas, fresh) -> list[tuple[int, np.ndarray, np.ndarray | None]]:
-        """The collected payload as requests of at most ``_SYNC_CHUNK`` keys: rows the servers already
-        answered for as ``CMD_DELTA`` pushpulls, rows created here since as ``CMD_DELTA_FRESH`` pushpulls, and
-        rows only refreshed (nothing changed here: the delta is all zeros) as ``CMD_DELTA`` pulls (data None),
-        which carry no zeros out."""
-        unchanged = ~fresh & ~nonzero_rows(deltas)
+    def _parts(keys, rows, deltas, pushed, fresh) -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
+        """``collect_parts``' payload as requests of at most ``_SYNC_CHUNK`` keys, each (command, keys, deltas or
+        None, rows), all slices of it: the rows changed here as ``CMD_DELTA`` pushpulls, the rows created here as
+        ``CMD_DELTA_FRESH`` pushpulls, and the rows only refreshed as ``CMD_DELTA`` pulls (data None), which carry
+        no zeros out."""
         parts = []
-        for cmd, pick, pull in ((pc.CMD_DELTA, ~fresh & ~unchanged, False), (pc.CMD_DELTA_FRESH, fresh, False),
-                                (pc.CMD_DELTA, unchanged, True)):
-            k, d = keys[pick], deltas[pick]
-            parts += [(cmd, k[a:a + _SYNC_CHUNK], None if pull else d[a:a + _SYNC_CHUNK])
-                      for a in range(0, len(k), _SYNC_CHUNK)]
+        ends = (pushed, pushed + fresh, len(keys))
+        for (cmd, pull), lo, hi in zip(((pc.CMD_DELTA, False), (pc.CMD_DELTA_FRESH, False), (pc.CMD_DELTA, True)),
+                                       (0,) + ends[:2], ends):
+            parts += [(cmd, keys[a:min(a + _SYNC_CHUNK, hi)], None if pull else deltas[a:min(a + _SYNC_CHUNK, hi)],
+                       rows[a:min(a + _SYNC_CHUNK, hi)]) for a in range(lo, hi, _SYNC_CHUNK)]
         return parts
 
     def _requeue(self, counts, words) -> None:

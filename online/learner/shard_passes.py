@@ -64,14 +64,3 @@ def answer_rows(vectors, accum, rows, out):
             a /= np.float32(width)
         out[i, dim] = a
 
-
-@njit(nogil=True, cache=True)
-def nonzero_rows(values):
-    """Whether each row of ``values`` has a non-zero entry; stops at the first (a changed row's first value)."""
-    out = np.zeros(values.shape[0], dtype=np.bool_)
-    for i in range(values.shape[0]):
-        for d in range(values.shape[1]):
-            if values[i, d] != 0:
-                out[i] = True
-                break
-    return out
