@@ -328,6 +328,10 @@ def figures(first: dict, end: dict, cluster: LearningCluster) -> dict:
             "cpu_us_per_token": {r: round(1e6 * sum(v for n, v in cpu.items() if role(n) == r) / tokens, 2)
                                  for r in roles},
             "worker_cpu_us_per_token_by_stage": {k: round(1e6 * v / tokens, 2) for k, v in stages.items()},
+            # what the cores did: CPU-seconds over the window's seconds (2 cores here), and how long the workers
+            # held off new batches at their unsynced bound (summed over workers)
+            "cores_busy": round(sum(cpu.values()) / max(seconds, 1e-9), 2),
+            "worker_bound_wait_seconds": round(delta("worker", "livevec_worker_bound_wait_seconds_total"), 2),
             "ps_bytes_per_token": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in ps.items()},
             "tokens_per_worker": [end["metrics"].get(f"worker{i}", {}).get("livevec_worker_tokens_total", 0.0)
                                   for i in range(cluster.workers)],
@@ -529,6 +533,8 @@ def report(args, tokens: int, pipe: dict, gens: dict, load_start, load_end) -> N
     print(f"CPU seconds since launch per role:  {pipe['cpu_seconds_since_launch_per_role']}")
     print(f"CPU us per token per role:          {pipe['cpu_us_per_token']}")
     print(f"worker CPU us per token by stage:   {pipe['worker_cpu_us_per_token_by_stage']}")
+    print(f"cores busy in the window: {pipe['cores_busy']}; workers held at their unsynced bound: "
+          f"{pipe['worker_bound_wait_seconds']} s (summed)")
     ps = pipe["ps_bytes_per_token"]
     print(f"ps-lite bytes per trained token: workers -> servers {ps['workers_to_servers']['sent_by_workers']:,.1f} "
           f"(servers received {ps['workers_to_servers']['received_by_servers']:,.1f}); servers -> workers "

@@ -54,7 +54,12 @@ def unsynced_bound(replicas: int) -> float:
     so is harmless to 2 and 4 replicas (2.85 % and 2.58 %, one model 2.92 %) and collapses 8 and 16 (0.36 %
     and 0.01 %): every hot row's delta redoes the round's move; half an interval costs 16 nothing (2.33 %
     against 2.32 %). So up to 4 replicas keep 2 (a slow sync then holds training less), more get 1.5; slow
-    syncs (many replicas, slow links) are what reach it."""
+    syncs (many replicas, slow links) are what reach it. One replica has no round to lag behind, so only the
+    memory of the batches awaiting a sync bounds it: 4 intervals, about a second of a process's training, which
+    outlasts a checkpoint's hold on the syncs (at 2, two workers sharing one host's replica waited at the bound
+    7 % of the time, most of it while a checkpoint held their syncs; session 27)."""
+    if replicas <= 1:
+        return 4.0
     return 2.0 if replicas <= 4 else 1.5
 
 
@@ -62,7 +67,7 @@ class SyncInterval:
     """One worker's interval: ``LIVEVEC_SYNC_TOKENS`` when set, else the default for the processes its replica
     has now (a host's processes attach and leave; counted at most every ``RECOUNT`` seconds)."""
 
-    RECOUNT = 2.0
+    RECOUNT = 0.5
 
     def __init__(self, workers: int, fixed: int, members=lambda: 1):
         self.workers, self.fixed, self._members = int(workers), int(fixed), members

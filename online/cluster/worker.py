@@ -69,7 +69,7 @@ WORKER = SettingGroup("worker", (
             help="replica: train a local replica and sync deltas; pullpush: pull and push every mini-batch"),
     Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 0, minimum=0,
             help="replica: sync sooner once this many tokens were trained since the last sync, and train no "
-                 "further before a sync once 1.5 times as many are (2 with up to 4 replicas; the replica's "
+                 "further before a sync once 1.5 times as many are (2 with up to 4 replicas, 4 with one; the replica's "
                  "staleness, in tokens; a Kafka batch is no longer than this); 0: 160,000 / replicas^2 per "
                  "replica, at least 100, split over the processes sharing it (replicas: DMLC_NUM_WORKER / "
                  "the processes sharing this one)"),
@@ -474,7 +474,9 @@ class StreamingWorker:
                     # replicas on few cores) training would otherwise run ahead, and every replica would walk its
                     # rows further from the cluster's between two merges (bench/README.md, session 12).
                     self._sync_soon.set()
+                    t0 = time.monotonic()
                     await asyncio.sleep(0.002)
+                    self.metrics.bound_wait.inc(time.monotonic() - t0)
                     continue
                 # a short poll: a checkpoint's pause is noticed within it when the stream is quiet
                 batch = await self.stream.next_batch(self._records_per_batch(), timeout=0.1)
