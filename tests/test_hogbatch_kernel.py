@@ -245,3 +245,12 @@ def test_a_worker_resolves_auto_by_the_workers_its_cluster_declares(workers, cho
            "LIVEVEC_KAFKA_BOOTSTRAP": "127.0.0.1:9092", "LIVEVEC_KAFKA_TOPICS": "t",
            **({"LIVEVEC_KERNEL": choice} if choice else {})}
     assert WorkerSettings.from_args(None, env).learner.kernel == expected
+
+
+def test_the_rows_a_kernel_touched_are_taken_in_order_and_their_marks_cleared():
+    from online.learner.sgns_kernel import take_touched
+    touched = np.zeros(50, np.uint8)
+    touched[[3, 7, 8, 41, 49]] = 1
+    assert take_touched(touched, 45).tolist() == [3, 7, 8, 41]     # none above the rows in use
+    assert touched.tolist().count(1) == 1 and touched[49] == 1
+    assert take_touched(touched, 0).tolist() == []

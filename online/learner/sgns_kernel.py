@@ -488,3 +488,22 @@ def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots
                               noise_rows_of(noise_slots, slot_out_row), window, negative, eta, optimizer,
                               seed, touched, NO_CURVATURE if curv is None else curv,
                               NO_LOSS if loss is None else loss)
+
+
+@njit(nogil=True, cache=True)
+def take_touched(touched, n):
+    """The rows below ``n`` a kernel marked in ``touched``, ascending, with their marks cleared for its next batch.
+    Two compiled passes over the mask: numpy's search and reset took 0.28 ms a batch at 136k rows (1.7 % of a
+    ``livevec train`` run's samples)."""
+    count = 0
+    for r in range(n):
+        if touched[r]:
+            count += 1
+    out = np.empty(count, dtype=np.int64)
+    k = 0
+    for r in range(n):
+        if touched[r]:
+            out[k] = r
+            k += 1
+            touched[r] = 0
+    return out

@@ -43,7 +43,7 @@ from online.learner.param_store import LocalParamStore, ParamStore
 from online.learner.gradient_kernel import batch_gradients, plan_pairs, walk_gradients
 from online.learner.hogbatch_kernel import train_hogbatch_rows
 from online.learner.sgns_kernel import (NO_CURVATURE, OPT_ADAGRAD, OPT_ROW_ADAGRAD, OPT_SGD, noise_rows_of,
-                                        patched_noise_rows, train_inplace_rows)
+                                        patched_noise_rows, take_touched, train_inplace_rows)
 from online.learner.spans import spans_of_sentences
 from online.learner.subsampling import keep_tokens
 from online.learner.tokenizer import Tokenizer
@@ -406,8 +406,7 @@ class Trainer:
                                                p.in_rows, p.out_rows, p.starts, p.noise, cfg.window,
                                                cfg.negative, p.eta, self._opt, p.seed, touched, curv, loss)
                     stats.loss_sampled, stats.loss_pairs = float(loss[0]), int(loss[1])
-                    rows = np.flatnonzero(touched[:shard.rows_in_use])   # no kernel writes above it
-                    touched[rows] = 0
+                    rows = take_touched(touched, shard.rows_in_use)   # no kernel writes above it
                     if len(curv):
                         shard.add_contraction(rows, curv[rows])
                         curv[rows] = 0.0
