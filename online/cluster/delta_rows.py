@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from online.learner.shard_passes import row_accumulator
+
 
 @njit(nogil=True, cache=True)
 def take_deltas(vectors, accum, base, base_acc, contraction, rows, out):
@@ -23,19 +25,13 @@ def take_deltas(vectors, accum, base, base_acc, contraction, rows, out):
     sent and the contraction restarts, so the next collect sends only what is trained after this one. The
     contraction column is written when ``out`` has room for it (dim + 2 columns)."""
     dim = vectors.shape[1]
-    has_acc = accum.shape[0] > 0
-    width = accum.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
         for d in range(dim):
             v = vectors[r, d]
             out[i, d] = v - base[r, d]
             base[r, d] = v
-        a = np.float32(0.0)
-        if has_acc:
-            for c in range(width):
-                a += accum[r, c]
-            a /= np.float32(width)
+        a = row_accumulator(accum, r)
         out[i, dim] = a - base_acc[r, 0]
         base_acc[r, 0] = a
         if out.shape[1] > dim + 1:

@@ -474,7 +474,7 @@ class SharedReplicaShard(ReplicaShard):
         self._hdr[H_LAST_SYNC] = time.monotonic_ns()
 
     def members(self) -> int:
-        return max(self.segment.members(), 1)
+        return self.segment.members()
 
     def held_elsewhere(self) -> bool:
         """Whether a live process of the host holds syncs for a checkpoint (a holder that died is cleared:

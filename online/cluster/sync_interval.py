@@ -47,8 +47,8 @@ def replicas(workers: int, sharing: int = 1) -> int:
     return max(math.ceil(max(int(workers), 1) / max(int(sharing), 1)), 1)
 
 
-def unsynced_bound(replicas: int) -> float:
-    """Trained tokens no sync has carried yet, at most, in ``LIVEVEC_SYNC_TOKENS``. A sync starts at one
+def unsynced_bound(k: int) -> float:
+    """Trained tokens no sync has carried yet, at most, in ``LIVEVEC_SYNC_TOKENS``, for ``k`` replicas. A sync starts at one
     interval unsynced, so this bounds what a replica trains while a sync is in flight, from rows that lack
     the round's merge. In the simulation (``--lag``, bench/README.md, session 19) a whole interval trained
     so is harmless to 2 and 4 replicas (2.85 % and 2.58 %, one model 2.92 %) and collapses 8 and 16 (0.36 %
@@ -58,9 +58,9 @@ def unsynced_bound(replicas: int) -> float:
     memory of the batches awaiting a sync bounds it: 4 intervals, about a second of a process's training, which
     outlasts a checkpoint's hold on the syncs (at 2, two workers sharing one host's replica waited at the bound
     7 % of the time, most of it while a checkpoint held their syncs; session 27)."""
-    if replicas <= 1:
+    if k <= 1:
         return 4.0
-    return 2.0 if replicas <= 4 else 1.5
+    return 2.0 if k <= 4 else 1.5
 
 
 class SyncInterval:

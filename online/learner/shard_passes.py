@@ -16,6 +16,18 @@ import numpy as np
 from numba import njit
 
 
+@njit(inline="always")
+def row_accumulator(accum, r):
+    """Row ``r``'s accumulator as the wire carries it: the mean of its columns (0 without an optimizer state)."""
+    a = np.float32(0.0)
+    if accum.shape[0] > 0:
+        width = accum.shape[1]
+        for c in range(width):
+            a += accum[r, c]
+        a /= np.float32(width)
+    return a
+
+
 @njit(nogil=True, cache=True)
 def add_rows(vectors, accum, rows, deltas, acc_deltas, moved, out):
     """vectors[rows[i]] += deltas[i]; each accumulator column += acc_deltas[i]; ``moved[i]``: anything of the
@@ -36,14 +48,11 @@ def add_rows(vectors, accum, rows, deltas, acc_deltas, moved, out):
             if answer:
                 out[i, d] = v
         a = acc_deltas[i]
-        total = np.float32(0.0)
         if has_acc:
             for c in range(width):
                 accum[r, c] += a
-                total += accum[r, c]
-            total /= np.float32(width)
         if answer:
-            out[i, dim] = total
+            out[i, dim] = row_accumulator(accum, r)
         moved[i] = nonzero != 0 or a != 0
 
 
@@ -51,16 +60,9 @@ def add_rows(vectors, accum, rows, deltas, acc_deltas, moved, out):
 def answer_rows(vectors, accum, rows, out):
     """out[i] = (the row ``rows[i]``, its mean accumulator; 0 without one): the answer to a sync."""
     dim = vectors.shape[1]
-    has_acc = accum.shape[0] > 0
-    width = accum.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
         for d in range(dim):
             out[i, d] = vectors[r, d]
-        a = np.float32(0.0)
-        if has_acc:
-            for c in range(width):
-                a += accum[r, c]
-            a /= np.float32(width)
-        out[i, dim] = a
+        out[i, dim] = row_accumulator(accum, r)
 
