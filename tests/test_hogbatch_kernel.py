@@ -85,7 +85,7 @@ def _reference_hogbatch(vectors, acc, in_rows, out_rows, starts, noise_rows, win
     return pairs, x, a, curv, loss
 
 
-def _batch(seed=5):
+def _batch(seed=5, dim=8):
     """Tokens of words 0..8 in several sentences (one of one word); a noise table of words 0..10 with holes
     (-1); 12 words, so the input rows of words 9..11 and the output row of word 11 must stay untouched."""
     rng = np.random.default_rng(seed)
@@ -94,8 +94,8 @@ def _batch(seed=5):
     starts = np.array([0, 15, 16, 40, 60], dtype=np.int64)
     noise_rows = (n_words + rng.integers(0, 11, 80)).astype(np.int32)
     noise_rows[rng.random(80) < 0.1] = -1
-    vectors = rng.normal(0, 1.2, (2 * n_words, 8)).astype(np.float32)   # |f| up to about 4: no clipping at 6
-    return n_words, tokens, starts, noise_rows, vectors
+    vectors = rng.normal(0, 1.2 * (8 / dim) ** 0.5, (2 * n_words, dim)).astype(np.float32)   # |f| up to about 4:
+    return n_words, tokens, starts, noise_rows, vectors                                      # no clipping at 6
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowadagrad", "adagrad"])
@@ -103,16 +103,28 @@ def _batch(seed=5):
 def test_the_kernel_is_hogbatch_written_out(optimizer, case):
     """Against the numpy reference: the rows, the accumulators, the contraction and the sampled loss; ``touched``
     is exactly the rows that changed; the pair count is the pairs kernel's."""
+    _check_against_the_reference(optimizer, case, dim=8, negative=4)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowadagrad", "adagrad"])
+@pytest.mark.parametrize("dim, negative", [(100, 4), (100, 7), (8, 7), (100, 0)])
+def test_the_compiled_d_and_several_target_blocks_follow_the_maths(optimizer, dim, negative):
+    """d = 100 runs as a compiled constant, and more than 5 negatives take two blocks of the dots (the second
+    padded): the same maths as the reference either way."""
+    _check_against_the_reference(optimizer, "default", dim=dim, negative=negative)
+
+
+def _check_against_the_reference(optimizer, case, dim, negative):
     opt = OPTIMIZERS[optimizer]
-    n_words, tokens, starts, noise_rows, vectors = _batch()
-    window, negative, seed, eta = 3, 4, 17, 0.05
+    n_words, tokens, starts, noise_rows, vectors = _batch(dim=dim)
+    window, seed, eta = 3, 17, 0.05
     if case == "empty sentences":
         starts = np.array([0, 0, 15, 15, 16, 40, 60, 60], dtype=np.int64)
     elif case == "no noise":
         noise_rows = noise_rows[:0]
     elif case == "no negatives":
         negative = 0
-    acc = np.full((len(vectors), 8 if opt == OPT_ADAGRAD else 1), 1e-3, np.float32)
+    acc = np.full((len(vectors), dim if opt == OPT_ADAGRAD else 1), 1e-3, np.float32)
     in_rows, out_rows = tokens, tokens + n_words
     want_pairs, want_x, want_a, want_curv, want_loss = _reference_hogbatch(
         vectors, acc, in_rows, out_rows, starts, noise_rows, window, negative, eta, opt, seed)

@@ -36,6 +36,18 @@ The first context's N draws are the window's shared negatives (-1 entries and dr
 are skipped, as there); the other (m - 1) N are stepped over in one jump (the generator's k-step map,
 s -> A_k s + C_k). So both kernels train exactly the same windows, hence the same pairs (the same pair
 count), and a comparison of the two isolates the batching from the sampling.
+
+Speed. The window's work is 3 m (1 + N) passes over d (the dots, and the two gradient sums) plus a step per row,
+all in L1 (``train_hogbatch_rows`` says how they are laid out). What costs is not memory but the shape of each
+pass, so the kernel is written for the compiler:
+- d = 100 (the default) is compiled as a constant, so every pass is six 16-float vectors and a tail of 4, unrolled,
+  where a run-time d left each pass a vector loop, a narrower epilogue loop and a scalar one (1.16x alone);
+- rows are read as ``mat[r, d]``, never as ``mat[r]``: a row view is a reference-counted object, and each one cost
+  an atomic increment and decrement (440 such calls in the compiled window);
+- the dots take one context against six targets a pass (six independent sums hide the adds' latency, the context
+  row is loaded once), and the gradient sums take up to six rows a pass with the AdaGrad norm of the finished sum
+  folded into the last one, where two rows a pass and a separate norm pass read and wrote the sum three times.
+
 """
 from __future__ import annotations
 
@@ -43,8 +55,10 @@ import numpy as np
 from numba import njit
 
 from online.learner.sgns_kernel import (_LCG_ADD, _LCG_MUL, OPT_ADAGRAD, OPT_ROW_ADAGRAD, _ONE32, _ZERO32, _draw,
-                                        _lcg, _next_sentence, _pair_loss, _prefetch, _prefetch_row, _sigmoid32,
-                                        _update_input)
+                                        _lcg, _next_sentence, _pair_loss, _prefetch, _prefetch_row, _sigmoid32)
+
+BLOCK = 6                # targets per pass of the dots: the centre and N = 5 negatives, the default
+DIM_COMPILED = 100       # the d compiled as a constant (other d run the same code with d read at run time)
 
 
 @njit(inline="always")
@@ -109,61 +123,159 @@ def _prefetch_window(syn0, syn1, acc0, acc1, in_rows, targets, buf, nt, nj0, nj1
 
 
 @njit(inline="always")
-def _dots_of(mat, i, other, rows, k, out, o):
-    """out[o, k] = mat[i] . other[rows[k]] and out[o, k + 1] = mat[i] . other[rows[k + 1]], in one pass over
-    mat[i]: two rows a pass halve the loads of the row they share and the loop's fixed cost (the block's
-    passes are short, d = 100, and L1-resident; measured in a window alone: 1.25 -> 0.77 us at m = 6)."""
-    a = mat[i]
-    b0 = other[rows[k]]
-    b1 = other[rows[k + 1]]
-    f0 = _ZERO32
-    f1 = _ZERO32
-    for d in range(a.shape[0]):
-        x = a[d]
-        f0 += x * b0[d]
-        f1 += x * b1[d]
-    out[o, k] = f0
-    out[o, k + 1] = f1
-
-
-@njit(inline="always")
-def _dot_of(mat, i, other, r):
-    a = mat[i]
-    b = other[r]
+def _dot(mat, r, other, q, dim):
+    """mat[r] . other[q]."""
     f = _ZERO32
-    for d in range(a.shape[0]):
-        f += a[d] * b[d]
+    for d in range(dim):
+        f += mat[r, d] * other[q, d]
     return f
 
 
 @njit(inline="always")
-def _weighted_rows(out, mat, rows, weights, n):
-    """out = sum_k weights[k] mat[rows[k]] for k < n (n >= 1), two rows a pass."""
-    r0 = mat[rows[0]]
-    w0 = weights[0]
-    if n > 1:
-        r1 = mat[rows[1]]
-        w1 = weights[1]
-        for d in range(out.shape[0]):
-            out[d] = w0 * r0[d] + w1 * r1[d]
+def _dots6(a, ra, b, rows, k, out, o, dim):
+    """out[o, k + t] = a[ra] . b[rows[k + t]] for t < 6, in one pass over a[ra]."""
+    r0 = rows[k]
+    r1 = rows[k + 1]
+    r2 = rows[k + 2]
+    r3 = rows[k + 3]
+    r4 = rows[k + 4]
+    r5 = rows[k + 5]
+    f0 = _ZERO32
+    f1 = _ZERO32
+    f2 = _ZERO32
+    f3 = _ZERO32
+    f4 = _ZERO32
+    f5 = _ZERO32
+    for d in range(dim):
+        x = a[ra, d]
+        f0 += x * b[r0, d]
+        f1 += x * b[r1, d]
+        f2 += x * b[r2, d]
+        f3 += x * b[r3, d]
+        f4 += x * b[r4, d]
+        f5 += x * b[r5, d]
+    out[o, k] = f0
+    out[o, k + 1] = f1
+    out[o, k + 2] = f2
+    out[o, k + 3] = f3
+    out[o, k + 4] = f4
+    out[o, k + 5] = f5
+
+
+@njit(inline="always")
+def _sum_rows(out, oi, mat, rows, w, wi, n, dim):
+    """out[oi] = sum_k w[wi, k] mat[rows[k]] for k < n (n >= 1); returns |out[oi]|^2, the row-wise AdaGrad's
+    norm, from the last pass over the finished sum. The first pass takes six rows, four, two or one, the later
+    ones four, two or one, so a sum of 2 - 10 rows (window 5) takes one to three passes."""
+    nn = _ZERO32
+    if n >= 6:
+        r0 = rows[0]
+        r1 = rows[1]
+        r2 = rows[2]
+        r3 = rows[3]
+        r4 = rows[4]
+        r5 = rows[5]
+        w0 = w[wi, 0]
+        w1 = w[wi, 1]
+        w2 = w[wi, 2]
+        w3 = w[wi, 3]
+        w4 = w[wi, 4]
+        w5 = w[wi, 5]
+        for d in range(dim):
+            o = (w0 * mat[r0, d] + w1 * mat[r1, d] + w2 * mat[r2, d] + w3 * mat[r3, d] + w4 * mat[r4, d]
+                 + w5 * mat[r5, d])
+            out[oi, d] = o
+            nn += o * o
+        k = 6
+    elif n >= 4:
+        r0 = rows[0]
+        r1 = rows[1]
+        r2 = rows[2]
+        r3 = rows[3]
+        w0 = w[wi, 0]
+        w1 = w[wi, 1]
+        w2 = w[wi, 2]
+        w3 = w[wi, 3]
+        for d in range(dim):
+            o = w0 * mat[r0, d] + w1 * mat[r1, d] + w2 * mat[r2, d] + w3 * mat[r3, d]
+            out[oi, d] = o
+            nn += o * o
+        k = 4
+    elif n >= 2:
+        r0 = rows[0]
+        r1 = rows[1]
+        w0 = w[wi, 0]
+        w1 = w[wi, 1]
+        for d in range(dim):
+            o = w0 * mat[r0, d] + w1 * mat[r1, d]
+            out[oi, d] = o
+            nn += o * o
         k = 2
     else:
-        for d in range(out.shape[0]):
-            out[d] = w0 * r0[d]
+        r0 = rows[0]
+        w0 = w[wi, 0]
+        for d in range(dim):
+            o = w0 * mat[r0, d]
+            out[oi, d] = o
+            nn += o * o
         k = 1
-    while k + 1 < n:
-        r0 = mat[rows[k]]
-        r1 = mat[rows[k + 1]]
-        w0 = weights[k]
-        w1 = weights[k + 1]
-        for d in range(out.shape[0]):
-            out[d] += w0 * r0[d] + w1 * r1[d]
+    while n - k >= 4:
+        r0 = rows[k]
+        r1 = rows[k + 1]
+        r2 = rows[k + 2]
+        r3 = rows[k + 3]
+        w0 = w[wi, k]
+        w1 = w[wi, k + 1]
+        w2 = w[wi, k + 2]
+        w3 = w[wi, k + 3]
+        nn = _ZERO32
+        for d in range(dim):
+            o = out[oi, d] + w0 * mat[r0, d] + w1 * mat[r1, d] + w2 * mat[r2, d] + w3 * mat[r3, d]
+            out[oi, d] = o
+            nn += o * o
+        k += 4
+    if n - k >= 2:
+        r0 = rows[k]
+        r1 = rows[k + 1]
+        w0 = w[wi, k]
+        w1 = w[wi, k + 1]
+        nn = _ZERO32
+        for d in range(dim):
+            o = out[oi, d] + w0 * mat[r0, d] + w1 * mat[r1, d]
+            out[oi, d] = o
+            nn += o * o
         k += 2
     if k < n:
-        r0 = mat[rows[k]]
-        w0 = weights[k]
-        for d in range(out.shape[0]):
-            out[d] += w0 * r0[d]
+        r0 = rows[k]
+        w0 = w[wi, k]
+        nn = _ZERO32
+        for d in range(dim):
+            o = out[oi, d] + w0 * mat[r0, d]
+            out[oi, d] = o
+            nn += o * o
+    return nn
+
+
+@njit(inline="always")
+def _step(mat, acc, r, grad, gi, nn, eta32, inv_dim, optimizer, dim):
+    """Row ``r``'s one step along grad[gi] (squared norm ``nn``) by the optimizer's rule; returns its rate."""
+    if optimizer == OPT_ROW_ADAGRAD:
+        h = acc[r, 0] + nn * inv_dim
+        acc[r, 0] = h
+        rate = eta32 / np.sqrt(h)
+        for d in range(dim):
+            mat[r, d] += rate * grad[gi, d]
+        return rate
+    elif optimizer == OPT_ADAGRAD:
+        for d in range(dim):
+            gd = grad[gi, d]
+            h = acc[r, d] + gd * gd
+            acc[r, d] = h
+            mat[r, d] += eta32 * gd / np.sqrt(h)
+        return eta32 / np.sqrt(acc[r, 0])
+    for d in range(dim):
+        mat[r, d] += eta32 * grad[gi, d]
+    return eta32
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -172,13 +284,13 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
     """Train every window of the batch in place, HogBatch's way; return the pair count (context words trained).
 
     The arguments, ``touched``, ``curv`` and ``loss`` are those of ``sgns_kernel.train_inplace_rows`` (one may
-    replace the other). Per window, three passes over a block small enough to stay in L1 (m <= 2 window
+    replace the other). Per window, three steps over a block small enough to stay in L1 (m <= 2 window
     context rows, 1 + N target rows, 400 B each at d=100):
 
-    1. for each context j, f_jt for every target t from the old rows (two targets a pass), g_jt kept, and the
-       context's gradient sum_t g_jt v_t (old v_t) into a buffer: a target row comes from memory for j = 1 only;
-    2. for each target t, sum_j g_jt u_j (old u_j: the contexts have not moved; two contexts a pass), then its
-       one step;
+    1. for each context j, f_jt for every target t from the old rows (six targets a pass), g_jt kept, and the
+       context's gradient sum_t g_jt v_t (old v_t) into a buffer, with its norm: a target row comes from
+       memory for j = 1 only;
+    2. for each target t, sum_j g_jt u_j (old u_j: the contexts have not moved), then its one step;
     3. each context's one step along its buffered gradient.
 
     ``curv`` (length 0: off) gets, for a target row, rate * sum_j s'(f_jt) |u_j|^2 and, for a context row,
@@ -186,18 +298,30 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
     the row's one step. ``loss`` (length >= 2) samples every 32nd window: loss[0] += all its m (1 + N) terms,
     loss[1] += m (pairs).
     """
-    dim = syn0.shape[1]
+    if syn0.shape[1] == DIM_COMPILED:
+        return _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative,
+                              eta, optimizer, seed, touched, curv, loss, DIM_COMPILED)
+    return _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative,
+                          eta, optimizer, seed, touched, curv, loss, syn0.shape[1])
+
+
+@njit(inline="always")
+def _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative, eta,
+                   optimizer, seed, touched, curv, loss, dim):
+    """``train_hogbatch_rows`` for one d: a constant where the caller passes one (see the module docstring)."""
     max_ctx = 2 * window
     max_t = negative + 1
-    targets = np.empty((2, max_t), dtype=np.int64)         # [buffer, target]: the centre's row, the negatives
+    width = -(-max_t // BLOCK) * BLOCK                     # the targets padded to whole blocks of the dots
+    targets = np.empty((2, width), dtype=np.int64)         # [buffer, target]: the centre's row, the negatives
     ctx = np.empty(max_ctx, dtype=np.int64)
-    sig = np.empty((max_ctx, max_t), dtype=np.float32)     # f_jt, then s(f_jt)
-    gct = np.empty((max_ctx, max_t), dtype=np.float32)     # g_jt, by context
-    gtc = np.empty((max_t, max_ctx), dtype=np.float32)     # g_jt, by target
+    sig = np.empty((max_ctx, width), dtype=np.float32)     # f_jt, then s(f_jt)
+    gct = np.zeros((max_ctx, width), dtype=np.float32)     # g_jt, by context (0 for the padding)
+    gtc = np.empty((width, max_ctx), dtype=np.float32)     # g_jt, by target
     grad_in = np.empty((max_ctx, dim), dtype=np.float32)   # sum_t g_jt v_t per context
-    grad_out = np.empty(dim, dtype=np.float32)              # sum_j g_jt u_j for the target at hand
-    uu = np.zeros(max_ctx, dtype=np.float32)                # |u_j|^2 and |v_t|^2: the contraction only
-    vv = np.zeros(max_t, dtype=np.float32)
+    nn_in = np.empty(max_ctx, dtype=np.float32)            # and its squared norm
+    grad_out = np.empty((1, dim), dtype=np.float32)        # sum_j g_jt u_j for the target at hand
+    uu = np.zeros(max_ctx, dtype=np.float32)               # |u_j|^2 and |v_t|^2: the contraction only
+    vv = np.zeros(width, dtype=np.float32)
     jump_mul, jump_add = _jumps(max_ctx * max(negative, 1))
     state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
     n_sent = starts.shape[0] - 1
@@ -234,20 +358,19 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
             sample = sample_loss and (windows & 31) == 0
             windows += 1
             tg = targets[cur]
+            padded = -(-nt // BLOCK) * BLOCK
+            for t in range(nt, padded):                    # the padding: a real row, weight 0
+                tg[t] = tg[0]
             if track:
                 for t in range(nt):
-                    vv[t] = _dot_of(syn1, tg[t], syn1, tg[t])
+                    vv[t] = _dot(syn1, tg[t], syn1, tg[t], dim)
             # 1. the block of f's from the old rows; each context's gradient against the old targets
             for c in range(m):
                 l1 = ctx[c]
                 if track:
-                    uu[c] = _dot_of(syn0, l1, syn0, l1)
-                t = 0
-                while t + 1 < nt:
-                    _dots_of(syn0, l1, syn1, tg, t, sig, c)
-                    t += 2
-                if t < nt:
-                    sig[c, t] = _dot_of(syn0, l1, syn1, tg[t])
+                    uu[c] = _dot(syn0, l1, syn0, l1, dim)
+                for k in range(0, padded, BLOCK):
+                    _dots6(syn0, l1, syn1, tg, k, sig, c, dim)
                 for t in range(nt):
                     f = sig[c, t]
                     sg = _sigmoid32(f)
@@ -257,12 +380,12 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
                     gtc[t, c] = g
                     if sample:
                         loss[0] += _pair_loss(f, 1.0 if t == 0 else 0.0)
-                _weighted_rows(grad_in[c], syn1, tg, gct[c], nt)
+                nn_in[c] = _sum_rows(grad_in, c, syn1, tg, gct, c, nt, dim)
             # 2. each target's one step along sum_j g_jt u_j (the contexts' old rows)
             for t in range(nt):
                 r = tg[t]
-                _weighted_rows(grad_out, syn0, ctx, gtc[t], m)
-                rate = _update_input(syn1, acc1, r, grad_out, eta32, inv_dim, optimizer)
+                nn = _sum_rows(grad_out, 0, syn0, ctx, gtc, t, m, dim)
+                rate = _step(syn1, acc1, r, grad_out, 0, nn, eta32, inv_dim, optimizer, dim)
                 touched[r] = 1
                 if track:
                     a = _ZERO32
@@ -272,7 +395,7 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
             # 3. each context's one step along sum_t g_jt v_t
             for c in range(m):
                 l1 = ctx[c]
-                rate = _update_input(syn0, acc0, l1, grad_in[c], eta32, inv_dim, optimizer)
+                rate = _step(syn0, acc0, l1, grad_in, c, nn_in[c], eta32, inv_dim, optimizer, dim)
                 touched[l1] = 1
                 if track:
                     a = _ZERO32
