@@ -48,7 +48,7 @@ def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
 def test_many_replicas_train_at_most_half_an_interval_while_a_sync_is_in_flight():
     """A whole interval trained while a sync is in flight collapses 8 and 16 replicas in the simulation
     (issue #26, session 19); 2 - 4 replicas keep the looser bound."""
-    assert unsynced_bound(1) == 4.0 and unsynced_bound(2) == unsynced_bound(4) == 2.0
+    assert unsynced_bound(1) == 8.0 and unsynced_bound(2) == unsynced_bound(4) == 2.0
     assert unsynced_bound(8) == unsynced_bound(64) == 1.5
 
 
@@ -64,7 +64,7 @@ def test_the_interval_is_a_replicas_not_a_process_s():
     interval = SyncInterval(2, 0, members=lambda: members[0])
     assert interval.tokens() == 40_000 and interval.limit() == 80_000
     members[0], interval.RECOUNT = 2, 0.0                          # the host's second process attached
-    assert interval.tokens() == 80_000 and interval.limit() == 320_000      # one replica: 4 intervals
+    assert interval.tokens() == 80_000 and interval.limit() == 640_000      # one replica: 8 intervals
     assert SyncInterval(2, 7_000, members=lambda: 2).tokens() == 7_000   # LIVEVEC_SYNC_TOKENS wins
 
 

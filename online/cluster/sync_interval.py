@@ -55,11 +55,12 @@ def unsynced_bound(k: int) -> float:
     and 0.01 %): every hot row's delta redoes the round's move; half an interval costs 16 nothing (2.33 %
     against 2.32 %). So up to 4 replicas keep 2 (a slow sync then holds training less), more get 1.5; slow
     syncs (many replicas, slow links) are what reach it. One replica has no round to lag behind, so only the
-    memory of the batches awaiting a sync bounds it: 4 intervals, about a second of a process's training, which
-    outlasts a checkpoint's hold on the syncs (at 2, two workers sharing one host's replica waited at the bound
-    7 % of the time, most of it while a checkpoint held their syncs; session 27)."""
+    memory of the batches awaiting a sync bounds it: 8 intervals, about 1.8 s of a process's training, which
+    outlasts a checkpoint's hold on the syncs (0.5 - 1 s). At 2, two workers sharing one host's replica waited
+    at the bound 7 % of the time, most of it while a checkpoint held their syncs (session 27); at 4, once the
+    kernel got faster (session 28), 1.32 s summed over a 15.7 s window, and 0.23 s at 8."""
     if k <= 1:
-        return 4.0
+        return 8.0
     return 2.0 if k <= 4 else 1.5
 
 
