@@ -114,6 +114,30 @@ def test_the_compiled_d_and_several_target_blocks_follow_the_maths(optimizer, di
     _check_against_the_reference(optimizer, "default", dim=dim, negative=negative)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "rowadagrad", "adagrad"])
+@pytest.mark.parametrize("dim, negative", [(100, 5), (8, 5), (100, 4), (100, 7)])
+def test_without_the_side_outputs_the_rows_still_follow_the_maths(optimizer, dim, negative):
+    """Without the contraction and the loss (a worker's hogbatch replica, ``livevec train``) the kernel takes two
+    contexts a pass where the targets fill one block: the rows and accumulators are still the reference's."""
+    opt = OPTIMIZERS[optimizer]
+    n_words, tokens, starts, noise_rows, vectors = _batch(dim=dim)
+    window, seed, eta = 3, 17, 0.05
+    acc = np.full((len(vectors), dim if opt == OPT_ADAGRAD else 1), 1e-3, np.float32)
+    in_rows, out_rows = tokens, tokens + n_words
+    want_pairs, want_x, want_a, _, _ = _reference_hogbatch(
+        vectors, acc, in_rows, out_rows, starts, noise_rows, window, negative, eta, opt, seed)
+    got_x, got_a = vectors.copy(), acc.copy()
+    touched = np.zeros(len(vectors), np.uint8)
+    pairs = train_hogbatch_rows(got_x, got_x, got_a, got_a, in_rows, out_rows, starts, noise_rows, window,
+                                negative, eta, opt, seed, touched, NO_CURVATURE, NO_LOSS)
+    assert pairs == want_pairs > 80
+    moved = np.abs(want_x - vectors).max()
+    np.testing.assert_allclose(got_x, want_x, rtol=0, atol=5e-4 * moved)
+    if opt != OPT_SGD:
+        np.testing.assert_allclose(got_a, want_a, rtol=2e-3)
+    assert np.flatnonzero(touched).tolist() == np.flatnonzero(np.any(got_x != vectors, axis=1)).tolist()
+
+
 def _check_against_the_reference(optimizer, case, dim, negative):
     opt = OPTIMIZERS[optimizer]
     n_words, tokens, starts, noise_rows, vectors = _batch(dim=dim)

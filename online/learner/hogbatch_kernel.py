@@ -38,7 +38,7 @@ s -> A_k s + C_k). So both kernels train exactly the same windows, hence the sam
 count), and a comparison of the two isolates the batching from the sampling.
 
 Speed. The window's work is 3 m (1 + N) passes over d (the dots, and the two gradient sums) plus a step per row,
-all in L1 (``train_hogbatch_rows`` says how they are laid out). What costs is not memory but the shape of each
+all in L1 (``train_hogbatch_rows`` says how they are laid out, ``window_passes`` has them). What costs is not memory but the shape of each
 pass, so the kernel is written for the compiler:
 - d = 100 (the default) is compiled as a constant, so every pass is six 16-float vectors and a tail of 4, unrolled,
   where a run-time d left each pass a vector loop, a narrower epilogue loop and a scalar one (1.16x alone);
@@ -46,7 +46,15 @@ pass, so the kernel is written for the compiler:
   an atomic increment and decrement (440 such calls in the compiled window);
 - the dots take one context against six targets a pass (six independent sums hide the adds' latency, the context
   row is loaded once), and the gradient sums take up to six rows a pass with the AdaGrad norm of the finished sum
-  folded into the last one, where two rows a pass and a separate norm pass read and wrote the sum three times.
+  folded into the last one, where two rows a pass and a separate norm pass read and wrote the sum three times;
+- where the window needs no side output (no contraction, no sampled loss: a hogbatch replica, ``livevec train``),
+  two contexts share a pass of the dots and of their gradient sums, and two targets share a pass of theirs: a
+  pass is bound by its loads (the rows are 400 B apart, so most 64 B vectors straddle two cache lines), and each
+  row loaded now serves two sums. Nothing is written to a row before every sum is taken, so the order is the
+  same maths.
+
+Measured alone (``bench/kernel_speed.py``'s batches, one thread, session 28): the constant d 1.16x, the views,
+six a pass and the folded norms 1.31x in all, two contexts a pass 1.14x more, two targets a pass 1.09x more.
 
 """
 from __future__ import annotations
@@ -56,6 +64,7 @@ from numba import njit
 
 from online.learner.sgns_kernel import (_LCG_ADD, _LCG_MUL, OPT_ADAGRAD, OPT_ROW_ADAGRAD, _ONE32, _ZERO32, _draw,
                                         _lcg, _next_sentence, _pair_loss, _prefetch, _prefetch_row, _sigmoid32)
+from online.learner.window_passes import dot, dots6, dots12, step, sum6x2, sum_rows, sum_rows_x2
 
 BLOCK = 6                # targets per pass of the dots: the centre and N = 5 negatives, the default
 DIM_COMPILED = 100       # the d compiled as a constant (other d run the same code with d read at run time)
@@ -122,162 +131,6 @@ def _prefetch_window(syn0, syn1, acc0, acc1, in_rows, targets, buf, nt, nj0, nj1
         _prefetch_with_acc(syn0, acc0, in_rows[j], optimizer)
 
 
-@njit(inline="always")
-def _dot(mat, r, other, q, dim):
-    """mat[r] . other[q]."""
-    f = _ZERO32
-    for d in range(dim):
-        f += mat[r, d] * other[q, d]
-    return f
-
-
-@njit(inline="always")
-def _dots6(a, ra, b, rows, k, out, o, dim):
-    """out[o, k + t] = a[ra] . b[rows[k + t]] for t < 6, in one pass over a[ra]."""
-    r0 = rows[k]
-    r1 = rows[k + 1]
-    r2 = rows[k + 2]
-    r3 = rows[k + 3]
-    r4 = rows[k + 4]
-    r5 = rows[k + 5]
-    f0 = _ZERO32
-    f1 = _ZERO32
-    f2 = _ZERO32
-    f3 = _ZERO32
-    f4 = _ZERO32
-    f5 = _ZERO32
-    for d in range(dim):
-        x = a[ra, d]
-        f0 += x * b[r0, d]
-        f1 += x * b[r1, d]
-        f2 += x * b[r2, d]
-        f3 += x * b[r3, d]
-        f4 += x * b[r4, d]
-        f5 += x * b[r5, d]
-    out[o, k] = f0
-    out[o, k + 1] = f1
-    out[o, k + 2] = f2
-    out[o, k + 3] = f3
-    out[o, k + 4] = f4
-    out[o, k + 5] = f5
-
-
-@njit(inline="always")
-def _sum_rows(out, oi, mat, rows, w, wi, n, dim):
-    """out[oi] = sum_k w[wi, k] mat[rows[k]] for k < n (n >= 1); returns |out[oi]|^2, the row-wise AdaGrad's
-    norm, from the last pass over the finished sum. The first pass takes six rows, four, two or one, the later
-    ones four, two or one, so a sum of 2 - 10 rows (window 5) takes one to three passes."""
-    nn = _ZERO32
-    if n >= 6:
-        r0 = rows[0]
-        r1 = rows[1]
-        r2 = rows[2]
-        r3 = rows[3]
-        r4 = rows[4]
-        r5 = rows[5]
-        w0 = w[wi, 0]
-        w1 = w[wi, 1]
-        w2 = w[wi, 2]
-        w3 = w[wi, 3]
-        w4 = w[wi, 4]
-        w5 = w[wi, 5]
-        for d in range(dim):
-            o = (w0 * mat[r0, d] + w1 * mat[r1, d] + w2 * mat[r2, d] + w3 * mat[r3, d] + w4 * mat[r4, d]
-                 + w5 * mat[r5, d])
-            out[oi, d] = o
-            nn += o * o
-        k = 6
-    elif n >= 4:
-        r0 = rows[0]
-        r1 = rows[1]
-        r2 = rows[2]
-        r3 = rows[3]
-        w0 = w[wi, 0]
-        w1 = w[wi, 1]
-        w2 = w[wi, 2]
-        w3 = w[wi, 3]
-        for d in range(dim):
-            o = w0 * mat[r0, d] + w1 * mat[r1, d] + w2 * mat[r2, d] + w3 * mat[r3, d]
-            out[oi, d] = o
-            nn += o * o
-        k = 4
-    elif n >= 2:
-        r0 = rows[0]
-        r1 = rows[1]
-        w0 = w[wi, 0]
-        w1 = w[wi, 1]
-        for d in range(dim):
-            o = w0 * mat[r0, d] + w1 * mat[r1, d]
-            out[oi, d] = o
-            nn += o * o
-        k = 2
-    else:
-        r0 = rows[0]
-        w0 = w[wi, 0]
-        for d in range(dim):
-            o = w0 * mat[r0, d]
-            out[oi, d] = o
-            nn += o * o
-        k = 1
-    while n - k >= 4:
-        r0 = rows[k]
-        r1 = rows[k + 1]
-        r2 = rows[k + 2]
-        r3 = rows[k + 3]
-        w0 = w[wi, k]
-        w1 = w[wi, k + 1]
-        w2 = w[wi, k + 2]
-        w3 = w[wi, k + 3]
-        nn = _ZERO32
-        for d in range(dim):
-            o = out[oi, d] + w0 * mat[r0, d] + w1 * mat[r1, d] + w2 * mat[r2, d] + w3 * mat[r3, d]
-            out[oi, d] = o
-            nn += o * o
-        k += 4
-    if n - k >= 2:
-        r0 = rows[k]
-        r1 = rows[k + 1]
-        w0 = w[wi, k]
-        w1 = w[wi, k + 1]
-        nn = _ZERO32
-        for d in range(dim):
-            o = out[oi, d] + w0 * mat[r0, d] + w1 * mat[r1, d]
-            out[oi, d] = o
-            nn += o * o
-        k += 2
-    if k < n:
-        r0 = rows[k]
-        w0 = w[wi, k]
-        nn = _ZERO32
-        for d in range(dim):
-            o = out[oi, d] + w0 * mat[r0, d]
-            out[oi, d] = o
-            nn += o * o
-    return nn
-
-
-@njit(inline="always")
-def _step(mat, acc, r, grad, gi, nn, eta32, inv_dim, optimizer, dim):
-    """Row ``r``'s one step along grad[gi] (squared norm ``nn``) by the optimizer's rule; returns its rate."""
-    if optimizer == OPT_ROW_ADAGRAD:
-        h = acc[r, 0] + nn * inv_dim
-        acc[r, 0] = h
-        rate = eta32 / np.sqrt(h)
-        for d in range(dim):
-            mat[r, d] += rate * grad[gi, d]
-        return rate
-    elif optimizer == OPT_ADAGRAD:
-        for d in range(dim):
-            gd = grad[gi, d]
-            h = acc[r, d] + gd * gd
-            acc[r, d] = h
-            mat[r, d] += eta32 * gd / np.sqrt(h)
-        return eta32 / np.sqrt(acc[r, 0])
-    for d in range(dim):
-        mat[r, d] += eta32 * grad[gi, d]
-    return eta32
-
-
 @njit(nogil=True, fastmath=True, cache=True)
 def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
                         window, negative, eta, optimizer, seed, touched, curv, loss):
@@ -287,10 +140,11 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
     replace the other). Per window, three steps over a block small enough to stay in L1 (m <= 2 window
     context rows, 1 + N target rows, 400 B each at d=100):
 
-    1. for each context j, f_jt for every target t from the old rows (six targets a pass), g_jt kept, and the
-       context's gradient sum_t g_jt v_t (old v_t) into a buffer, with its norm: a target row comes from
-       memory for j = 1 only;
-    2. for each target t, sum_j g_jt u_j (old u_j: the contexts have not moved), then its one step;
+    1. for each context j, f_jt for every target t from the old rows (six targets a pass, two contexts where
+       no side output is asked), g_jt kept, and the context's gradient sum_t g_jt v_t (old v_t) into a buffer,
+       with its norm: a target row comes from memory for j = 1 only;
+    2. for each target t, sum_j g_jt u_j (old u_j: the contexts have not moved; two targets a pass where no side
+       output is asked), then its one step;
     3. each context's one step along its buffered gradient.
 
     ``curv`` (length 0: off) gets, for a target row, rate * sum_j s'(f_jt) |u_j|^2 and, for a context row,
@@ -313,13 +167,13 @@ def _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows
     max_t = negative + 1
     width = -(-max_t // BLOCK) * BLOCK                     # the targets padded to whole blocks of the dots
     targets = np.empty((2, width), dtype=np.int64)         # [buffer, target]: the centre's row, the negatives
-    ctx = np.empty(max_ctx, dtype=np.int64)
+    ctx = np.empty(max_ctx + 1, dtype=np.int64)             # + 1: an odd count's padding
     sig = np.empty((max_ctx, width), dtype=np.float32)     # f_jt, then s(f_jt)
     gct = np.zeros((max_ctx, width), dtype=np.float32)     # g_jt, by context (0 for the padding)
-    gtc = np.empty((width, max_ctx), dtype=np.float32)     # g_jt, by target
+    gtc = np.empty((width, max_ctx + 1), dtype=np.float32) # g_jt, by target
     grad_in = np.empty((max_ctx, dim), dtype=np.float32)   # sum_t g_jt v_t per context
     nn_in = np.empty(max_ctx, dtype=np.float32)            # and its squared norm
-    grad_out = np.empty((1, dim), dtype=np.float32)        # sum_j g_jt u_j for the target at hand
+    grad_out = np.empty((2, dim), dtype=np.float32)        # sum_j g_jt u_j for the target(s) at hand
     uu = np.zeros(max_ctx, dtype=np.float32)               # |u_j|^2 and |v_t|^2: the contraction only
     vv = np.zeros(width, dtype=np.float32)
     jump_mul, jump_add = _jumps(max_ctx * max(negative, 1))
@@ -363,14 +217,29 @@ def _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows
                 tg[t] = tg[0]
             if track:
                 for t in range(nt):
-                    vv[t] = _dot(syn1, tg[t], syn1, tg[t], dim)
+                    vv[t] = dot(syn1, tg[t], syn1, tg[t], dim)
             # 1. the block of f's from the old rows; each context's gradient against the old targets
-            for c in range(m):
+            c = 0
+            if padded == BLOCK and not track and not sample:
+                while c + 1 < m:       # two contexts a pass: each target row loaded once for both
+                    dots12(syn0, ctx[c], ctx[c + 1], syn1, tg, 0, sig, c, dim)
+                    for cc in range(c, c + 2):
+                        for t in range(nt):
+                            sg = _sigmoid32(sig[cc, t])
+                            sig[cc, t] = sg
+                            g = (_ONE32 if t == 0 else _ZERO32) - sg
+                            gct[cc, t] = g
+                            gtc[t, cc] = g
+                        for t in range(nt, BLOCK):     # the padding's weight (a last window's g is there)
+                            gct[cc, t] = _ZERO32
+                    nn_in[c], nn_in[c + 1] = sum6x2(grad_in, c, syn1, tg, gct, c, dim)
+                    c += 2
+            for c in range(c, m):
                 l1 = ctx[c]
                 if track:
-                    uu[c] = _dot(syn0, l1, syn0, l1, dim)
+                    uu[c] = dot(syn0, l1, syn0, l1, dim)
                 for k in range(0, padded, BLOCK):
-                    _dots6(syn0, l1, syn1, tg, k, sig, c, dim)
+                    dots6(syn0, l1, syn1, tg, k, sig, c, dim)
                 for t in range(nt):
                     f = sig[c, t]
                     sg = _sigmoid32(f)
@@ -380,12 +249,29 @@ def _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows
                     gtc[t, c] = g
                     if sample:
                         loss[0] += _pair_loss(f, 1.0 if t == 0 else 0.0)
-                nn_in[c] = _sum_rows(grad_in, c, syn1, tg, gct, c, nt, dim)
+                nn_in[c] = sum_rows(grad_in, c, syn1, tg, gct, c, nt, dim)
             # 2. each target's one step along sum_j g_jt u_j (the contexts' old rows)
-            for t in range(nt):
+            t = 0
+            if not track:         # two targets a pass: each context row loaded once for both
+                me = m
+                if m & 1:         # an odd count (a sentence's edge): one more context of weight 0
+                    ctx[m] = ctx[0]
+                    for q in range(nt):
+                        gtc[q, m] = _ZERO32
+                    me = m + 1
+                while t + 1 < nt:
+                    nn0, nn1 = sum_rows_x2(grad_out, syn0, ctx, gtc, t, me, dim)
+                    r = tg[t]
+                    step(syn1, acc1, r, grad_out, 0, nn0, eta32, inv_dim, optimizer, dim)
+                    touched[r] = 1
+                    r = tg[t + 1]
+                    step(syn1, acc1, r, grad_out, 1, nn1, eta32, inv_dim, optimizer, dim)
+                    touched[r] = 1
+                    t += 2
+            for t in range(t, nt):
                 r = tg[t]
-                nn = _sum_rows(grad_out, 0, syn0, ctx, gtc, t, m, dim)
-                rate = _step(syn1, acc1, r, grad_out, 0, nn, eta32, inv_dim, optimizer, dim)
+                nn = sum_rows(grad_out, 0, syn0, ctx, gtc, t, m, dim)
+                rate = step(syn1, acc1, r, grad_out, 0, nn, eta32, inv_dim, optimizer, dim)
                 touched[r] = 1
                 if track:
                     a = _ZERO32
@@ -395,7 +281,7 @@ def _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows
             # 3. each context's one step along sum_t g_jt v_t
             for c in range(m):
                 l1 = ctx[c]
-                rate = _step(syn0, acc0, l1, grad_in, c, nn_in[c], eta32, inv_dim, optimizer, dim)
+                rate = step(syn0, acc0, l1, grad_in, c, nn_in[c], eta32, inv_dim, optimizer, dim)
                 touched[l1] = 1
                 if track:
                     a = _ZERO32
