@@ -64,7 +64,8 @@ from numba import njit
 
 from online.learner.sgns_kernel import (_LCG_ADD, _LCG_MUL, OPT_ADAGRAD, OPT_ROW_ADAGRAD, _ONE32, _ZERO32, _draw,
                                         _lcg, _next_sentence, _pair_loss, _prefetch, _prefetch_row, _sigmoid32)
-from online.learner.window_passes import dot, dots6, dots12, step, sum6x2, sum_rows, sum_rows_x2
+from online.learner.window_passes import (dot, dots6, dots12, step, step2_row_adagrad, sum6x2, sum_rows,
+                                          sum_rows_x2)
 
 BLOCK = 6                # targets per pass of the dots: the centre and N = 5 negatives, the default
 DIM_COMPILED = 100       # the d compiled as a constant (other d run the same code with d read at run time)
@@ -279,7 +280,15 @@ def _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows
                         a += sig[c, t] * (_ONE32 - sig[c, t]) * uu[c]
                     curv[r] += rate * a
             # 3. each context's one step along sum_t g_jt v_t
-            for c in range(m):
+            c = 0
+            if not track and optimizer == OPT_ROW_ADAGRAD:
+                while c + 1 < m:
+                    step2_row_adagrad(syn0, acc0, ctx[c], ctx[c + 1], grad_in, c, nn_in[c], nn_in[c + 1], eta32,
+                                      inv_dim, dim)
+                    touched[ctx[c]] = 1
+                    touched[ctx[c + 1]] = 1
+                    c += 2
+            for c in range(c, m):
                 l1 = ctx[c]
                 rate = step(syn0, acc0, l1, grad_in, c, nn_in[c], eta32, inv_dim, optimizer, dim)
                 touched[l1] = 1

@@ -362,3 +362,19 @@ def step(mat, acc, r, grad, gi, nn, eta32, inv_dim, optimizer, dim):
     for d in range(dim):
         mat[r, d] += eta32 * grad[gi, d]
     return eta32
+
+
+@njit(inline="always")
+def step2_row_adagrad(mat, acc, r0, r1, grad, gi, nn0, nn1, eta32, inv_dim, dim):
+    """Rows r0 and r1 one row-wise AdaGrad step each, along grad[gi] and grad[gi + 1], in one pass. The same
+    row twice (a word twice in a window) takes both steps in order, as two calls of ``step`` would: its second
+    h includes the first's increment."""
+    h = acc[r0, 0] + nn0 * inv_dim
+    acc[r0, 0] = h
+    rate0 = eta32 / np.sqrt(h)
+    h = acc[r1, 0] + nn1 * inv_dim
+    acc[r1, 0] = h
+    rate1 = eta32 / np.sqrt(h)
+    for d in range(dim):
+        mat[r0, d] += rate0 * grad[gi, d]
+        mat[r1, d] += rate1 * grad[gi + 1, d]
