@@ -26,6 +26,17 @@ def _run_coroutine_blocking(make_coro):
     return box.get("result")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """The in-place kernels compiled once, into numba's cache beside the code, before any test starts a worker:
+    a cold compile of hogbatch takes about 15 s per d (d = 100, and any other), and every worker process of the
+    first cluster test would otherwise compile it at once on the same two cores."""
+    from online.learner.trainer import LearnerConfig, warm_up
+    for config in (LearnerConfig(kernel="hogbatch"), LearnerConfig(kernel="hogbatch", dim=16),
+                   LearnerConfig(kernel="pairs", dim=16)):
+        warm_up(config)
+
+
 @pytest.fixture(scope="session")
 def kafka_tls(tmp_path_factory):
     """Throw-away TLS material made at the start of the session (``tests.kafka_tls.TlsMaterial``): a CA, the

@@ -290,3 +290,20 @@ def test_the_rows_a_kernel_touched_are_taken_in_order_and_their_marks_cleared():
     assert take_touched(touched, 45).tolist() == [3, 7, 8, 41]     # none above the rows in use
     assert touched.tolist().count(1) == 1 and touched[49] == 1
     assert take_touched(touched, 0).tolist() == []
+
+
+def test_the_warm_up_compiles_what_a_real_batch_runs():
+    """``trainer.warm_up`` (a worker calls it before joining Kafka and the cluster) must compile the very
+    specialization a real batch then runs: a batch that compiled another would hold the GIL for a cold compile
+    in the middle of training."""
+    from online.learner.hogbatch_kernel import _train_d100
+    from online.learner.trainer import warm_up
+
+    config = LearnerConfig(kernel="hogbatch", min_count=1, sample=0.0)
+    assert warm_up(config) >= 0
+    compiled = list(_train_d100.signatures)
+    assert len(compiled) == 1
+    trainer = Trainer(config, inplace=True)
+    stats = trainer.train_sentences([["a", "b", "c", "d", "e", "f", "g"]] * 50)
+    assert stats.pairs > 0
+    assert list(_train_d100.signatures) == compiled

@@ -18,6 +18,7 @@ import time
 from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings
+from online.learner.trainer import warm_up
 from online.stream.reader import KafkaStream
 from online.stream.security import KafkaUnreachable
 from ps_bridge.metrics import Registry
@@ -96,6 +97,10 @@ async def _main(settings: WorkerSettings, directory: str | None, stop: StopDeadl
     stream = KafkaStream(settings.stream, metrics=registry)
     if not await _kafka_checked(stream, stop):
         return 0
+    if settings.exchange == "replica":   # before joining Kafka's group and the cluster: a cold compile holds the GIL
+        took = await asyncio.to_thread(warm_up, settings.learner)
+        log_event(log, "kernel_compiled", kernel=settings.learner.kernel, dim=settings.learner.dim,
+                  seconds=round(took, 2))
     kv = await asyncio.to_thread(start_worker, settings.node, registry=registry)
     serve_metrics(kv.po, settings.metrics_port)
     await stream.start()

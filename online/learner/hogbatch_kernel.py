@@ -132,7 +132,6 @@ def _prefetch_window(syn0, syn1, acc0, acc1, in_rows, targets, buf, nt, nj0, nj1
         _prefetch_with_acc(syn0, acc0, in_rows[j], optimizer)
 
 
-@njit(nogil=True, fastmath=True, cache=True)
 def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
                         window, negative, eta, optimizer, seed, touched, curv, loss):
     """Train every window of the batch in place, HogBatch's way; return the pair count (context words trained).
@@ -152,12 +151,27 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
     rate * sum_t s'(f_jt) |v_t|^2: the pairs kernel's contraction summed over the window, with the rate of
     the row's one step. ``loss`` (length >= 2) samples every 32nd window: loss[0] += all its m (1 + N) terms,
     loss[1] += m (pairs).
+
+    The two d's are two compiled functions, so a process compiles only the one it uses: each takes about 15 s on
+    a cold cache (``trainer.warm_up`` compiles it before a worker joins its cluster).
     """
-    if syn0.shape[1] == DIM_COMPILED:
-        return _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative,
-                              eta, optimizer, seed, touched, curv, loss, DIM_COMPILED)
-    return _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative,
-                          eta, optimizer, seed, touched, curv, loss, syn0.shape[1])
+    kernel = _train_d100 if syn0.shape[1] == DIM_COMPILED else _train_any_d
+    return kernel(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative, eta, optimizer,
+                  seed, touched, curv, loss)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _train_d100(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative, eta, optimizer,
+                seed, touched, curv, loss):
+    return _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative, eta,
+                          optimizer, seed, touched, curv, loss, DIM_COMPILED)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _train_any_d(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative, eta, optimizer,
+                 seed, touched, curv, loss):
+    return _train_windows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows, window, negative, eta,
+                          optimizer, seed, touched, curv, loss, syn0.shape[1])
 
 
 @njit(inline="always")

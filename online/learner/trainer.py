@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -465,3 +465,17 @@ class Trainer:
 
 def default_threads() -> int:
     return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+
+
+def warm_up(config: LearnerConfig) -> float:
+    """Compile (or load from numba's cache) what training ``config`` runs, on a toy batch through a throwaway
+    in-place trainer, so with the very argument types a real batch has; returns the seconds it took.
+
+    Why: a cold compile holds the GIL, for about 15 s for the hogbatch kernel at one d (its window is unrolled for
+    the compiler, ``hogbatch_kernel``), and a worker that compiled at its first batch would let its Kafka session
+    and its ps-lite heartbeats lapse meanwhile. So a worker calls this before it joins either."""
+    t0 = time.perf_counter()
+    toy = replace(config, min_count=1, sample=0.0, vocab_capacity=64, kernel=kernel_for(config.kernel, 1))
+    trainer = Trainer(toy, inplace=True)
+    trainer.train_sentences([["warm", "up", "the", "window", "of", "words"]] * 4)
+    return time.perf_counter() - t0
