@@ -1,4 +1,4 @@
-"""The Grafana dashboard and the Prometheus rules in deploy/ (docs/operations.md, section 12).
+"""The Grafana dashboard and the Prometheus rules in deploy/ (docs/operations.md#dashboards-and-alerts).
 
 * the rules pass ``promtool check rules``, and ``promtool test rules`` fires every alert on synthetic series;
 * every alert has a ``for:``, a severity and a summary and description;

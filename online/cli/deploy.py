@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--secure", default="", metavar="curve,token,tls|all",
                        help="also mount these secrets and point the settings at them: curve (the CurveZMQ keys of "
                             "every ps node), token (the front end's API token), tls (its certificate and key; its "
-                            "probes use HTTPS); see the runbook, section 10")
+                            "probes use HTTPS); see docs/operations.md#security")
         p.add_argument("--kafka-partitions", type=int, default=8,
                        help="partitions of the topic: the workers' autoscaling ceiling")
 

@@ -1,7 +1,7 @@
 """A worker's live training signal: the SGNS loss of a sample of its pairs, and the norms of its hot rows.
 
 Why: a cluster that trains garbage says nothing by itself. Words per second, lag and syncs all look healthy
-while an absurd ``LIVEVEC_ETA``, too many replicas adding up their deltas (runbook, section 2) or a bad merge
+while an absurd ``LIVEVEC_ETA``, too many replicas adding up their deltas (docs/operations.md#exchange) or a bad merge
 blow the rows up, and the front end goes on answering with neighbours that mean nothing. Two cheap figures
 show it within seconds:
 
@@ -18,7 +18,7 @@ show it within seconds:
   (``EmbeddingShard.training``); 2.4 ms with 200,000 trainable words. The pull/push exchange holds no rows, so
   it reports no norms.
 
-What a worker exports (``docs/operations.md``, section 12, says what the alert on them means and what to do):
+What a worker exports (``docs/operations.md#training-diverging`` says what the alert on them means and what to do):
 
 =============================================  ====================================================================
 ``livevec_worker_training_loss``               gauge: mean loss per sampled pair over the batches of the last

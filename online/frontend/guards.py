@@ -1,5 +1,5 @@
 """What an anonymous client can make the front end do, and the limits that hold it (the threat model
-is in README "Security" and docs/operations.md 10.3).
+is in README "Security" and docs/operations.md#front-end-security).
 
 The API is read-only: no request changes the model. These guards bound what a request costs:
 an optional bearer token on ``/v1/*`` and ``/metrics``, a cap on requests in flight (503 with

@@ -94,7 +94,7 @@ FRONTEND = SettingGroup("front end", (
             help="a local disk directory for the /v1/drift checkpoints' float16 vectors (files unlinked as soon as "
                  "they are open, so nothing is left after a crash); empty: in memory. A 10M x 100 model's "
                  "checkpoint is 2 GB: on disk it costs no RAM but the page cache's"),
-    # under abuse (README "Security", docs/operations.md 10.3)
+    # under abuse (README "Security", docs/operations.md#front-end-security)
     Setting("max_body_bytes", "LIVEVEC_MAX_BODY_BYTES", int, 4 * 1024 * 1024, minimum=1024, maximum=1 << 30,
             help="largest request body; larger is answered 413 without reading it all"),
     Setting("max_concurrent_requests", "LIVEVEC_MAX_CONCURRENT_REQUESTS", int, 256, minimum=1, maximum=100_000,
