@@ -32,7 +32,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
 # Modules in bench/ that other benchmarks import; they are not benchmarks themselves.
-LIBRARIES = {"recovery_cluster.py", Path(__file__).name}
+LIBRARIES = {"recovery_cluster.py", "result_record.py", "results_table.py", Path(__file__).name}
 SMALL_CORPUS_BYTES = 2_000_000   # about 330k words of the corpus: kafka_produce has no token limit
 
 
@@ -73,6 +73,8 @@ BENCHES = [
           r"^ratio current / reference", needs_corpus=True),
     Bench("ivf_recall", ("--corpus", "{small_corpus}", "--cache", "{tmp}/ivf-recall", "--queries", "200",
                          "--top", "2000", "--settings", "32:0"), r"^\| 32 \|", needs_corpus=True),
+    Bench("search_processes", ("--words", "200000", "--processes", "2", "--queries", "200"),
+          r"queries one at a time|^search process"),
 ]
 
 
