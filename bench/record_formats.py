@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from online.learner.tokenizer import Tokenizer  # noqa: E402
+from online.learner.tokenizers import Tokenizer  # noqa: E402
 from online.learner.tokenizers.cjk import segment_chinese, segment_japanese  # noqa: E402
 from online.learner.trainer import LearnerConfig, Trainer  # noqa: E402
 from online.stream.batches import decode_records  # noqa: E402

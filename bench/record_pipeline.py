@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_formats import CHINESE, JAPANESE, cjk, english, letters, sessions  # noqa: E402
 from stream_throughput import run_pipeline  # noqa: E402
 
-from online.learner.tokenizer import Tokenizer  # noqa: E402
+from online.learner.tokenizers import Tokenizer  # noqa: E402
 from online.stream.batches import decode_records  # noqa: E402
 from online.stream.records import RecordFormat  # noqa: E402
 

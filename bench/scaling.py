@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO))
 from online.deployment.lab_runner import lab_cluster  # noqa: E402
 from online.deployment.netns_lab import NetnsLab, lab_support_problem  # noqa: E402
 from online.deployment.topology import default_topology  # noqa: E402
-from online.learner.tokenizer import Tokenizer, text8_tokens  # noqa: E402
+from online.learner.tokenizers import Tokenizer, text8_tokens  # noqa: E402
 from online.stream.kafka_broker import KafkaBroker  # noqa: E402
 from online.stream.producer import TextSource, produce  # noqa: E402
 from online.stream.sample_corpus import generate_lines, planted_groups  # noqa: E402

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from online.stream.kafka_broker import KafkaBroker  # noqa: E402
 from online.stream.settings import KafkaBrokerSettings  # noqa: E402
 from online.stream.producer import TextSource, produce  # noqa: E402
-from online.learner.tokenizer import text8_tokens  # noqa: E402
+from online.learner.tokenizers import text8_tokens  # noqa: E402
 from online.cli.up import local_cluster  # noqa: E402
 
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"

@@ -28,7 +28,7 @@ import pytest
 from online.cluster import ps_commands as pc
 from online.checkpoint.store import CheckpointStore
 from online.stream.sample_corpus import generate_lines, planted_groups
-from online.learner.tokenizer import Tokenizer
+from online.learner.tokenizers import Tokenizer
 from online.cli.up import local_cluster
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings

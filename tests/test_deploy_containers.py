@@ -36,7 +36,7 @@ from online.deployment.image_build import DEFAULT_TAG, RUN_FLAGS, build_image, p
 from online.deployment.local_runner import LocalRunner, describe
 from online.deployment.marathon import GROUP_FILE
 from online.deployment.moosefs_lab import MachineMooseFS, moosefs_support_problem
-from online.learner.tokenizer import Tokenizer
+from online.learner.tokenizers import Tokenizer
 from online.stream.producer import ensure_topic
 from online.stream.sample_corpus import generate_lines, planted_groups
 from tests.cluster_harness import scraped_metric, wait_until

@@ -176,7 +176,7 @@ def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_p
     """1 server and 2 workers (with checkpoints, so server 0 keeps the #8 ledger); the broker SIGKILLed for 25 s
     while the workers train, then restarted from its data directory. Training resumes, every record is trained
     exactly once, and each worker wrote one kafka_unreachable line, one kafka_reachable line and few others."""
-    from online.learner.tokenizer import Tokenizer
+    from online.learner.tokenizers import Tokenizer
     from online.stream.producer import ensure_topic
     from online.stream.sample_corpus import generate_lines
     from tests.cluster_harness import assert_trained_exactly_once, wait_until
@@ -311,7 +311,7 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
     upgrade does (SIGTERM, a few seconds down, back from its data) while the producer sends with acks=all and
     1 server and 2 workers train. Each restart moves partition leaderships and the group's coordinator: the
     #8 ledger ends with every record trained exactly once, and no worker floods its log."""
-    from online.learner.tokenizer import Tokenizer
+    from online.learner.tokenizers import Tokenizer
     from online.stream.kafka_cluster import KafkaCluster
     from online.stream.producer import ensure_topic
     from online.stream.sample_corpus import generate_lines

@@ -27,7 +27,7 @@ from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import describe
 from online.deployment.stats_probe import StatsProbe
 from online.deployment.topology import default_topology
-from online.learner.tokenizer import Tokenizer
+from online.learner.tokenizers import Tokenizer
 from online.stream.kafka_broker import KafkaBroker
 from online.stream.sample_corpus import generate_lines, planted_groups
 from online.stream.settings import KafkaBrokerSettings

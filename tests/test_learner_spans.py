@@ -11,7 +11,7 @@ import pytest
 from online.learner.keys import word_key
 from online.learner.spans import TokenSpans, batch_ends, hash_spans, spans_of_sentences, text8_spans
 from online.learner.subsampling import keep_probability, keep_tokens
-from online.learner.tokenizer import Tokenizer
+from online.learner.tokenizers import Tokenizer
 from online.learner.trainer import LearnerConfig, Trainer
 from online.learner.vocab import OnlineVocab
 

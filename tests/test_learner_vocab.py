@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from online.learner.tokenizer import Tokenizer, text8_tokens, unicode_tokens
+from online.learner.tokenizers import Tokenizer, text8_tokens, unicode_tokens
 from online.learner.keys import OUTPUT_BIT, is_input_row, output_rows, word_key, word_keys, word_rows
 from online.learner.vocab import OnlineVocab
 

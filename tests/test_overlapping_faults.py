@@ -33,7 +33,7 @@ import pytest
 
 from online.cli.up import local_cluster
 from online.checkpoint.store import CheckpointStore
-from online.learner.tokenizer import Tokenizer
+from online.learner.tokenizers import Tokenizer
 from online.stream.sample_corpus import generate_lines
 from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, process_alive, wait_until
 from tests.test_checkpoint_recovery import ClusterProbe, Producer

@@ -189,7 +189,7 @@ def test_a_secured_livevec_cluster_trains_every_record_exactly_once(kafka_bootst
     a worker and a server killed and relaunched while it trains (their replacements rejoin with their keys)."""
     from online.deployment.local_runner import LocalRunner
     from online.deployment.topology import default_topology
-    from online.learner.tokenizer import Tokenizer
+    from online.learner.tokenizers import Tokenizer
     from online.stream.sample_corpus import generate_lines
     from online.checkpoint.store import CheckpointStore
     from online.cluster import ps_commands as pc

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from online.cli.train import TrainSettings, train_file
-from online.learner.tokenizer import Tokenizer, TokenList
+from online.learner.tokenizers import Tokenizer, TokenList
 from online.learner.trainer import LearnerConfig
 from online.stream.json_scan import OK_LIST, OK_STRING, scan_records
 from online.stream.reader import FileStream

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from online.learner.settings import LEARNER
-from online.learner.tokenizer import Tokenizer, TokenList
+from online.learner.tokenizers import Tokenizer, TokenList
 from ps_bridge.settings import SettingError
 
 JAPANESE = "分散型のオペレーティングシステムは、各マシンのCPUとメモリを管理する。"

@@ -9,7 +9,7 @@ becomes a Python string on the way; only the words the vocabulary admits are eve
 Two ways in:
 
 ``text8_spans``
-    The ``text8`` tokenizer of ``online.learner.tokenizer`` over raw UTF-8 bytes in one
+    The ``text8`` tokenizer of ``online.learner.tokenizers`` over raw UTF-8 bytes in one
     compiled pass: it lower-cases, spells digits out, splits sentences on newlines and after
     ``. ! ?`` (and their full-width forms) followed by whitespace, and cuts sentences longer
     than ``max_sentence_length`` into chunks, exactly as ``Tokenizer.sentences`` does on the

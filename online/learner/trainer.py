@@ -2,7 +2,7 @@
 
 One ``Trainer`` is the learning side of a worker. Per mini-batch of records it:
 
-1. tokenises them into sentences (``online.learner.tokenizer``);
+1. tokenises them into sentences (``online.learner.tokenizers``);
 2. counts the tokens in the online vocabulary (``online.learner.vocab``); words reaching
    ``min_count`` become trainable, evicted words have their rows freed in the store;
 3. updates the adaptive noise table (``online.learner.noise``) with the count changes;
@@ -46,7 +46,7 @@ from online.learner.sgns_kernel import (NO_CURVATURE, OPT_ADAGRAD, OPT_ROW_ADAGR
                                         patched_noise_rows, take_touched, train_inplace_rows)
 from online.learner.spans import spans_of_sentences
 from online.learner.subsampling import keep_tokens
-from online.learner.tokenizer import Tokenizer
+from online.learner.tokenizers import Tokenizer
 from online.learner.vocab import OnlineVocab
 
 # The in-place kernels ``LIVEVEC_KERNEL`` chooses between (same arguments and results): ``pairs`` is word2vec.c's

@@ -74,7 +74,7 @@ def decode_record(value: bytes | None, max_bytes: int) -> tuple[str | None, str 
         return None, "invalid_utf8"
     if not text.strip():
         return None, "empty"
-    if text[0] == "\x1e":      # the mark of a token-list record (online.learner.tokenizer.TokenList): text it is
+    if text[0] == "\x1e":      # the mark of a token-list record (online.learner.tokenizers.TokenList): text it is
         text = " " + text[1:]
     return text, None
 

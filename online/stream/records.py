@@ -6,7 +6,7 @@ record would learn the keys and the numbers. With ``LIVEVEC_RECORD_FORMAT=json``
 
 - a string field is text for the tokenizer (``LIVEVEC_TOKENIZER``);
 - a list of strings is one sentence of tokens taken as they are, whatever the tokenizer
-  (a token-list record, ``online.learner.tokenizer.TokenList``): an item2vec session such as
+  (a token-list record, ``online.learner.tokenizers.TokenList``): an item2vec session such as
   ``["sku-1", "sku-7"]``.
 
 A record that is not JSON (``invalid_json``), lacks the field or holds null there (``missing_field``),
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from online.learner.tokenizer import TokenList
+from online.learner.tokenizers import TokenList
 from online.stream.json_scan import EMPTY, OK_LIST, OK_STRING, scan_records
 from ps_bridge.settings import Setting, SettingError, SettingGroup
 

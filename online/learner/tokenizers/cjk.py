@@ -2,15 +2,15 @@
 
 The ``unicode`` tokenizer's regex keeps a run of CJK characters whole, so without this a Japanese
 or Chinese stream would learn clauses (``分散型のオペレーティングシステムは``), each seen once, instead of
-words. Two dictionary segmenters from PyPI do it, chosen by measurement (``bench/record_formats.py``,
-``bench/README.md``):
+words. Two dictionary segmenters from PyPI do it (``bench/record_formats.py`` measures them):
 
 - Chinese: ``rjieba`` (jieba in Rust, its dictionary built in): about 30 MB/s on one core, 4.6 MB installed.
 - Japanese: SudachiPy with ``sudachidict-core``, split mode C (the longest units: ``オペレーティングシステム``
   and ``東京都`` stay one word, which suits a vocabulary of embeddings): about 2 MB/s on one core,
-  200 MB installed. fugashi with unidic-lite was 2x faster but cuts into short units (``分散`` ``型``),
-  weighs 250 MB and its dictionary has not been released since 2021. jieba on Japanese cuts katakana
-  into single characters, and Sudachi on Chinese into characters: each language needs its own.
+  200 MB installed.
+
+jieba on Japanese cuts katakana into single characters, and Sudachi on Chinese into characters: each
+language needs its own. Design: docs/design/0007-tokenizers.md
 
 Routing (``LIVEVEC_LANGUAGE``): ``auto`` segments a record's runs as Japanese when the record holds
 kana anywhere (Chinese is written without them, and Japanese rarely goes a sentence without them),

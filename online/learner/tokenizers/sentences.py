@@ -1,7 +1,6 @@
 """Turning a record (a Kafka message, a line of a file) into sentences of tokens.
 
-The tokenizer families (``text8``, ``unicode``, ``tokens``) and their registry live in
-``online.learner.tokenizers``; this module applies the one a name picks to whole records.
+``Tokenizer`` applies the family a name picks (``online.learner.tokenizers.families``) to whole records.
 
 Records are split into sentences because SGNS windows must not cross sentence
 boundaries: on newlines and, for raw text, after ``. ! ?`` followed by whitespace (``text8``,
@@ -24,14 +23,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from online.learner.spans import TokenSpans, empty_spans, spans_of_sentences, text8_spans
-from online.learner.tokenizers import FAMILIES, TOKENIZERS
 from online.learner.tokenizers.cjk import LANGUAGES, check_available
-from online.learner.tokenizers.text8 import DIGIT_WORDS, text8_tokens
-from online.learner.tokenizers.tokens import TokenList, tokens_spans, whitespace_tokens
-from online.learner.tokenizers.unicode import unicode_tokens
-
-__all__ = ["DEFAULT_MAX_SENTENCE_LENGTH", "DIGIT_WORDS", "LANGUAGES", "TOKENIZERS", "TokenList", "Tokenizer",
-           "text8_tokens", "unicode_tokens", "whitespace_tokens"]
+from online.learner.tokenizers.families import FAMILIES, TOKENIZERS
+from online.learner.tokenizers.tokens import TokenList, tokens_spans
 
 DEFAULT_MAX_SENTENCE_LENGTH = 10_000
 

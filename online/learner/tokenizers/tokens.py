@@ -10,8 +10,8 @@ a record's end only: a ``.`` is a word of its own here, not a sentence boundary.
 A token list is a record that already is one sentence of tokens (a JSON list, ``online.stream.records``):
 U+001E, then its items joined by U+001F. It is a plain ``str``, so everything that carries records (batches,
 the worker's mini-batches, which size them with ``split()``) carries it unchanged, and the garbage collector
-does not track it (a ``str`` subclass was, and a stream of short sessions made the collector walk the
-trainer's objects again and again: 20 % of the pipeline). The stream keeps text records from starting with
+does not track it (it would track a ``str`` subclass, and on a stream of short sessions walk the trainer's
+objects again and again). The stream keeps text records from starting with
 U+001E. Each item is a token however many spaces it holds; only U+001E, U+001F and NUL split an item.
 
 Both run as one compiled pass over the records' UTF-8 bytes (``tokens_spans``), like the ``text8``
