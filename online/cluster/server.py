@@ -141,78 +141,19 @@ class ShardService:
 
     # ---------------------------------------------------------------- KV
     def handle_kv(self, req: KVMeta, data: KVPairs, server: KVServer) -> None:
+        """Answer one KV request with the handler its command names (``_KV_COMMANDS``). A pull is answered
+        with the handler's values, anything else with an empty acknowledgement."""
         t0 = time.perf_counter()
         keys, n, dim = data.keys, len(data.keys), self.shard.dim
         if req.push and not self.extension.admits(req.sender):
             self._fenced(req.sender, f"cmd {req.cmd}")
             return
         try:
-            if req.cmd == pc.CMD_ROWS:
-                if req.push:
-                    if len(data.vals) != n * dim:
-                        raise ValueError(f"push of {len(data.vals)} floats for {n} keys of dim {dim}")
-                    self.shard.push(keys, data.vals.reshape(n, dim))
-                    self.c.pushes += 1
-                    self.c.keys_pushed += n
-                    self.m_requests["push"].inc()
-                    self.m_keys_pushed.inc(n)
-                if req.pull:
-                    vals = self.shard.pull(keys) if n else np.zeros((0, dim), np.float32)
-                    self.c.pulls += 1
-                    self.c.keys_pulled += n
-                    self.m_requests["pull"].inc()
-                    self.m_keys_pulled.inc(n)
-                    server.response(req, KVPairs(keys, vals.reshape(-1)))
-                    return
-            elif req.cmd == pc.CMD_DELTA and req.pull and not req.push:
-                # a replica refreshing rows it did not change: the rows and their accumulators, nothing applied
-                rows = self.shard.read_rows(keys)
-                self.c.pulls += 1
-                self.c.keys_pulled += n
-                self.m_requests["refresh"].inc()
-                self.m_keys_pulled.inc(n)
-                server.response(req, KVPairs(keys, rows.reshape(-1)))
+            handler = self._KV_COMMANDS.get(req.cmd, ShardService._kv_unknown)
+            vals = handler(self, req, data)
+            if vals is not None:
+                server.response(req, KVPairs(keys, vals))
                 return
-            elif req.cmd in (pc.CMD_DELTA, pc.CMD_DELTA_FRESH) and req.push and req.pull:
-                # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
-                width = dim + 2 if n and len(data.vals) == n * (dim + 2) else dim + 1
-                if len(data.vals) != n * width:
-                    raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} "
-                                     f"(expected {dim} + 1 or {dim} + 2 per key)")
-                vals = data.vals.reshape(n, width)
-                rows = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
-                                                       fresh=req.cmd == pc.CMD_DELTA_FRESH,
-                                                       sender=self.merge_groups.get(req.sender, req.sender),
-                                                       contraction=vals[:, dim + 1] if width == dim + 2 else None)
-                self.c.pushes += 1
-                self.c.keys_pushed += n
-                self.m_requests["deltas"].inc()
-                self.m_keys_pushed.inc(n)
-                server.response(req, KVPairs(keys, rows.reshape(-1)))   # per key: its values, its accumulator
-                return
-            elif req.cmd == pc.CMD_WORD_COUNTS and req.push and req.pull:
-                if len(data.vals) != n:
-                    raise ValueError(f"word counts push of {len(data.vals)} values for {n} keys")
-                deltas = np.rint(data.vals).astype(np.int64)
-                if n and int(deltas.min()) < 0:
-                    raise ValueError("word counts must not be negative")
-                totals = self.shard.count_words(keys, deltas)
-                self.c.tokens_counted += int(deltas.sum())
-                self.m_requests["word_counts"].inc()
-                server.response(req, KVPairs(keys, totals.astype(np.float32)))
-                return
-            elif req.cmd == pc.CMD_COUNTS and req.push:
-                if len(data.vals) != n:
-                    raise ValueError(f"counts push of {len(data.vals)} values for {n} keys")
-                deltas = np.rint(data.vals).astype(np.int64)
-                self.shard.add_counts(keys, deltas)
-                self.c.tokens_counted += int(deltas.sum())
-                self.m_requests["counts"].inc()
-            elif req.cmd == pc.CMD_FREE and req.push:
-                self.shard.free(keys)
-                self.m_requests["free"].inc()
-            else:
-                raise ValueError(f"unknown command {req.cmd} (push={req.push}, pull={req.pull})")
         except ValueError as exc:
             # Answer anyway (an empty response) so the sender does not hang; the error is
             # counted and logged, and the shard is untouched.
@@ -226,6 +167,108 @@ class ShardService:
         finally:
             self.m_latency.observe(time.perf_counter() - t0)
         server.response(req)
+
+    # Each KV command's handler: the flat values a pull is answered with, or None (acknowledged empty).
+    # A malformed request raises ValueError, which ``handle_kv`` counts, logs and answers empty.
+    def _kv_unknown(self, req: KVMeta, data: KVPairs) -> None:
+        raise ValueError(f"unknown command {req.cmd} (push={req.push}, pull={req.pull})")
+
+    def _kv_rows(self, req: KVMeta, data: KVPairs) -> np.ndarray | None:
+        """Rows pushed (added to the model) and/or pulled (read)."""
+        keys, n, dim = data.keys, len(data.keys), self.shard.dim
+        if req.push:
+            if len(data.vals) != n * dim:
+                raise ValueError(f"push of {len(data.vals)} floats for {n} keys of dim {dim}")
+            self.shard.push(keys, data.vals.reshape(n, dim))
+            self.c.pushes += 1
+            self.c.keys_pushed += n
+            self.m_requests["push"].inc()
+            self.m_keys_pushed.inc(n)
+        if not req.pull:
+            return None
+        vals = self.shard.pull(keys) if n else np.zeros((0, dim), np.float32)
+        self.c.pulls += 1
+        self.c.keys_pulled += n
+        self.m_requests["pull"].inc()
+        self.m_keys_pulled.inc(n)
+        return vals.reshape(-1)
+
+    def _kv_delta(self, req: KVMeta, data: KVPairs) -> np.ndarray:
+        """A replica's exchange: a pull alone refreshes rows, a push and pull merges its deltas."""
+        if req.pull and not req.push:
+            return self._kv_refresh(req, data)
+        return self._kv_deltas(req, data)
+
+    def _kv_refresh(self, req: KVMeta, data: KVPairs) -> np.ndarray:
+        """A replica refreshing rows it did not change: the rows and their accumulators, nothing applied."""
+        n = len(data.keys)
+        rows = self.shard.read_rows(data.keys)
+        self.c.pulls += 1
+        self.c.keys_pulled += n
+        self.m_requests["refresh"].inc()
+        self.m_keys_pulled.inc(n)
+        return rows.reshape(-1)
+
+    def _kv_deltas(self, req: KVMeta, data: KVPairs) -> np.ndarray:
+        """A replica's deltas merged; per key the answer is its values and its accumulator."""
+        if not (req.push and req.pull):
+            return self._kv_unknown(req, data)
+        keys, n, dim = data.keys, len(data.keys), self.shard.dim
+        # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
+        width = dim + 2 if n and len(data.vals) == n * (dim + 2) else dim + 1
+        if len(data.vals) != n * width:
+            raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} "
+                             f"(expected {dim} + 1 or {dim} + 2 per key)")
+        vals = data.vals.reshape(n, width)
+        rows = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
+                                     fresh=req.cmd == pc.CMD_DELTA_FRESH,
+                                     sender=self.merge_groups.get(req.sender, req.sender),
+                                     contraction=vals[:, dim + 1] if width == dim + 2 else None)
+        self.c.pushes += 1
+        self.c.keys_pushed += n
+        self.m_requests["deltas"].inc()
+        self.m_keys_pushed.inc(n)
+        return rows.reshape(-1)
+
+    def _kv_word_counts(self, req: KVMeta, data: KVPairs) -> np.ndarray:
+        """Word counts added; the answer is each word's total."""
+        if not (req.push and req.pull):
+            return self._kv_unknown(req, data)
+        n = len(data.keys)
+        if len(data.vals) != n:
+            raise ValueError(f"word counts push of {len(data.vals)} values for {n} keys")
+        deltas = np.rint(data.vals).astype(np.int64)
+        if n and int(deltas.min()) < 0:
+            raise ValueError("word counts must not be negative")
+        totals = self.shard.count_words(data.keys, deltas)
+        self.c.tokens_counted += int(deltas.sum())
+        self.m_requests["word_counts"].inc()
+        return totals.astype(np.float32)
+
+    def _kv_counts(self, req: KVMeta, data: KVPairs) -> None:
+        """Counts added to rows, acknowledged."""
+        if not req.push:
+            return self._kv_unknown(req, data)
+        n = len(data.keys)
+        if len(data.vals) != n:
+            raise ValueError(f"counts push of {len(data.vals)} values for {n} keys")
+        deltas = np.rint(data.vals).astype(np.int64)
+        self.shard.add_counts(data.keys, deltas)
+        self.c.tokens_counted += int(deltas.sum())
+        self.m_requests["counts"].inc()
+        return None
+
+    def _kv_free(self, req: KVMeta, data: KVPairs) -> None:
+        """Rows dropped, acknowledged."""
+        if not req.push:
+            return self._kv_unknown(req, data)
+        self.shard.free(data.keys)
+        self.m_requests["free"].inc()
+        return None
+
+    _KV_COMMANDS: dict[int, Callable] = {pc.CMD_ROWS: _kv_rows, pc.CMD_DELTA: _kv_delta,
+                                         pc.CMD_DELTA_FRESH: _kv_deltas, pc.CMD_WORD_COUNTS: _kv_word_counts,
+                                         pc.CMD_COUNTS: _kv_counts, pc.CMD_FREE: _kv_free}
 
     # ---------------------------------------------------------- SimpleApp
     def handle_simple(self, req: SimpleData, app) -> None:
