@@ -4,9 +4,9 @@ A sync builds the next snapshot in a worker thread: a delta's rows, their codes 
 they touch are temporaries of megabytes, allocated and freed every half second. By default
 glibc raises its mmap threshold each time such a block is freed (up to 32 MB), so later
 temporaries come from the heaps it keeps per thread, and what they free stays resident
-there; with more threads it keeps more heaps. Measured at 1M words (``bench/query_load.py``,
-issue #29): the front end grew 0.22 GB over a run, 0.11 GB with a fixed 4 MB threshold and two
-heaps, with the same latency. Query temporaries (a few hundred KB) stay below the threshold, so
+there; with more threads it keeps more heaps. At 1M words (``bench/query_load.py``) the front end
+grows 0.22 GB over a run with glibc's defaults and 0.11 GB with a fixed 4 MB threshold and two
+heaps, at the same latency. Query temporaries (a few hundred KB) stay below the threshold, so
 queries pay no ``mmap`` of their own. A ``MALLOC_ARENA_MAX`` or ``MALLOC_MMAP_THRESHOLD_`` in the
 environment (glibc's own tunables) is the operator's choice and is left alone."""
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Limit the BLAS thread pool of the running process (without threadpoolctl).
 
 A 100k x 100 similarity query is a single small matrix product. With a second core
-busy (training, another request), a 2-thread OpenBLAS turned a 1.5 ms query into 8 ms on
-this machine (bench/README.md), so the query path runs BLAS on one thread. Environment
+busy (training, another request), a 2-thread OpenBLAS turns a 1.5 ms query into 8 ms,
+so the query path runs BLAS on one thread. Environment
 variables such as OPENBLAS_NUM_THREADS only work before numpy is imported; this finds
 the OpenBLAS that numpy actually loaded and calls its ``set_num_threads``.
 """

@@ -1,8 +1,8 @@
 """The counts at past moments, kept as what changed between them (``/v1/rising``).
 
-A rise over a window is a word's count now minus its count at the window's start. Keeping
-a full copy of the counts per sample cost 4 bytes a word each: the 31 samples of a 10M-word
-model held 1.2 GB, more than its int8 search codes. But counts only move where training
+A rise over a window is a word's count now minus its count at the window's start. A full
+copy of the counts per sample would cost 4 bytes a word each: the 31 samples of a 10M-word
+model would hold 1.2 GB, more than its int8 search codes. But counts only move where training
 touched a row, so a sample keeps only the rows that changed before the next sample, with
 their counts at its time (16 bytes a changed row). The newest sample is the served
 snapshot's counts array itself, by reference: a sync never writes a published array, it

@@ -1,7 +1,7 @@
 """Similarity queries off the event loop, fused into batches under load.
 
 One exact query over 100k x 100 blocks for about 1.4 ms; run in the handler it stalls
-every other request (ceilings.md: 620 req/s, p99 42 ms at 16 connections). So handlers
+every other request (620 req/s at most, p99 42 ms at 16 connections). So handlers
 enqueue queries and await a future, and one compute thread takes *everything* that is
 waiting (up to ``max_batch``) and answers it with a single matrix product against one
 snapshot of the model. At low load a batch is one query and latency is one product; under

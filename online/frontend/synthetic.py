@@ -67,7 +67,7 @@ def _rows(seed, rows, named, centres, which, steps, out):
             base[:] = named[r]
         else:
             c = which[r]
-            for t in range(d):          # no branch inside: the hashes vectorise (10M rows: 8 s before)
+            for t in range(d):          # no branch inside, so the hashes vectorise
                 base[t] = centres[c, t] + 0.5 * _normal(seed, r, 0, t)
         if s:
             walk = 0.05 * math.sqrt(s)

@@ -5,7 +5,7 @@ background work: syncs (at 10M words and 20,000 changed rows a second, about 95 
 0.5 s), the recall monitor's exact searches (about 50 ms each at 10M), the inverted file's
 builds (a minute), drift checkpoints and analytics requests. At equal priority a burst of it
 takes half the core while it runs and queries queue behind it: at 10M words and 500 req/s the
-core was 60 - 70 % busy and p99 was still 20 - 90 ms (bench/README.md, issue #29).
+core is 60 - 70 % busy and p99 still 20 - 90 ms (``bench/query_load.py``).
 
 Linux keeps a nice value per thread, so the threads behind ``asyncio.to_thread`` (the loop's
 default executor, which every such job uses) take a higher one. When both want the core the

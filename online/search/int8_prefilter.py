@@ -55,7 +55,7 @@ def available_scans() -> list[str]:
 SCAN = available_scans()[-1]
 # Largest batch that uses the int8 pre-filter by default. The VNNI and AVX2 kernels beat the
 # float32 product at every batch size; the portable C loop and dequantise + BLAS lose to it at
-# every batch size here (bench/README.md), so they only run when asked (``prefilter=True``, tests).
+# every batch size (docs/design/0005-serving-index.md), so they only run when asked (``prefilter=True``, tests).
 MAX_BATCH_FOR_CODES = {"vnni": 1 << 30, "avx2": 1 << 30, "portable": 0, "numpy": 0}
 
 

@@ -5,7 +5,8 @@
  * for one query (it streams 40 MB) and 0.35 - 0.5 ms per query in batches. Here rows and
  * queries are int8: AVX-512 VNNI's vpdpbusd does 64 int8 multiply-adds per instruction,
  * AVX2's vpmaddubsw + vpmaddwd 32 per pair; the work is a fraction of the instructions over a
- * quarter of the bytes. numba emits neither; the measurements are in bench/README.md.
+ * quarter of the bytes. numba emits neither.
+ * Design: docs/design/0005-serving-index.md
  *
  * The scores are approximate (both sides are quantised); int8_prefilter.py turns them into
  * exact answers with an error bound per row and a float32 re-score of the few candidates.

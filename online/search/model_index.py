@@ -15,8 +15,8 @@ float32 product and a compiled top-k heap answer). ``search`` is what queries us
 model with an inverted file (``ivf``, built in the background from ``ivf_min_rows`` rows)
 it scores only the ``ivf_nprobe`` lists nearest to each query, which is approximate, and
 says so per query ("ivf" or "exact"); ``LIVEVEC_SEARCH=exact`` keeps every query exact.
-An HNSW graph was rejected: it cannot follow a model that changes 10^5 rows per second
-(bench/README.md); the lists follow it by re-filing changed rows.
+The lists follow a changing model by re-filing changed rows, where a graph index would be rebuilt.
+Design: docs/design/0005-serving-index.md
 """
 from __future__ import annotations
 

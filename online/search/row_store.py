@@ -372,7 +372,7 @@ class Store:
         """A buffer other than ``src`` that no live snapshot reads, holding what ``src`` holds
         and with room for ``need_rows`` rows and ``need_tiles`` tiles. ``new_codes``: the caller lays
         out new code arrays itself (an inverted file's install), so the old ones are not copied into
-        larger ones first (at 10M words that copy was 1.3 GB more at the install's peak)."""
+        larger ones first (at 10M words that copy would be 1.3 GB more at the install's peak)."""
         if need_rows > src.cap_rows or need_tiles > src.cap_tiles:
             # only what ran out grows: the maps are filled with -1, so all of their capacity is resident
             # (an install needs more tiles, not more rows: 1.5x the rows cost 200 MB more at 10M words)

@@ -1,8 +1,8 @@
 """Processes that search the front end's model without a copy of it: reads that scale across cores.
 
 One front-end process searches on one core (the query thread holds the GIL between kernels), so
-the only way to serve more queries was another front end, with another model: 7.5 GB more at 10M
-words. With ``LIVEVEC_SEARCH_PROCESSES=N`` the front end keeps parsing requests, resolving words
+without them the only way to serve more queries is another front end, with another model: 7.5 GB
+more at 10M words. With ``LIVEVEC_SEARCH_PROCESSES=N`` the front end keeps parsing requests, resolving words
 and formatting answers, and hands each batch's *search* to one of N processes that map the
 model's rows, codes and maps from it (``shared_arrays``: memfd blocks the front end allocates,
 mapped read-only here). A process adds its interpreter and the few pages it maps privately,
