@@ -39,7 +39,7 @@ import orjson
 
 from online.checkpoint.settings import CoordinatorSettings
 from online.checkpoint.storage_health import StorageHealth, describe
-from online.checkpoint.store import Checkpoint, CheckpointStore, offsets_from_json, offsets_to_json
+from online.checkpoint.store import CheckpointStore, StoredCheckpoint, offsets_from_json, offsets_to_json
 from online.cluster import ps_commands as pc
 from online.cluster.scheduler import SchedulerExtension
 from ps_bridge.customer import RequestTimeout
@@ -92,7 +92,7 @@ class CheckpointCoordinator(SchedulerExtension):
         self.app.set_simple_request_handle(self._on_request)
         po.membership_listeners.append(self._on_membership)
         self.metrics = _Metrics(registry or po.registry)
-        self.base: Checkpoint | None = None
+        self.base: StoredCheckpoint | None = None
         started = time.time()   # with no complete checkpoint yet, the age counts from the start
         (registry or po.registry).gauge(
             "livevec_checkpoint_age_seconds", "seconds since the latest complete checkpoint was written",

@@ -232,8 +232,9 @@ def restore_shard(states: list[ShardState], *, dim: int, optimizer: str, eta: fl
 # ----------------------------------------------------------------------------- manifests
 
 @dataclass
-class Checkpoint:
-    """A complete, verified checkpoint."""
+class StoredCheckpoint:
+    """A complete checkpoint in the store: its directory and its manifest (the shards it lists, the stream
+    offsets it holds)."""
 
     id: int
     path: Path
@@ -395,23 +396,23 @@ class CheckpointStore:
             return path, write_shard_file(path, state)
         return self._bounded("write shard", write)
 
-    def read_shard(self, ckpt: "Checkpoint", rank: int) -> "ShardState":
+    def read_shard(self, ckpt: StoredCheckpoint, rank: int) -> "ShardState":
         return self._bounded("read shard", read_shard_file, ckpt.shard_path(rank))
 
-    def write_manifest(self, ckpt_id: int, manifest: dict) -> Checkpoint:
+    def write_manifest(self, ckpt_id: int, manifest: dict) -> StoredCheckpoint:
         body = {"format": FORMAT, "id": ckpt_id, **manifest}
         body["sha256"] = _manifest_digest(body)
         path = self.path_of(ckpt_id)
         data = json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
         self._bounded("write manifest", atomic_write, path / MANIFEST, lambda fh: fh.write(data))
-        return Checkpoint(ckpt_id, path, body)
+        return StoredCheckpoint(ckpt_id, path, body)
 
-    def verify(self, ckpt_id: int, check_data: bool = True) -> Checkpoint:
+    def verify(self, ckpt_id: int, check_data: bool = True) -> StoredCheckpoint:
         """The checkpoint if it is complete and intact; else ``CheckpointError`` saying why. A file system
         that cannot be read raises ``OSError`` instead: that says nothing about the checkpoint."""
         return self._bounded("verify", self._verify, ckpt_id, check_data)
 
-    def _verify(self, ckpt_id: int, check_data: bool) -> Checkpoint:
+    def _verify(self, ckpt_id: int, check_data: bool) -> StoredCheckpoint:
         path = self.path_of(ckpt_id)
         mpath = path / MANIFEST
         self._root_must_exist()
@@ -443,14 +444,14 @@ class CheckpointStore:
                 digest = sha256_file(fpath)
                 if digest != entry["sha256"]:
                     raise CheckpointError(f"{path.name}: {name} checksum mismatch (corrupt data)")
-        return Checkpoint(ckpt_id, path, body)
+        return StoredCheckpoint(ckpt_id, path, body)
 
-    def latest_complete(self, check_data: bool = True, before: int | None = None) -> Checkpoint | None:
+    def latest_complete(self, check_data: bool = True, before: int | None = None) -> StoredCheckpoint | None:
         """The newest complete checkpoint; damaged or partial ones are skipped with a WARNING naming why.
         ``OSError`` when the file system cannot be read (never None for a store it cannot see)."""
         return self._bounded("find latest", self._latest_complete, check_data, before)
 
-    def _latest_complete(self, check_data: bool, before: int | None) -> Checkpoint | None:
+    def _latest_complete(self, check_data: bool, before: int | None) -> StoredCheckpoint | None:
         for ckpt_id in reversed(self.ids()):
             if before is not None and ckpt_id >= before:
                 continue

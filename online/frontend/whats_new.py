@@ -174,7 +174,8 @@ class PastModel:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class DriftCheckpoint:
+    """A past model kept for ``/v1/drift`` to compare a word's neighbours against."""
     id: int
     taken_at: float
     model: PastModel
@@ -238,7 +239,7 @@ class WhatsNew:
         self._remembered = 0
         self.forgotten_until: float | None = None      # arrivals up to this time were dropped from the ring
         self._samples = CountSamples(self.rising_samples + 1)
-        self._checkpoints: deque[Checkpoint] = deque(maxlen=self.drift_keep)
+        self._checkpoints: deque[DriftCheckpoint] = deque(maxlen=self.drift_keep)
         self._checkpointing = False          # observe() is making one outside the lock
         self._next_id = 1
 
@@ -268,7 +269,7 @@ class WhatsNew:
             with self._lock:            # one step: no other look sees the flag down before it is filed
                 self._checkpointing = False
                 if past is not None:
-                    self._checkpoints.append(Checkpoint(self._next_id, now, past, weakref.ref(index)))
+                    self._checkpoints.append(DriftCheckpoint(self._next_id, now, past, weakref.ref(index)))
                     self._next_id += 1
 
     def _checkpoint_due(self, index: ModelIndex, now: float) -> bool:
@@ -292,8 +293,8 @@ class WhatsNew:
         if not len(self._samples) or now - self._samples.times()[-1] >= self.rising_interval:
             self._samples.add(now, index.counts)
         if checkpoint and self._checkpoint_due(index, now):     # an answer that needs one: not the periodic look
-            self._checkpoints.append(Checkpoint(self._next_id, now, PastModel(index, self.drift_dir),
-                                                weakref.ref(index)))
+            self._checkpoints.append(DriftCheckpoint(self._next_id, now, PastModel(index, self.drift_dir),
+                                                     weakref.ref(index)))
             self._next_id += 1
         return index
 
@@ -401,7 +402,7 @@ class WhatsNew:
                           for r, c, d, f in zip(rows[top].tolist(), c_then[top].tolist(), rise[top].tolist(),
                                                 lift[top].tolist())]}
 
-    def _checkpoint(self, spec: str, index: ModelIndex) -> Checkpoint:
+    def _checkpoint(self, spec: str, index: ModelIndex) -> DriftCheckpoint:
         kept = list(self._checkpoints)
         ids = [c.id for c in kept]
         if not kept:
