@@ -1,6 +1,9 @@
-# The two commands of the README:
+# The commands of the README:
 #   make up    - a whole local cluster streaming a sample corpus; prints the page's URL
-#   make test  - installs everything and runs the test suite against a real Kafka broker
+#   make check - the quick tier: the tests of pure logic, with the venv alone (no root, Kafka, namespaces,
+#                containers or browser)
+#   make test  - installs everything (as root: apt packages, the image) and runs the whole suite against a real
+#                Kafka broker
 #   make image - builds deploy/Dockerfile (podman from a debootstrapped Debian base without a Docker daemon)
 # Each target does all of its own set-up on a fresh machine.
 
@@ -9,7 +12,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test bench install kafka-jars browser container-tools ops-tools moosefs image clean
+.PHONY: up check test bench install kafka-jars browser container-tools ops-tools moosefs image clean
 
 $(STAMP): pyproject.toml setup.py online/search/int8_scan.c
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +62,12 @@ image: $(STAMP)
 
 up: $(STAMP) kafka-jars
 	$(VENV)/bin/livevec up
+
+# The markers say what a test needs beyond the venv (pyproject.toml declares them; the README lists them).
+CHECK_MARKERS := not kafka and not slow and not browser and not root
+
+check: $(STAMP)
+	$(PY) -m pytest -q -ra -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
 
 test: $(STAMP) kafka-jars browser ops-tools moosefs image
 	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)

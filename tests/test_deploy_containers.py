@@ -43,7 +43,7 @@ from tests.cluster_harness import scraped_metric, wait_until
 from tests.test_checkpoint_recovery import ClusterProbe, Producer, _ledger
 from tests.test_deploy_e2e import _get
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root]   # podman, as root
 REPO = Path(__file__).resolve().parents[1]
 VOLUME = "/mnt/mfs/livevec"
 

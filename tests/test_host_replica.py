@@ -147,6 +147,7 @@ def test_a_trainer_on_a_full_replica_trains_the_words_that_have_rows(segment_pat
     assert np.isfinite(shard.vectors).all()
 
 
+@pytest.mark.root   # mounts a tmpfs
 def test_a_tmpfs_too_small_fails_at_start_naming_the_rows(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()

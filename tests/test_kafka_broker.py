@@ -55,6 +55,7 @@ async def test_session_broker_serves_aiokafka(kafka_broker, kafka_topic):
     assert await roundtrip(kafka_broker.bootstrap, topic, values) == values
 
 
+@pytest.mark.kafka   # starts a broker of its own
 async def test_cli_start_prints_an_address_aiokafka_can_use_then_stops(tmp_path):
     state = tmp_path / "broker.json"
     started = livevec("kafka", "start", "--state-file", str(state))

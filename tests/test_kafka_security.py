@@ -243,6 +243,7 @@ def test_a_client_certificate_is_loaded_for_mutual_tls(kafka_broker, kafka_tls):
     assert err.value.setting == "LIVEVEC_KAFKA_SSL_CERT_FILE", str(err.value)
 
 
+@pytest.mark.kafka   # starts a broker of its own
 def test_a_broker_that_requires_client_certificates(tmp_path, kafka_tls):
     """Mutual TLS as a managed Kafka runs it (ssl.client.auth=required): without a certificate the client
     stops at start naming LIVEVEC_KAFKA_SSL_CERT_FILE; with the CA's certificate it gets through."""

@@ -71,6 +71,7 @@ def test_a_group_that_cannot_be_placed_is_refused_naming_the_app():
                            {"/g/s": [["hostname", "UNIQUE"]]})
 
 
+@pytest.mark.root   # unshare --user, and `ip netns`
 def test_without_root_the_lab_stops_with_a_clear_message_and_changes_nothing():
     # `unshare --user`: the same files (it may read a checkout only root can), but no root and no capabilities
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -84,6 +85,7 @@ def test_without_root_the_lab_stops_with_a_clear_message_and_changes_nothing():
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
 
 
+@pytest.mark.root   # unshare --user
 def test_livevec_up_hosts_names_the_setting_when_the_lab_cannot_run():
     done = subprocess.run(["unshare", "--user", sys.executable, "-m",
                            "online.cli", "up", "--hosts", "4"], cwd=REPO, capture_output=True, text=True, timeout=60,
@@ -127,6 +129,7 @@ def _host_of(runner, app: str, index: int = 0) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.root
 @pytest.mark.timeout(600)
 def test_four_hosts_train_serve_and_survive_partitions_and_a_host_loss(lab, lab_kafka, tmp_path):
     topic = "lab-text"

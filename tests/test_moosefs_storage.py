@@ -46,6 +46,7 @@ from online.stream.settings import KafkaBrokerSettings
 from tests.cluster_harness import netns_lab, runner_metric, scraped_metric, wait_until
 from tests.test_checkpoint_recovery import Producer, Watcher
 
+pytestmark = [pytest.mark.root, pytest.mark.slow]   # a network-namespace lab, MooseFS mounts, apt
 REPO = Path(__file__).resolve().parents[1]
 IO_TIMEOUT = 4.0
 OUTAGE = 8.0   # seconds each fault lasts (several checkpoint attempts at a 2 s interval)

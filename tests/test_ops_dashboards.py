@@ -128,17 +128,20 @@ def test_metric_names_come_out_of_promql():
 
 
 # ------------------------------------------------------------------ the rules
+@pytest.mark.root   # promtool, from Debian's prometheus package
 def test_the_rules_pass_promtool_check():
     done = promtool("check", "rules", str(RULES))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
 
+@pytest.mark.root   # promtool, from Debian's prometheus package
 def test_the_rule_unit_tests_pass():
     done = promtool("test", "rules", str(RULE_TESTS))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.root   # promtool, from Debian's prometheus package
 def test_promtool_would_catch_a_broken_rule(tmp_path):
     bad = tmp_path / "bad.yml"
     bad.write_text("groups:\n  - name: x\n    rules:\n      - alert: Broken\n        expr: sum(rate(x_total[5m]) > \n")
@@ -182,6 +185,7 @@ def test_rules_read_only_recorded_series_that_the_file_records():
                 assert name in recorded(), f"{where} reads {name}, which no rule records"
 
 
+@pytest.mark.root   # promtool, from Debian's prometheus package
 def test_the_example_scrape_config_passes_promtool(tmp_path):
     config = yaml.safe_load(EXAMPLE_CONFIG.read_text())
     assert config["rule_files"] == [RULES.name]
@@ -242,6 +246,7 @@ def test_the_dashboard_is_a_grafana_json_model():
         assert what in titles, what
 
 
+@pytest.mark.root   # promtool, from Debian's prometheus package
 def test_every_dashboard_expression_parses(tmp_path):
     queries = dashboard_queries()
     assert len(queries) >= 40
