@@ -298,23 +298,180 @@ class ProduceStats:
         return text
 
 
-def _reader_thread(source: TextSource, builder: RecordBuilder, loop: asyncio.AbstractEventLoop,
-                   queue: asyncio.Queue, stop: threading.Event) -> None:
-    """Reads and decompresses off the event loop, so aiokafka's sender keeps running while we read."""
+class _Reader:
+    """Reads and decompresses the input in a thread of its own, so that aiokafka's sender keeps running
+    while it reads; hands the record values over a small queue."""
+
+    def __init__(self, source: TextSource, builder: RecordBuilder):
+        self.source, self.builder = source, builder
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=8)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._read, name="produce-reader", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    async def next_records(self) -> list[bytes] | None:
+        """The next record values; None at the end of the input. An error of the reader is raised here."""
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def stop(self) -> bool:
+        """Stop reading; whether the thread finished. It is unblocked if it waits on a full queue; one stuck
+        on a silent stdin is a daemon thread and is left behind."""
+        self.stopping.set()
+        deadline = time.monotonic() + 2.0
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            await asyncio.sleep(0.01)
+        return not self.thread.is_alive()
+
+    def _read(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                lines = self.source.read_chunk()
+                records = [r for line in lines for r in self.builder.add(line)]
+                if self.source.eof:
+                    records.extend(self.builder.flush())
+                if records:
+                    self._put(records)
+                if self.source.eof:
+                    break
+            self._put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the async side, which re-raises it
+            if not self.loop.is_closed():
+                self._put(exc)
+
+    def _put(self, item: list[bytes] | BaseException | None) -> None:
+        asyncio.run_coroutine_threadsafe(self.queue.put(item), self.loop).result()
+
+
+class _Sender:
+    """Sends record values round-robin over the topic's partitions without awaiting each one, at most
+    ``rate`` a second, and counts their acknowledgements into ``stats``."""
+
+    ACK_TIMEOUT = 120.0   # seconds the last records may take to be acknowledged
+
+    def __init__(self, producer, topic: str, partitions: list[int], stats: ProduceStats, max_record_bytes: int,
+                 rate: float | None):
+        self.producer, self.topic, self.partitions, self.stats = producer, topic, partitions, stats
+        self.max_record_bytes, self.rate = max_record_bytes, rate
+        self.sent = 0
+        self.started = time.monotonic()
+        self.in_flight: deque[tuple[asyncio.Future, int]] = deque()
+
+    async def send(self, value: bytes) -> None:
+        from aiokafka.errors import KafkaError
+
+        if len(value) > self.max_record_bytes:
+            self.stats.oversized += 1
+            log_event(logger, "record_oversized_skipped", level=logging.WARNING, bytes=len(value),
+                      limit=self.max_record_bytes)
+            return
+        await self._keep_to_rate()
+        partition = self.partitions[self.sent % len(self.partitions)]
+        try:
+            fut = await self.producer.send(self.topic, value, partition=partition)
+        except KafkaError as exc:
+            self._failed(repr(exc))
+            return
+        self.sent += 1
+        self.in_flight.append((fut, len(value)))
+
+    async def _keep_to_rate(self) -> None:
+        if self.rate is not None:
+            ahead = self.started + self.sent / self.rate - time.monotonic()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+    def settle_acknowledged(self) -> None:
+        """Count the records acknowledged so far, in the order they were sent."""
+        while self.in_flight and self.in_flight[0][0].done():
+            self._settle(*self.in_flight.popleft())
+
+    async def settle_all(self) -> None:
+        """Flush, wait for every acknowledgement (``ACK_TIMEOUT``) and count them; one not come is a failure."""
+        await self.producer.flush()
+        if self.in_flight:
+            await asyncio.wait([fut for fut, _ in self.in_flight], timeout=self.ACK_TIMEOUT)
+        for fut, size in self.in_flight:
+            if fut.done():
+                self._settle(fut, size)
+            else:
+                self._failed(f"no acknowledgement within {self.ACK_TIMEOUT:.0f} s")
+        self.in_flight.clear()
+
+    def _settle(self, fut: asyncio.Future, size: int) -> None:
+        exc = fut.exception()
+        if exc is None:
+            self.stats.records += 1
+            self.stats.bytes += size
+        else:
+            self._failed(repr(exc))
+
+    def _failed(self, error: str) -> None:
+        self.stats.failed += 1
+        if len(self.stats.errors) < 5:
+            self.stats.errors.append(error)
+
+
+def _check_arguments(topic: str, partitions: int, rate: float | None) -> None:
+    validate_topic(topic)
+    if partitions < 1:
+        raise SettingError("--partitions", f"must be >= 1, got {partitions}")
+    if rate is not None and rate <= 0:
+        raise SettingError("--rate", f"must be > 0 records/s, got {rate}")
+
+
+async def _check_brokers(src: TextSource, bootstrap: str, security: KafkaSecurity, client_id: str | None) -> None:
+    """The brokers take these TLS and SASL settings; else the input is closed and ``SettingError`` raised."""
     try:
-        while not stop.is_set():
-            lines = source.read_chunk()
-            records = [r for line in lines for r in builder.add(line)]
-            if source.eof:
-                records.extend(builder.flush())
-            if records:
-                asyncio.run_coroutine_threadsafe(queue.put(records), loop).result()
-            if source.eof:
-                break
-        asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
-    except BaseException as exc:  # noqa: BLE001 - handed to the async side, which re-raises it
-        if not loop.is_closed():
-            asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+        await check_kafka(bootstrap, security, client_id=client_id or "livevec-produce")
+    except BaseException:
+        src.close()
+        raise
+
+
+async def _start_producer(bootstrap: str, linger_ms: int, compression: str | None, security: KafkaSecurity,
+                          client_id: str | None):
+    from aiokafka import AIOKafkaProducer
+
+    # idempotent: a batch retried after a leader moved (a broker restart) is written once, not twice
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
+                                max_batch_size=1024 * 1024, max_request_size=1024 * 1024,
+                                compression_type=compression, request_timeout_ms=60000,
+                                **({"client_id": client_id} if client_id else {}), **client_options(security))
+    await producer.start()
+    return producer
+
+
+def _report_progress(stats: ProduceStats, builder: RecordBuilder, src: TextSource, bar: ProgressBar | None,
+                     on_progress: Callable[[ProduceStats], None] | None) -> None:
+    stats.lines, stats.blank_lines = builder.lines, builder.blank_lines
+    if bar:
+        bar.update(stats, src.bytes_read, src.total_bytes)
+    if on_progress:
+        on_progress(stats)
+
+
+def _finish(stats: ProduceStats, builder: RecordBuilder, src: TextSource, bar: ProgressBar | None) -> ProduceStats:
+    """The final counts, the last progress line and ``produce_done``; ``ProduceError`` if records failed."""
+    stats.lines, stats.blank_lines = builder.lines, builder.blank_lines
+    stats.seconds = time.monotonic() - stats._started
+    if bar:
+        bar.update(stats, src.total_bytes or 0, src.total_bytes, force=True)
+        bar.close()
+    log_event(logger, "produce_done", topic=stats.topic, records=stats.records, lines=stats.lines,
+              bytes=stats.bytes, seconds=round(stats.seconds, 2), records_per_s=round(stats.records_per_s),
+              mb_per_s=round(stats.mb_per_s, 1), oversized=stats.oversized, failed=stats.failed)
+    if stats.failed:
+        raise ProduceError(f"{stats.failed} of {stats.failed + stats.records} records were not acknowledged "
+                           f"by Kafka, e.g. {'; '.join(stats.errors)}")
+    return stats
 
 
 async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bootstrap: str, topic: str,
@@ -333,127 +490,37 @@ async def produce_async(source: str | os.PathLike | Iterable[str | bytes], *, bo
 
     ``security`` (TLS, SASL) is checked against the brokers first: a wrong password or an untrusted CA raises
     ``SettingError`` naming the setting before any record is read from the input or sent."""
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import KafkaError
-
-    validate_topic(topic)
-    if partitions < 1:
-        raise SettingError("--partitions", f"must be >= 1, got {partitions}")
-    if rate is not None and rate <= 0:
-        raise SettingError("--rate", f"must be > 0 records/s, got {rate}")
+    _check_arguments(topic, partitions, rate)
     builder = RecordBuilder(lines_per_record, words_per_record)
     security = security or KafkaSecurity()
     src = TextSource(source)   # a missing file is named before Kafka is contacted
     client_logs = client_logs or ClientLogSettings.from_args(None)
     install(client_logs)
-    try:
-        await check_kafka(bootstrap, security, client_id=client_id or "livevec-produce")
-    except BaseException:
-        src.close()
-        raise
+    await _check_brokers(src, bootstrap, security, client_id)
     if create_topic:
         await ensure_topic(bootstrap, topic, partitions, security=security)
     bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
     stats = ProduceStats(topic=topic)
-    # idempotent: a batch retried after a leader moved (a broker restart) is written once, not twice
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
-                                max_batch_size=1024 * 1024, max_request_size=1024 * 1024,
-                                compression_type=compression, request_timeout_ms=60000,
-                                **({"client_id": client_id} if client_id else {}), **client_options(security))
-    await producer.start()
+    producer = await _start_producer(bootstrap, linger_ms, compression, security, client_id)
     health = KafkaReachability(producer.client, what="producer", settings=client_logs, bootstrap=bootstrap)
     health.start()
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue(maxsize=8)
-    stop = threading.Event()
-    reader = threading.Thread(target=_reader_thread, args=(src, builder, loop, queue, stop),
-                              name="produce-reader", daemon=True)
-    in_flight: deque[tuple[asyncio.Future, int]] = deque()
-
-    def settle(fut: asyncio.Future, size: int) -> None:
-        exc = fut.exception()
-        if exc is None:
-            stats.records += 1
-            stats.bytes += size
-        else:
-            stats.failed += 1
-            if len(stats.errors) < 5:
-                stats.errors.append(repr(exc))
-
+    reader = _Reader(src, builder)
     try:
         topic_partitions = sorted(await producer.partitions_for(topic) or []) or list(range(partitions))
         reader.start()
-        sent = 0
-        started = time.monotonic()
-        while True:
-            item = await queue.get()
-            if item is None:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            for value in item:
-                if len(value) > max_record_bytes:
-                    stats.oversized += 1
-                    log_event(logger, "record_oversized_skipped", level=logging.WARNING, bytes=len(value),
-                              limit=max_record_bytes)
-                    continue
-                if rate is not None:
-                    ahead = started + sent / rate - time.monotonic()
-                    if ahead > 0:
-                        await asyncio.sleep(ahead)
-                partition = topic_partitions[sent % len(topic_partitions)]
-                try:
-                    fut = await producer.send(topic, value, partition=partition)
-                except KafkaError as exc:
-                    stats.failed += 1
-                    if len(stats.errors) < 5:
-                        stats.errors.append(repr(exc))
-                    continue
-                sent += 1
-                in_flight.append((fut, len(value)))
-            while in_flight and in_flight[0][0].done():
-                settle(*in_flight.popleft())
-            stats.lines, stats.blank_lines = builder.lines, builder.blank_lines
-            if bar:
-                bar.update(stats, src.bytes_read, src.total_bytes)
-            if on_progress:
-                on_progress(stats)
-        await producer.flush()
-        if in_flight:
-            await asyncio.wait([fut for fut, _ in in_flight], timeout=120)
-        for fut, size in in_flight:
-            if fut.done():
-                settle(fut, size)
-            else:
-                stats.failed += 1
-                if len(stats.errors) < 5:
-                    stats.errors.append("no acknowledgement within 120 s")
-        in_flight.clear()
+        sender = _Sender(producer, topic, topic_partitions, stats, max_record_bytes, rate)
+        while (values := await reader.next_records()) is not None:
+            for value in values:
+                await sender.send(value)
+            sender.settle_acknowledged()
+            _report_progress(stats, builder, src, bar, on_progress)
+        await sender.settle_all()
     finally:
-        stop.set()
-        # Unblock the reader if it waits on a full queue, then let it finish (a reader stuck on a silent
-        # stdin is a daemon thread and is left behind).
-        deadline = time.monotonic() + 2.0
-        while reader.is_alive() and time.monotonic() < deadline:
-            while not queue.empty():
-                queue.get_nowait()
-            await asyncio.sleep(0.01)
-        if not reader.is_alive():
+        if await reader.stop():
             src.close()
         await health.stop()
         await producer.stop()
-    stats.lines, stats.blank_lines = builder.lines, builder.blank_lines
-    stats.seconds = time.monotonic() - stats._started
-    if bar:
-        bar.update(stats, src.total_bytes or 0, src.total_bytes, force=True)
-        bar.close()
-    log_event(logger, "produce_done", topic=topic, records=stats.records, lines=stats.lines,
-              bytes=stats.bytes, seconds=round(stats.seconds, 2), records_per_s=round(stats.records_per_s),
-              mb_per_s=round(stats.mb_per_s, 1), oversized=stats.oversized, failed=stats.failed)
-    if stats.failed:
-        raise ProduceError(f"{stats.failed} of {stats.failed + stats.records} records were not acknowledged "
-                           f"by Kafka, e.g. {'; '.join(stats.errors)}")
-    return stats
+    return _finish(stats, builder, src, bar)
 
 
 def produce(source, **kwargs) -> ProduceStats:
