@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("online.cli.up", "run a whole local cluster: Kafka, scheduler, servers, workers, front end"),
     "deploy": ("online.cli.deploy", "render Marathon / Kubernetes deployment files"),
     "checkpoint": ("online.cli.checkpoint", "trigger or inspect coordinated checkpoints"),
+    "settings": ("online.cli.settings", "print the settings reference (--markdown: docs/settings.md)"),
 }
 
 

@@ -12,12 +12,21 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 
+from ps_bridge.settings import Setting, SettingGroup
+
+# The probe's own setting; the role's ports it falls back to are the roles' settings (and Marathon's PORT_*).
+HEALTHCHECK = SettingGroup("container health check", (
+    Setting("health_url", "LIVEVEC_HEALTH_URL", flags=(), metavar="URL",
+            help="the URL the image's HEALTHCHECK GETs (2xx or 3xx is healthy) instead of probing the role's own "
+                 "port (DMLC_PS_ROOT_PORT on the scheduler, else LIVEVEC_HTTP_PORT or LIVEVEC_METRICS_PORT)"),
+))
+
 
 def probe_target(env: Mapping[str, str]) -> tuple[str, str, int, str] | None:
     """(kind, host, port, path) for this container, or None when nothing listens
     (a one-shot command such as the export job)."""
-    if env.get("LIVEVEC_HEALTH_URL"):
-        url = env["LIVEVEC_HEALTH_URL"]
+    url = HEALTHCHECK.read(None, env)["health_url"]
+    if url:
         return ("url", url, 0, "")
     if env.get("DMLC_ROLE") == "scheduler":
         port = env.get("PORT_PS") or env.get("DMLC_PS_ROOT_PORT")
