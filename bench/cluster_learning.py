@@ -82,6 +82,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
+import result_record  # noqa: E402
 from cluster_harness import assert_trained_exactly_once, coordinator_idle  # noqa: E402
 from quality_vs_gensim import GensimRun, evaluate  # noqa: E402
 from recovery_cluster import Cluster  # noqa: E402
@@ -437,7 +438,11 @@ def main() -> int:
                          "(default: the product's kernel)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat, each kernel first in turn; medians of the per-run ratios are printed")
+    ap.add_argument("--record", metavar="FILE",
+                    help="write the headline rows to this result file (bench/results/): the pipeline and its bytes "
+                         "per token for 2 workers, or N workers with a replica each (--env LIVEVEC_HOST_REPLICA=)")
     args = ap.parse_args()
+    record = result_record.start(args.record, "cluster_learning")
     try:
         args.env = dict(kv.split("=", 1) for kv in args.env)
     except ValueError:
@@ -476,12 +481,79 @@ def main() -> int:
             report(args, tokens, pipe, gens, load_start, runs[-1][4])
     if len(runs) > 1:
         summary(runs)
+    if record is not None:
+        result_record.write(record, headline_rows(args, tokens, runs))
     ok = all(pipe["exactly_once"]["ok"] for _, pipe, *_ in runs)
     if ok and not (args.work_dir or args.keep):
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"work dir kept: {work} (logs in {work}/round*/cluster/logs)", file=sys.stderr)
     return 0 if ok else 1
+
+
+def headline_rows(args, tokens: int, runs: list) -> list[dict]:
+    """The result file's rows, from the runs of the kernel ``auto`` picks for this many workers (medians over
+    rounds): the pipeline and its bytes per token for 2 workers sharing a host replica, or ``replicas_N`` for N
+    workers with a replica each. Other shapes have no headline row."""
+    from online.learner.trainer import kernel_for
+
+    own = args.env.get("LIVEVEC_HOST_REPLICA") == ""
+    kernel = kernel_for("auto", args.workers)
+    mine = [(p, g) for k, p, g, *_ in runs if kernel_for(k or "auto", args.workers) == kernel]
+    if args.workers == 2 and not own:
+        keys = ["pipeline_vs_gensim", "bytes_per_token"]
+    elif own and args.workers in (8, 16):
+        keys = [f"replicas_{args.workers}"]
+    else:
+        log(f"--record: no headline row for {args.workers} workers {'with' if own else 'without'} a replica each")
+        return []
+    if not mine:
+        log(f"--record: no run with the {kernel} kernel, which auto picks for {args.workers} workers")
+        return []
+    med = statistics.median
+    q = {m: med(p["quality"][m] for p, _ in mine) for m in ("analogy", "ws353", "simlex")}
+    gq = {m: med(g[m] for _, g in mine) for m in ("analogy", "ws353")}
+    points = med(100 * (p["quality"]["analogy"] - g["analogy"]) for p, g in mine)
+    ws = med(p["quality"]["ws353"] - g["ws353"] for p, g in mine)
+    us = {r: med(p["cpu_us_per_token"].get(r, 0.0) for p, _ in mine) for r in ("worker", "server")}
+    out_b = [p["ps_bytes_per_token"]["workers_to_servers"]["sent_by_workers"] for p, _ in mine]
+    in_b = [p["ps_bytes_per_token"]["servers_to_workers"]["received_by_workers"] for p, _ in mine]
+    once = all(p["exactly_once"]["ok"] for p, _ in mine)
+    pause = max((p["checkpoints"]["pause_ms_max"] or 0.0 for p, _ in mine), default=0.0)
+    rounds = f"medians of {len(mine)} runs, " if len(mine) > 1 else ""
+    what = f"{rounds}{tokens:,} tokens, {kernel}"
+
+    def spread(values: list[float]) -> str:
+        return f"{min(values):,.0f}" if round(min(values)) == round(max(values)) \
+            else f"{min(values):,.0f} - {max(values):,.0f}"
+
+    if keys[0] == "pipeline_vs_gensim":
+        words = [p["words_per_second"] / g["raw_words_per_s"] for p, g in mine]
+        per_cpu = med(per_cpu_second_ratio(p, g) for p, g in mine)
+        return [
+            result_record.row(
+                "pipeline_vs_gensim",
+                f"{med(words):.2f}x gensim's words/s (runs {', '.join(f'{x:.2f}' for x in words)}), {per_cpu:.2f}x "
+                f"per CPU-second; analogy {100 * q['analogy']:.2f} % / WS353 {q['ws353']:.3f} against "
+                f"{100 * gq['analogy']:.2f} % / {gq['ws353']:.3f}; worker {us['worker']:.2f} + server "
+                f"{us['server']:.2f} µs per token; {'exactly once' if once else 'NOT exactly once'}, training pause "
+                f"per checkpoint at most {pause:.0f} ms; {what}",
+                "≥ 2.0x words/s; analogy ≥ gensim + 5 points, WS353 ≥ gensim's; exactly once, 0 ms pause",
+                result_record.met(med(words) >= 2.0 and points >= 5 and ws >= 0 and once and pause == 0)),
+            result_record.row(
+                "bytes_per_token", f"{spread(out_b)} out, {spread(in_b)} in (workers to servers, servers to workers; "
+                                   f"{len(mine)} run{'s' * (len(mine) > 1)}, {kernel})",
+                "≤ 292 / 285: half the pull/push exchange's 585 / 571",
+                result_record.met(max(out_b) <= 292 and max(in_b) <= 285))]
+    bound = med(p["worker_bound_wait_seconds"] / max(p["seconds"] * args.workers, 1e-9) for p, _ in mine)
+    return [result_record.row(
+        keys[0],
+        f"analogy {100 * q['analogy']:.2f} % / WS353 {q['ws353']:.3f} / SimLex {q['simlex']:.3f} (gensim "
+        f"{100 * gq['analogy']:.2f} %); worker {us['worker']:.2f} + server {us['server']:.2f} µs per token; "
+        f"{spread(out_b)} / {spread(in_b)} B per token out / in; workers held at their unsynced bound "
+        f"{100 * bound:.0f} % of the time; {'exactly once' if once else 'NOT exactly once'}; {what}",
+        "analogy within 1 point and WS353 within 0.02 of 2 workers; all roles' CPU per token ≤ 1.5x 2 workers'; "
+        "≤ 300 B per token each way")]
 
 
 def per_cpu_second_ratio(pipe: dict, gens: dict) -> float:

@@ -36,7 +36,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
+
+import result_record  # noqa: E402
 
 HYPER = dict(dim=100, window=5, negative=5, min_count=5, sample=1e-3)
 
@@ -166,7 +169,10 @@ def main(argv=None) -> int:
                          "pairs or hogbatch; a comma list runs each")
     ap.add_argument("--sgd-decay", action="store_true",
                     help="livevec with SGD and gensim's linear decay over the known corpus length (diagnostic)")
+    ap.add_argument("--record", metavar="FILE",
+                    help="write the headline rows (one pass, five passes) to this result file (bench/results/)")
     args = ap.parse_args(argv)
+    record = result_record.start(args.record, "quality_vs_gensim", None if argv is None else [__file__, *argv])
     systems = args.systems.split(",")
     passes = [int(x) for x in args.epochs.split(",")]
     learner = {"optimizer": args.optimizer}
@@ -243,7 +249,48 @@ def main(argv=None) -> int:
     print(json.dumps({"corpus": os.path.basename(args.corpus), "tokens": tokens, "workers": args.workers,
                       "learner": learner, "kernels": kernels, "batch_words": args.batch_words, "shards": args.shards,
                       "rounds": args.rounds, "results": rows, "median_ratios": medians}))
+    if record is not None:
+        corpus = (f"{tokens:,} tokens of {os.path.basename(args.corpus)}, {args.workers} worker "
+                  f"thread{'s' * (args.workers != 1)}")
+        result_record.write(record, headline_rows(rows, dict(zip(livevecs, kernels)), corpus))
     return 0
+
+
+def headline_rows(rows: list[dict], kernel_of: dict[str, str], corpus: str) -> list[dict]:
+    """The result file's rows: one pass and five passes of the kernel ``livevec train`` runs by default, against
+    gensim, as medians over the rounds."""
+    from online.learner.trainer import kernel_for
+
+    default = kernel_for("auto", 1)
+    name = next((n for n, k in kernel_of.items() if kernel_for(k, 1) == default), next(iter(kernel_of)))
+    med = statistics.median
+    out = []
+    for passes, key in ((1, "train_vs_gensim"), (5, "train_five_passes")):
+        mine = [r for r in rows if r["passes"] == passes and name in r and "gensim" in r]
+        if not mine:
+            continue
+        ratios = [r[name]["raw_words_per_cpu_s"] / r["gensim"]["raw_words_per_cpu_s"] for r in mine]
+        points = med(100 * (r[name]["analogy"] - r["gensim"]["analogy"]) for r in mine)
+        ws = med(r[name]["ws353"] - r["gensim"]["ws353"] for r in mine)
+        lv = {m: med(r[name][m] for r in mine) for m in ("analogy", "ws353", "simlex")}
+        gs = {m: med(r["gensim"][m] for r in mine) for m in ("analogy", "ws353", "simlex")}
+        rounds = f"medians of {len(mine)} rounds, " if len(mine) > 1 else ""
+        kernel = kernel_for(kernel_of[name], 1)
+        if passes == 1:
+            out.append(result_record.row(
+                key, f"{med(ratios):.2f}x gensim's raw words per CPU-second ("
+                     + (f"rounds {', '.join(f'{x:.2f}' for x in ratios)}" if len(ratios) > 1 else "one round")
+                     + f"); analogy {100 * lv['analogy']:.2f} % against "
+                     f"{100 * gs['analogy']:.2f} % ({points:+.2f} points), WS353 {ws:+.3f}; {rounds}{corpus}, {kernel}",
+                "≥ 3.0x; analogy ≥ gensim + 5 points, WS353 ≥ gensim's",
+                result_record.met(med(ratios) >= 3.0 and points >= 5 and ws >= 0)))
+        else:
+            out.append(result_record.row(
+                key, f"analogy {100 * lv['analogy']:.2f} % / WS353 {lv['ws353']:.3f} / SimLex {lv['simlex']:.3f} against "
+                     f"gensim's {100 * gs['analogy']:.2f} % / {gs['ws353']:.3f} / {gs['simlex']:.3f} ({points:+.2f} points), "
+                     f"at {med(ratios):.2f}x gensim's raw words per CPU-second; {rounds}{corpus}, {kernel}",
+                "analogy within 1 point of gensim's five passes", result_record.met(points >= -1)))
+    return out
 
 
 if __name__ == "__main__":

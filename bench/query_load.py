@@ -47,7 +47,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stream_throughput import cpu_seconds  # noqa: E402  (bench/ is on the path: this script's directory)
+import result_record  # noqa: E402  (bench/ is on the path: this script's directory)
+from stream_throughput import cpu_seconds  # noqa: E402
 
 
 # ------------------------------------------------------------------ child roles
@@ -589,7 +590,10 @@ def main() -> int:
                         help="pin the front end and the empty handler to these CPUs (e.g. 0) and the training and "
                              "the load generator to the others: the front end on its own core")
     parser.add_argument("--json", help="write the figures to this file too")
+    parser.add_argument("--record", metavar="FILE",
+                        help="write the 1M and 10M rows (500 req/s) to this result file (bench/results/)")
     args = parser.parse_args()
+    record = result_record.start(args.record, "query_load")
     if args.frontend_cpus:
         try:
             CPUS["frontend"] = {int(c) for c in args.frontend_cpus.split(",") if c.strip()}
@@ -628,7 +632,36 @@ def main() -> int:
                   f"{r['shed']} shed -> {verdict} the target (p99 <= 10 ms at 500 req/s)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    result_record.write(record, headline_rows(results))
     return 0
+
+
+# The headline rows' targets at 500 req/s, one core, training alongside: (p99 ms, RSS GB, whether the peak counts).
+SERVING_TARGETS = {1_000_000: ("serving_1m", 7.0, 1.0, False), 10_000_000: ("serving_10m", 10.0, 8.0, True)}
+
+
+def headline_rows(results: list[dict]) -> list[dict]:
+    """The result file's rows for the sizes that have one (1M and 10M words), from the 500 req/s open loop."""
+    rows = []
+    for o in results:
+        if o["words"] not in SERVING_TARGETS or "similar 500" not in o["runs"]:
+            continue
+        key, p99_max, rss_max, peak_counts = SERVING_TARGETS[o["words"]]
+        r, e, mem = o["runs"]["similar 500"], o["runs"]["empty 500"], o["memory"]
+        offline = o.get("recall_offline", {}).get("recall_at_10")
+        recall = offline if offline is not None else o["recall_online"]
+        checks = [("latency", r["p99_ms"] <= p99_max and not r["shed"] and r["rps"] >= 0.95 * 500),
+                  ("peak RSS" if peak_counts else "RSS", (mem["peak_gb"] if peak_counts else mem["rss_gb"]) <= rss_max),
+                  ("recall", recall is not None and recall >= 0.99)]
+        status = "met" if all(ok for _, ok in checks) else "; ".join(f"{n} {result_record.met(ok)}" for n, ok in checks)
+        rows.append(result_record.row(
+            key, f"p99 {r['p99_ms']:.2f} ms, p50 {r['p50_ms']:.2f} ms at 500 req/s offered, {r['shed']} shed (empty "
+                 f"handler p99 {e['p99_ms']:.2f} ms), front end {r['frontend_cpu']:.2f} CPU-s/s; RSS "
+                 f"{mem['rss_gb']:.2f} GB, peak {mem['peak_gb']:.2f} GB; recall@10 "
+                 + ("n/a" if recall is None else f"{recall:.4f} {'offline' if offline is not None else '(monitor)'}"),
+            f"p99 ≤ {p99_max:g} ms at 500 req/s, 0 shed; RSS ≤ {rss_max:g} GB{', peak included' if peak_counts else ''};"
+            f" recall@10 ≥ 0.99", status))
+    return rows
 
 
 if __name__ == "__main__":

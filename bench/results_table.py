@@ -24,7 +24,7 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 # (key, what the row measures), in the table's order.
 HEADLINE = [
-    ("train_vs_gensim", "`livevec train` against gensim, one pass, 2 threads"),
+    ("train_vs_gensim", "`livevec train` against gensim, one pass"),
     ("train_five_passes", "`livevec train` against gensim, five passes"),
     ("pipeline_vs_gensim", "the pipeline (Kafka, 2 workers, 1 server) against gensim"),
     ("bytes_per_token", "ps-lite bytes per trained token, 2 workers"),
