@@ -1,4 +1,4 @@
-"""Checkpoint and recovery numbers for a 100k-word model (issue 8's acceptance figures).
+"""Checkpoint and recovery numbers for a 100k-word model: time, size, training pause, recovery per role.
 
 Part 1, in process: one shard holding a 100k-word model (200k rows: input and output vectors,
 dim 100) - how long the snapshot (the part of the training pause spent on the server), the
@@ -12,6 +12,7 @@ servers' ledger advances after the rollback), split into detection (PS_HEARTBEAT
 relaunch and the rollback itself.
 
     .venv/bin/python bench/checkpoint_numbers.py [--words 100000] [--skip-cluster]
+        [--record bench/results/recovery.json]
 """
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def recovery_row(n_words: int, cluster: dict) -> dict:
         "recovery", f"training again {s['worker']:.1f} s after a worker is killed, {s['server']:.1f} s after a "
                     f"server, {s['scheduler']:.1f} s after the scheduler; a front end ready again in "
                     f"{s['frontend']:.1f} s ({n_words:,} words, PS_HEARTBEAT_TIMEOUT="
-                    f"{FAST_RECOVERY_ENV['PS_HEARTBEAT_TIMEOUT']}, Kafka session {session_s:g} s)",
+                    f"{FAST_RECOVERY_ENV['PS_HEARTBEAT_TIMEOUT']}, a {session_s:g} s Kafka session timeout)",
         "every role back without an operator (no time target)", "met")
 
 

@@ -1,8 +1,8 @@
-"""What the real pipeline learns from one pass over a corpus, what it costs, against gensim (issue #13, item 4).
+"""What the real pipeline learns from one pass over a corpus, and what it costs, against gensim.
 
     .venv/bin/python bench/cluster_learning.py [--corpus ../shared/data/wiki17m.txt.xz] [--max-tokens N]
         [--workers 2] [--partitions P] [--servers 1] [--checkpoint-interval S] [--env KEY=VALUE ...]
-        [--kernels pairs,hogbatch] [--rounds 3]
+        [--kernels pairs,hogbatch] [--rounds 3] [--record bench/results/pipeline_2_workers.json]
 
 ``--kernels`` runs the pipeline once per kernel (``LIVEVEC_KERNEL``), each followed by its own gensim run, and
 ``--rounds`` repeats that with each kernel first in turn; the ratios to gensim (words/s and words per

@@ -28,6 +28,7 @@ Kafka jars (``make kafka-jars``). ``--partitions`` defaults to 4, or to the numb
 above 4, so that no worker is left without a partition.
 
     .venv/bin/python bench/freshness.py                            # about 2-4 minutes
+        [--record bench/results/freshness.json]                    # the row of bench/README.md's table
     .venv/bin/python bench/freshness.py --spread --workers 8       # the burst over 8 partitions / workers
         [--env LIVEVEC_HOST_REPLICA=/dev/shm]                      # the 8 workers sharing one replica
 """

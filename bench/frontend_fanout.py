@@ -1,4 +1,4 @@
-"""What N front ends cost the parameter servers, per second of sync (issue #29).
+"""What N front ends cost the parameter servers, per second of sync.
 
     .venv/bin/python bench/frontend_fanout.py [--frontends 0,1,2,4] [--window 30] [--warmup 60] [--rate 2000]
         [--workers 2] [--sync-interval 0.5] [--env KEY=VALUE ...]

@@ -1,4 +1,4 @@
-"""Recall@10 and cost of the front end's inverted file on real word2vec vectors (issue #17).
+"""Recall@10 and cost of the front end's inverted file on real word2vec vectors.
 
     .venv/bin/python bench/ivf_recall.py [--corpus ../shared/data/wiki17m.txt.xz] [--cache DIR]
         [--queries 2000] [--batch 16] [--settings 32:0,32:0.55,...]
@@ -18,7 +18,7 @@ near-tie spread over many lists. This measures the front end on such a model.
    (``auto``: the floor the front end's recall monitor would set, from 512 other words)
    in process on one thread, in batches of ``--batch`` queries of one frequency band (the
    compute thread batches whatever is waiting);
-4. the certified stop that was proposed for rare words, measured rather than built: with
+4. a certified stop for rare words, measured here, not built into the front end: with
    r_l the largest angle between a row of list l and its centroid, no row of l can score
    more than cos(max(0, angle(q, c_l) - r_l)) (triangle inequality on the sphere). It
    prints how many rows a query would still have to scan after its nprobe lists before

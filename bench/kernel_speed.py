@@ -14,8 +14,8 @@ vocabulary, noise table, rows and accumulators are in a realistic state, then pr
 hands the kernel) and keeps them with a copy of the shard's matrices. Each repetition restores the
 matrices and trains all those batches with ``--threads`` threads sharing the matrices (hogwild, each
 thread its own ``touched`` mask, batches handed out in order as ``livevec train`` does). The reference
-kernel (``reference_kernel`` below: ``train_inplace_rows`` as of session 7, before the float32 /
-sigmoid-table / fused-loop / prefetch rewrite) and the current one alternate, the order swapped every
+kernel (``reference_kernel`` below: an earlier ``train_inplace_rows``, kept verbatim as a fixed baseline,
+with an exact sigmoid, separate loops and no prefetch) and the current one alternate, the order swapped every
 repetition, so that both meet the same load; prints each one's median pairs/s, the ratio, the
 load average before and after, and how far the two kernels' results are apart.
 """
@@ -53,7 +53,7 @@ def _ref_sigmoid(f):
 @njit(nogil=True, fastmath=True, cache=True)
 def reference_kernel(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_rows,
                      window, negative, eta, optimizer, seed, touched):
-    """``train_inplace_rows`` before the rewrite (session 7), verbatim: the benchmark's baseline."""
+    """An earlier ``train_inplace_rows``, verbatim: the benchmark's fixed baseline."""
     dim = syn0.shape[1]
     neu1e = np.zeros(dim, dtype=np.float32)
     state = np.uint64(seed) * np.uint64(2654435761) + np.uint64(1)
@@ -118,7 +118,7 @@ def reference_kernel(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_ro
                         for d in range(dim):
                             syn1[target, d] += eta32 * g * syn0[l1, d]
                 touched[l1] = 1
-                _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer)   # unchanged by the rewrite
+                _update_input(syn0, acc0, l1, neu1e, eta32, inv_dim, optimizer)   # the product kernel's input step
                 pairs += 1
     return pairs
 

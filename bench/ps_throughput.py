@@ -8,8 +8,8 @@ key, so 1, 64, 1024 and 8192 keys). One request in flight at a time, as in train
 ps_bridge (PBMeta, key slicing, request tracking, two sockets per round trip) against a
 bare DEALER/ROUTER echo whose server replies with the same number of bytes.
 
-Targets (issue 3): >= 0.7x raw pyzmq bandwidth at 1 MB; a 1-key pull round trip
-<= 3x a raw pyzmq round trip. The CurveZMQ cost (issue 16): a third cluster, one server with
+Targets: >= 0.7x raw pyzmq bandwidth at 1 MB; a 1-key pull round trip
+<= 3x a raw pyzmq round trip. The CurveZMQ cost: a third cluster, one server with
 every ps link authenticated and encrypted (PS_CURVE_*), takes its turns in the same slices; the
 load average of the shared machine is printed before and after.
 

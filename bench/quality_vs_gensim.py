@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/quality_vs_gensim.py [--corpus ../shared/data/wiki17m.txt.xz]
         [--max-tokens N] [--epochs 1,5] [--workers 1] [--rounds N] [--kernel pairs,hogbatch]
+        [--record bench/results/train_vs_gensim.json]
 
 ``--kernel`` names livevec's in-place kernel (``LIVEVEC_KERNEL``); with two or more (``pairs,hogbatch``)
 each is a system of its own, ``livevec-pairs``, ``livevec-hogbatch``, trained in the same alternation and
@@ -20,7 +21,8 @@ conservative. The two systems alternate pass by pass, so that both see the same 
 other jobs on a shared machine; CPU seconds are reported too (words per CPU-second are
 less sensitive to that load than words per wall-clock second). "raw" rates count every token read, "effective" rates the tokens that were
 trained after min_count and subsampling (what gensim logs as effective words/s).
-Prints a table, then one JSON line.
+Prints a table, then one JSON line; ``--record`` writes the headline rows for ``bench/README.md``'s table
+(``result_record.py``).
 """
 from __future__ import annotations
 

@@ -29,6 +29,8 @@ server's ceiling (wrk reaches 30k-40k req/s on the empty handler here).
 
     .venv/bin/python bench/query_load.py                                # 100k, 1M, 10M: about 10 minutes
     .venv/bin/python bench/query_load.py --words 1000000 --training none
+    LIVEVEC_DRIFT_DIR=/var/tmp/livevec-drift .venv/bin/python bench/query_load.py --frontend-cpus 0 --training local \
+        --words 1000000,10000000 --record bench/results/serving.json   # the rows of bench/README.md's table
 """
 from __future__ import annotations
 
@@ -137,7 +139,7 @@ def loadgen(spec: dict) -> dict:
 
     The generator is an instrument, so its own pauses must not be counted as the server's:
     Python's cyclic collector is off while it measures (a full collection over the requests'
-    task objects took 40 - 180 ms, every 33 s, growing with the run: it alone put 100 - 290 ms
+    task objects takes 40 - 180 ms, about every 33 s, growing with the run, and would put 100 - 290 ms
     latencies into the results), and finished requests are not kept.
     """
     import gc
@@ -408,8 +410,8 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-# The front end's peak per word, measured (session 17, 1M x 100: 1.41 GB peak, the synthetic source included),
-# with a margin: the float32 full load, the pool, the int8 codes twice, the what-is-new history, the strings.
+# The front end's peak per word, measured at 1M x 100 (1.41 GB peak, the synthetic source included), with a
+# margin: the float32 full load, the pool, the int8 codes twice, the what-is-new history, the strings.
 PEAK_BYTES_PER_WORD_AND_DIM = 14
 BASE_BYTES = 1.0e9           # the interpreter and libraries of the front end, the trainer and this process
 

@@ -15,7 +15,8 @@ about a minute. It is a model of the exchange, not a measurement of the product:
 network, no timing. Prints gensim's evaluators on the shard's input rows (analogy, WS353, SimLex) and
 the norms of the most frequent words' rows (a diverging exchange shows as norms of 30 - 70 against ~2).
 ``--lag`` and ``--jitter`` bring in two things the lockstep rounds leave out: training while a sync is in flight,
-and replicas that sync on their own clocks (session 19: the first matters, the second does not).
+and replicas that sync on their own clocks (the first costs quality, the second does not:
+``docs/design/0001-replica-exchange.md``).
 ``--sweep`` runs several cluster sizes on the same tokens with the same tokens per sync interval for the
 whole cluster, and prints a table against the first (1 replica: one shared model).
 """
@@ -320,17 +321,17 @@ def main() -> int:
                          f"(online.learner.concurrent_merge.CONTRACTION_SCALE, {CONTRACTION_SCALE})")
     ap.add_argument("--merge", choices=("sum", "align", "contraction"), default="contraction",
                     help="how the shard combines concurrent deltas (online.learner.concurrent_merge; contraction: "
-                         "by the rows' measured contraction, as shipped; align: by the deltas' alignment, before "
-                         "session 12)")
+                         "by the rows' measured contraction, the servers' rule for pairs replicas; align: by the "
+                         "deltas' alignment, their rule for hogbatch replicas, which send no contraction)")
     ap.add_argument("--floor", type=float, default=2.0, help="the merge's floor (align only)")
     ap.add_argument("--shared-replica", action="store_true",
                     help="diagnostic: every worker trains one shared replica (threads, no deltas); each keeps its "
                          "own vocabulary, noise table and sampling, and the servers still count the words")
     ap.add_argument("--no-stale-refresh", action="store_true",
-                    help="held rows the servers changed wait for the refresh turn (before session 12)")
+                    help="diagnostic: held rows the servers changed wait for the refresh turn")
     ap.add_argument("--min-count", type=int, default=5)
     ap.add_argument("--no-journal", action="store_true",
-                    help="workers learn trainability only from the totals of the words they report (before session 8)")
+                    help="diagnostic: workers learn trainability only from the totals of the words they report")
     ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help=f"tokens per batch ({BATCH_TOKENS})")
     ap.add_argument("--seeds", action="store_true", help="each worker its own sampling stream (as the workers do)")
     ap.add_argument("--acc", choices=("merged", "sum"), default="merged",
@@ -343,8 +344,8 @@ def main() -> int:
                     help="experiment: the rows of the N most counted words also sync after every batch (a hot tier, "
                          "as pWord2Vec's); with --batch-tokens below the tokens per sync")
     ap.add_argument("--no-prefetch", action="store_true",
-                    help="rows of words new to a replica start from the initial value with an empty accumulator "
-                         "(before session 15) instead of the servers' values, fetched when the cluster makes the "
+                    help="diagnostic: rows of words new to a replica start from the initial value with an empty "
+                         "accumulator instead of the servers' values, fetched when the cluster makes the "
                          "word trainable (ReplicaStore._hold_new_words)")
     ap.add_argument("--lag", type=float, default=0.0,
                     help="the share of the next interval a replica trains before its sync's answer arrives (a round "

@@ -5,8 +5,8 @@
 By default each benchmark runs with small arguments, so the whole set finishes in a few
 minutes (about 3 on this 2-core machine). That is a smoke run: it shows every
 benchmark still starts, runs and prints its comparison, and gives ratios that are right
-in kind but noisy. The figures in bench/README.md come from the scripts' own defaults:
-``--full`` runs those (hours, mostly the 17M-token corpus and the 10-minute soak).
+in kind but noisy. The figures in bench/README.md's table come from the commands in its rows;
+``--full`` runs every script's own defaults (hours, mostly the 17M-token corpus and the 10-minute soak).
 
 Benchmarks that read the corpus expect it where the scripts do, at ``../shared/data``
 next to the repository; without it they are skipped with a message, not failed. Each

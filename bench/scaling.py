@@ -1,4 +1,4 @@
-"""A scaling model from measurement: what each role costs per trained token, over real links (issue #14, item 5).
+"""A scaling model from measurement: what each role costs per trained token, over real links.
 
     python bench/scaling.py [--quick | --full] [--json PATH] [--corpus FILE] [--tokens N] [--pairs N]
 

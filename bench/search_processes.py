@@ -1,4 +1,4 @@
-"""What a search process adds beside a front end's model, and how fast it answers (issue #29, reads that scale out).
+"""What a search process adds beside a front end's model, and how fast it answers.
 
 Loads the synthetic model of ``--words`` words in this process with the search's arrays in shareable memory (as the
 front end does with ``LIVEVEC_SEARCH_PROCESSES``), builds its inverted file, starts ``--processes`` search processes,

@@ -16,10 +16,10 @@ every ``--malformed-every`` records. Every ``--kill-every`` seconds (randomised)
   again from its data directory 10 - 30 s later; one chunkserver killed for 10 - 30 s; the master
   killed for 10 - 25 s (restarted from its data directory); the checkpoint directory full for
   15 - 40 s (a hard quota of 1 byte: every write fails with EDQUOT). ``--faults`` names the kinds
-  drawn from (default: all of them). The kinds are drawn from one seeded sequence, with the same
-  weights as before (kill and partition twice each), so a seed with the same ``--faults`` replays
-  the same faults, and ``--faults kill,partition,host_loss,trickle`` replays the runs before these
-  kinds. A fault whose target is already down (the broker, that chunkserver, the master; a quota
+  drawn from (default: all of them). The kinds are drawn from one seeded sequence with fixed
+  weights (kill and partition twice each), so a seed with the same ``--faults`` replays the same
+  faults; ``--faults kill,partition,host_loss,trickle`` draws the sequence of a soak without the
+  broker and storage faults. A fault whose target is already down (the broker, that chunkserver, the master; a quota
   while the master is down or a quota is set) is recorded as skipped.
 
 After ``--duration`` seconds the producer stops, the cluster drains the backlog, and the script
@@ -72,8 +72,8 @@ ROLES = [("worker", 0), ("worker", 1), ("server", 0), ("server", 1), ("scheduler
 ENV = {"LIVEVEC_CHECKPOINT_INTERVAL": "10", "LIVEVEC_DIM": "50", "LIVEVEC_KAFKA_BATCH_RECORDS": "50"}
 MALFORMED = b"\xff\xfe not utf-8 \xc3\x28"
 LAB_ID = 70
-# The seeded draw: one entry per weight, in this order (the first six are the draw of the runs before the broker
-# and storage faults: --faults with only those kinds replays them).
+# The seeded draw: one entry per weight, in this order (the first six are the kinds without the broker and storage
+# faults: --faults with only those kinds draws the same sequence as a soak without them).
 DRAW = ["kill", "kill", "partition", "partition", "host_loss", "trickle",
         "kafka_restart", "chunkserver_kill", "master_kill", "fs_full"]
 STORAGE_KINDS = {"chunkserver_kill", "master_kill", "fs_full"}
@@ -262,8 +262,8 @@ def inject_service(rng: random.Random, kind: str, t: float, broker: RestartableB
 
     def free():
         # Not while the master is down: mfsdelquota then waits in a FUSE request, which its timeout cannot end
-        # until the mount gives the request up; in seed 1's run (3 December) that held the soak's loop, and the
-        # master's restart due next, for 130 s. Tried again 5 s later.
+        # until the mount gives the request up (130 s in one run), holding the soak's loop and the master's
+        # restart due next. Tried again 5 s later.
         if not mfs.running("master"):
             raise RuntimeError("the MooseFS master is down")
         mfs.set_quota("checkpoints", None)
@@ -554,8 +554,8 @@ def main() -> int:
     ap.add_argument("--link", default=None, help="with --hosts: every link's rate, e.g. 1gbit (default unshaped)")
     ap.add_argument("--faults", default=",".join(FAULT_KINDS),
                     help=f"with --hosts: the fault kinds drawn from, comma-separated (default: all: "
-                         f"{','.join(FAULT_KINDS)}; kill,partition,host_loss,trickle replays the runs before the "
-                         f"broker and storage faults)")
+                         f"{','.join(FAULT_KINDS)}; kill,partition,host_loss,trickle draws the sequence of a soak "
+                         f"without the broker and storage faults)")
     ap.add_argument("--storage", choices=("moosefs", "local"), default=None,
                     help="with --hosts: the checkpoints on the lab's MooseFS (default when a storage fault is drawn "
                          "or MooseFS can run here) or a local directory")

@@ -3,7 +3,7 @@
     python bench/stream_throughput.py [--corpus ../shared/data/wiki17m.txt.xz] [--max-tokens 2000000]
 
 1. A real Kafka broker; the corpus (its first ``--max-tokens`` tokens) is produced into a
-   4-partition topic BEFORE the clock starts (the issue's "topic pre-filled").
+   4-partition topic BEFORE the clock starts.
 2. The production Marathon group runs through the local runner (``livevec up``'s path) with
    1 server and 2 workers (no front end). Throughput is measured from the first acknowledged
    batch (the consumer group has formed and the kernels are compiled) until the workers have
