@@ -1,6 +1,6 @@
 """The replica's two row passes, compiled: take the deltas to send, merge the servers' answer.
 
-Why compiled: with numpy each pass was six fancy-indexed temporaries over the synced rows, and the
+Why compiled: with numpy each pass would be six fancy-indexed temporaries over the synced rows, and the
 host's shard lock is held throughout, so the other worker processes of the host wait in their
 batch preparation meanwhile. One pass per row reads each value once, which is also the right
 reading of a row a kernel may still be writing (hogwild): the value sent and the new base are the

@@ -1,62 +1,42 @@
 """One replica for all the worker processes of a host, in shared memory (``LIVEVEC_HOST_REPLICA``).
 
-Why. A replica per worker learns well with two workers and badly with eight
-(``bench/README.md``, issue #13): a frequent word's output row is drawn as a negative
-hundreds of times per worker between two syncs, so k replicas take k sets of hundreds of
-steps from one stale value, and no merge of their deltas gives what one model trained in
-place would have reached. With fewer replicas than workers that goes away: the worker
-processes of one host train a single replica in place, hogwild, exactly as the threads of
+Why. A frequent word's output row is drawn as a negative hundreds of times per replica
+between two syncs, so k replicas take k sets of hundreds of steps from one value, and their
+deltas must be merged (``online.learner.concurrent_merge``); the more replicas, the shorter
+their syncs and the more bytes per token. The worker processes of one host need no merge
+among themselves: they train a single replica in place, hogwild, exactly as the threads of
 one process do, and only hosts exchange deltas. It also keeps one copy of the rows per host
-instead of one per process.
+instead of one per process. Design: docs/design/0004-host-replica.md
 
-What is shared, in one file in a tmpfs (``/dev/shm``, or a memory-backed volume in a
-container): the replica's rows, their base copies, accumulators, keys, version stamps and
-confirmed flags, the key index (an open-addressing table that is never rehashed: it has
-twice as many slots as the segment has rows, and rows are never freed), and the counters
-the replica's ``collect`` reads (version, next row, last synced version, refresh turn).
-Each process keeps its own vocabulary, noise table, sampling stream, Kafka partitions and
-ps-lite node.
+What is shared, in one file in a tmpfs (``/dev/shm``, or a memory-backed volume in a container): the
+replica's rows, their base copies, accumulators, keys, version stamps and confirmed flags, the key index
+(open addressing, twice as many slots as rows, never rehashed) and the counters ``collect`` reads. Each
+process keeps its own vocabulary, noise table, sampling stream, Kafka partitions and ps-lite node.
 
 Locks, all ``flock`` on files beside the segment, so a process that dies releases them:
 
 * ``<path>.lock``: the shard's lock (row creation, collect, apply); inside one process an
   ``RLock`` in front of it, since ``flock`` does not tell a process's threads apart;
-* ``<path>.sync``: one sync at a time per host. A sync is collect, pushpull and apply, and
-  two interleaved on the same rows would add one delta twice;
-* the segment itself: every attached process holds it shared. A process that gets it
-  exclusively at start knows nobody is attached and initialises it (a segment left by
-  processes that are gone is started afresh).
+* ``<path>.sync``: one sync at a time per host (two interleaved would add one delta twice);
+* the segment itself, held shared by every attached process: one that gets it exclusively at
+  start knows nobody is attached and initialises it.
 
-Reclaiming the memory (a segment is hundreds of MB of RAM until its file is removed):
-
-* at a clean exit, the last member removes the data file, the member files and the side locks
-  (``HostSegment.detach``);
-* when every member was killed (``kill -9``, a crashed agent, a ``livevec up`` killed with its
-  tasks), the next worker that starts on the host, of any cluster, removes the segments in its
-  directory that no live process holds (``reclaim_dead_segments``: ``.lock`` free and the data
-  file lockable exclusively), logging ``host_replica_reclaimed``;
-* ``livevec up`` and the local runner keep each run's segments in a /dev/shm directory of their
-  own, which they remove at stop and, at start, reclaim for earlier runs that no live runner or
-  worker holds (``online.deployment.orphans``).
-
-A process that waited for ``.lock`` while the last member or a sweep removed it opens the side
-files again (``HostSegment._open_locked``), so every process always locks the same files.
+Reclaiming the memory (a segment is hundreds of MB of RAM until its file is removed): the last
+member removes it at a clean exit (``HostSegment.detach``); when every member was killed, the
+next worker that starts on the host removes it (``reclaim_dead_segments``), and ``livevec up``
+reclaims its earlier runs' directories at start (``online.deployment.orphans``).
 
 Consequences, each handled where it matters:
 
-* a sync sends what *any* process of the host trained. So each process counts the batches it
-  finished (its member slot in the header) and each sync records, when acknowledged, the
-  counts its collect saw (``covered``): a process commits the batches that any acknowledged
-  sync carried. A checkpoint's hold is the host's: while one process holds, no process of
-  the host starts a sync, and the holder commits what syncs already carried before it
-  reports its frontier, so the snapshot holds exactly the reported batches and training
-  never stops (a holder that dies is noticed by its member lock and no longer counts);
-* the servers merge concurrent deltas of distinct workers (``concurrent_merge``); the
-  host's syncs are one worker's successive deltas, so every sync names the segment's group
-  (``group`` in ``HEAD_TRAINABLE_SINCE``) and servers merge by it;
-* rows are never freed: a word one process evicts may be trained by another. The bound is
-  ``LIVEVEC_HOST_REPLICA_ROWS`` rows (two per word), reserved when the segment is made, so
-  a tmpfs too small for it fails at start with the setting named, not with SIGBUS later.
+* a sync sends what *any* process of the host trained, so each process counts the batches it
+  finished (its member slot in the header), each acknowledged sync records the counts its
+  collect saw (``covered``), and a process commits the batches any acknowledged sync carried.
+  A checkpoint's hold is the host's: no process of the host starts a sync while one holds;
+* the host's syncs are one worker's successive deltas, so every sync names the segment's group
+  (``group`` in ``HEAD_TRAINABLE_SINCE``) and the servers merge by it (``concurrent_merge``);
+* rows are never freed (a word one process evicts may be trained by another): the bound is
+  ``LIVEVEC_HOST_REPLICA_ROWS`` rows, reserved when the segment is made, so a tmpfs too small
+  for it fails at start with the setting named, not with SIGBUS later.
 """
 from __future__ import annotations
 

@@ -1,126 +1,38 @@
 """A worker's local replica of the rows it trains, synchronised with the servers by deltas.
 
-Why. word2vec keeps its quality because every (context, centre) pair updates the rows in
-place before the next pair reads them. Pulling a mini-batch's rows, computing against that
-stale copy and pushing one summed update (the old pull/push exchange) makes a frequent word
-take hundreds of steps against one snapshot, and moves every row of every batch twice. So a
-worker trains a replica in place with the same kernel and optimizer as ``livevec train``
-(``sgns_kernel.train_inplace``, hogwild across its threads), and at intervals sends the
-servers only what changed.
+A worker trains its replica in place with the same kernel and optimizer as ``livevec train``
+(hogwild across its threads), so every pair updates the rows before the next pair reads them,
+and at intervals sends the servers only what changed. The optimizer runs here; the servers only add.
 
-The sync, per interval (``LIVEVEC_SYNC_MS`` or ``LIVEVEC_SYNC_TOKENS``, whichever comes
-first). The replica keeps, per row, ``base``: the value the servers last confirmed.
+The sync, per interval (``LIVEVEC_SYNC_MS`` or the interval in tokens, ``online.cluster.sync_interval``,
+whichever comes first). The replica keeps, per row, ``base``: the value the servers last confirmed.
 
-1. **Collect** the rows changed since the last sync (their version stamps):
+1. **Collect** the rows changed since the last sync (their version stamps), and the held rows the servers
+   changed since this worker last asked (``HEAD_CHANGED_ROWS``, read right before the collect):
    ``delta = row - base`` and the AdaGrad accumulator's ``acc - base_acc``; then ``base = row``.
    Rows written by a kernel that is still running are stamped when it ends, so whatever it
    writes after the copy is collected by the next sync: nothing is lost.
-2. **One pushpull per server** (``CMD_DELTA``): the server adds the deltas (so deltas from
-   all workers merge) and answers with the merged row ``S``.
+2. **One pushpull per server** (``CMD_DELTA``; ``CMD_DELTA_FRESH`` for rows created here): the server merges
+   the deltas of concurrent workers (``online.learner.concurrent_merge``; by contraction for the ``pairs``
+   kernel, by alignment for ``hogbatch``: ``MERGE_BY_CONTRACTION``) and answers with the merged row ``S``.
 3. **Apply**: ``row += S - base`` (the other workers' contributions; what this replica
    trained since step 1 stays on top), ``base = S``. Same for the accumulator, so the
    optimizer's state is the cluster's, as it would be in one process.
 
-**Many replicas (session 12): what was chosen, and why.** Eight workers with a replica each (one per agent, as
-Marathon places them) learnt 1.45 % analogy where one host's replica learnt 20 %. Of the designs in issue #26,
-each was measured in ``bench/replica_simulation.py`` (8 replicas, 3M tokens of wiki17m, the cluster training 80k
-tokens per round; analogy / WS353; one replica: 2.92 % / 0.377):
+The vocabulary travels with the sync too (no round trip on the training path): the count increments of every
+word read (``CMD_WORD_COUNTS``: the servers answer with the cluster's totals), the strings of words that became
+trainable (``HEAD_SET_WORDS``), and each server's journal of the words that became trainable since this worker
+last asked (``HEAD_TRAINABLE_SINCE``, ``TrainableJournal``). The replica holds the rows of every word the cluster
+makes trainable, fetched with their accumulators in the same sync (``_hold_new_words``), so it never meets a word
+with an empty accumulator. A row first created here starts from the initial value every node agrees on
+(``embedding_shard.init_rows``), so it needs no round trip. A word the worker's own table evicts loses its replica
+rows after their last delta is sent, never its rows on the servers.
 
-* the deltas combined by alignment (sessions 7 - 11): 1.26 % / 0.303;
-* per-row means over the replicas that touched a row (Spark's rule; our contraction rule with every row taken as
-  saturated): 1.05 % / 0.241; plain sums diverge;
-* learning-rate scaling (each replica's AdaGrad accumulators counting its gradients 3 - 8 times): WS353 up to
-  0.342, analogy 0.9 - 1.0 %;
-* row ownership, to find which rows need it: making the replicas' updates of the input rows of the 10,000 most
-  frequent words (and the output rows of the top 1,000) sequential, as one owner would, gave 3.21 % / 0.408, and
-  sequential output rows alone 2.15 % / 0.333. So the loss is in the *input* rows of mid-frequency words, which
-  saturate within one occurrence (AdaGrad's early steps are large) and which a replica trains from a copy several
-  syncs old. One owner per input row would need every record at every owner, or a shuffle of pairs;
-* so, instead: **each row's deltas weighted by how far the replicas went** (the kernel measures the contraction,
-  ``online.learner.concurrent_merge``): 1.44 % / 0.365; **plus the held rows the servers changed refreshed at every
-  sync** (``HEAD_CHANGED_ROWS``, ``ReplicaShard.mark_stale``): 2.06 % / 0.394; and in the cluster, where 8 workers
-  on two cores synced once a second and so trained 4x the tokens between merges, **a bound in tokens**
-  (``LIVEVEC_SYNC_TOKENS``; the worker waits at twice that). First 80,000 / workers: on wiki17m, 8 workers with a
-  replica each learnt 17.3 - 20.6 % / 0.55 - 0.59 over five runs, 16: 14.1 - 14.5 % / 0.46 - 0.48, against 22.0 -
-  24.1 % for 2 workers sharing one replica. The simulation then showed that a round's k deltas from one base cost
-  quality unless each replica's share of the round shrinks faster than 1 / k (8 replicas at 10,000 tokens each
-  1.70 % / 0.431, at 2,500 2.49 % / 0.475; 16 at 5,000 1.39 % / 0.395, at 1,000 2.35 % / 0.397), so the default is
-  now **160,000 / workers^2 tokens, at least 1,000** (250 since session 15, 100 since session 23;
-  ``sync_interval.default_sync_tokens``):
-  2 workers keep their 40,000, 8 replicas sync every 2,500 tokens and learnt 22.49 % / 0.585 (``bench/README.md``, session 13), within a
-  point of one host's replica, at about 3x the bytes per token. Past 16 replicas the simulation still falls behind
-  one model (32 replicas: 1.66 % at 625 tokens per sync, 1.68 % at 156; a hot tier synced after every batch recovers 8
-  replicas at +35 % rows, ``--hot-rows``, but not yet measured past that).
-* **Session 15: what stalled 32 replicas.** Not the round (32 replicas summing their deltas after every 100 tokens,
-  hogwild's staleness, learnt 0.23 %), not the refresh (every held row refreshed at every sync: 1.76 %), but the rows
-  a replica *created*: a word met here for the first time long after the cluster made it trainable got rows at the
-  initial value with an empty AdaGrad accumulator, so its first step here was full-size, from the wrong point, and
-  summed with the same step of every other replica that met the word late; with k replicas most occurrences of a
-  mid-frequency word are such first meetings. So **the replica holds the rows of every word the cluster makes
-  trainable (the journal's news), fetched with their accumulators in the same sync** (``_hold_new_words``,
-  ``_fetch_new_rows``; at most ``LIVEVEC_VOCAB_CAPACITY`` rows): 32 replicas at 625 tokens 1.66 % / 0.334 -> 2.24 %
-  / 0.394, 16 at 1,000 2.35 % / 0.397 -> 2.54 % / 0.411 (one model 2.92 % / 0.377). It costs the fetch (one pull
-  per chunk when there is news) and the refreshes of the rows held (rows synced per token at 32 replicas 15.7 ->
-  28.7).
-* **Session 19: what held 16 real workers back.** A sync carries whole Kafka batches (a row a running kernel
-  writes is collected when the kernel ends), and a batch held ``LIVEVEC_BATCH_WORDS / 2`` = 5,000 tokens whatever
-  ``LIVEVEC_SYNC_TOKENS`` said, so 16 replicas synced every 5,000 tokens, not every 625. The simulation puts that
-  at 1.67 % against 2.32 % (8 replicas at 5,000: 3.02 %, which is why 8 real workers were unharmed). A replica's
-  batch is now no longer than its sync interval (``worker.records_per_batch``): 16 workers with a replica each
-  learnt 21.99 % / 0.606 on wiki17m (was 20.2 - 20.9 %), at 2,622 / 6,094 B per token out / in (was 1,340 /
-  2,778: twice the syncs). Replicas syncing on their own clocks (``replica_simulation.py --jitter``) learn as in
-  lockstep (16 replicas at 625 tokens: jitter 0.3 2.29 %, 1.0 3.16 %, lockstep 2.32 %), so the time-slicing of
-  16 processes on two cores was not the cause. And what a replica trains while a sync is in flight starts from
-  rows without the round's merge: half an interval of it is harmless (``--lag 0.5``: 2.33 %), a whole one
-  collapses 8 and 16 replicas (0.36 %, 0.01 %; 2 and 4 are unharmed), so with more than 4 workers a worker trains
-  no further once 1.5 intervals are unsynced (``sync_interval.unsynced_bound``; it was 2). 16 replicas still
-  learn 1.2 - 2.4 points less than one host (21.20 - 22.42 % against 23.60 % in the same sitting; 22.42 % with
-  the bound of 1.5).
-* **Session 20: a merge that knows each delta's base, built, measured and reverted.** Each row kept on the
-  servers its cumulative contraction K, every answer carried it, every delta the K its base had, and a delta
-  counted ``e^-(K - seen)`` of itself before the round's rule (what its base missed, on the quadratic). In the
-  simulation (16 replicas at 625 tokens) it cured the lag collapse (a whole interval trained during each sync:
-  1.96 % against 0.01 %) and was level in lockstep on 10M tokens (12.62 % / 0.540 against 12.56 % / 0.544; one
-  model 12.61 % / 0.538), but with replicas on their own clocks (``--jitter 1``, 10M tokens) it lost 0.7 points
-  (12.89 % against 13.60 %), and the real 16 workers learnt 21.40 % and 19.65 % (the contraction rule: 21.20 -
-  22.42 %). Where rounds fragment, a discount for what a base missed turns the round's mean over replicas into
-  "first delta wins", and the mean is what averages the replicas' noise away. The bound of 1.5 intervals (above)
-  already keeps the lag harmless, so the exchange stays the contraction rule.
-* **Session 22: what held 32 and 64 replicas back was not the exchange.** 32 and 64 workers training *one shared
-  replica* (``replica_simulation.py --shared-replica``: no deltas at all) learnt 11.24 % and 10.16 % on 10M tokens,
-  as badly as through the exchange (11.01 %, 10.66 %; one model 12.61 %). Each worker's noise table admitted a word
-  at a *local* ``min_count``, and at 64 workers a word the cluster counts 300 times is seen about 5 times by each:
-  most of the vocabulary's middle was never a negative on most workers, and its output rows were only ever pulled
-  towards their contexts. A word the cluster trains now joins a worker's table at its first local count
-  (``online.learner.noise``): 64 on one shared replica 11.83 %, and through the exchange 32 replicas **12.59 % /
-  WS353 0.575** (one model 12.61 % / 0.538). The price is bytes: more rows are touched as negatives per sync (32
-  replicas: 169 rows synced per kept token, 75 before; 8 real workers 2,309 / 4,826 B per token out / in, 1,498 /
-  2,991 before).
-* **Session 23: 64 replicas.** With the noise tables fixed, 64 replicas were still 2.3 points behind at 250 tokens per
-  sync (10.28 %), where the formula asks for 39. At **100 tokens they learnt 12.34 % / WS353 0.592** (one model
-  12.61 % / 0.538), at 330 rows synced per kept token against 211, so the floor is now 100 (it binds from 26
-  workers on). Scaling the step down instead, as pWord2Vec does for more nodes, underfits one pass: eta 0.07 at 250
-  tokens 3.65 %.
+Bounds: staleness is one sync interval. The replica holds at most ``LIVEVEC_VOCAB_CAPACITY`` words, about
+16 * dim + 60 bytes each (1.7 KB at dim 100). Rows held but not trained here are refreshed in turn, a tenth
+of the changed rows' number per sync (``LIVEVEC_REFRESH_SHARE``).
 
-The optimizer runs here, once per pair, where row-wise AdaGrad costs little
-(``bench/README.md``); the servers only add. A row first touched here starts from the
-deterministic initial value every node agrees on (``embedding_shard.init_rows``), with
-``base`` equal to it, so a new row needs no round trip: the first sync brings in whatever
-other workers trained. Staleness is therefore bounded by one sync interval.
-
-The vocabulary travels with the sync too (no round trip on the training path): the count
-increments of every word read (``CMD_WORD_COUNTS``: the servers answer with the cluster's
-totals, which make a word trainable wherever its occurrences were), the strings of words
-that became trainable (``HEAD_SET_WORDS``), and each server's journal of the words that became
-trainable since this worker last asked (``HEAD_TRAINABLE_SINCE``, ``TrainableJournal``), so a
-word the cluster trains is trained here from its first occurrence. A word the worker's own table evicts loses its
-replica rows after their last delta is sent, never its rows on the servers.
-
-Bound: the replica holds the rows of the worker's trainable words, at most
-``LIVEVEC_VOCAB_CAPACITY`` words; each costs two rows of ``dim`` float32 plus their base
-copies and accumulators, about 16 * dim + 60 bytes per word (1.7 KB at dim 100). Rows held
-but no longer trained here are refreshed in turn, a tenth of the changed rows' number per sync,
-so their staleness is bounded by (rows held) / (rows refreshed per sync) syncs.
+Design: docs/design/0001-replica-exchange.md
 """
 from __future__ import annotations
 
@@ -216,10 +128,8 @@ class TrainableJournal:
 
 
 # Whether the servers combine the deltas a kernel made by their contraction (which the kernel then measures) or by
-# their alignment (``online.learner.concurrent_merge``). The contraction rule was chosen for the pairs kernel
-# (session 12, above). hogbatch's deltas combine better by alignment: in the simulation on 10M tokens, 2 replicas
-# learnt 14.17 % by alignment against 12.75 % by contraction, as well as two workers training one shared replica
-# (14.14 %; bench/README.md, session 26).
+# their alignment (``online.learner.concurrent_merge``): contraction for ``pairs``; ``hogbatch``'s deltas combine
+# better by alignment. Design: docs/design/0001-replica-exchange.md
 MERGE_BY_CONTRACTION = {"pairs": True, "hogbatch": False}
 
 
@@ -326,9 +236,9 @@ class ReplicaStore:
                     and now - self._own_last_sync < self.OWN_SYNC_EVERY * min_gap:
                 # The other process's sync carries the rows; what only this process has goes now: the strings
                 # of words that became trainable here (the front end cannot show a word whose string the servers
-                # lack: freshness p99 1.02 -> 0.51 s), its counts and the journal's news (a word's trainability
-                # waited for one of its own syncs, up to 4 intervals, and with 8 processes sharing a replica
-                # each of its occurrences meanwhile went untrained).
+                # lack), its counts and the journal's news (otherwise a word's trainability would wait for one
+                # of this process's own syncs, up to 4 intervals, its occurrences meanwhile untrained).
+                # Design: docs/design/0004-host-replica.md
                 self._await_vocabulary(self._send_vocabulary(group))
                 return None
             self._own_last_sync = now
@@ -348,8 +258,7 @@ class ReplicaStore:
                 res = kv.wait(ts, self.timeout)
                 merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
                 # Fresh rows too: what was trained on them while this sync was in flight stays on top of the
-                # servers' answer. (Adopted, it was lost: a burst trained whole during a slow first sync left the
-                # servers at the initial values, tests/test_kafka_security.py 1 run in 5.)
+                # servers' answer (adopting the answer would lose a burst trained whole during a slow first sync).
                 self.shard.apply(k, merged, rows=r)
                 self._unsent = parts[i + 1:]
                 rows_sent += len(k)
@@ -452,9 +361,9 @@ class ReplicaStore:
     def _hold_new_words(self, keys: np.ndarray) -> None:
         """Rows for the words the cluster made trainable, held from now on (up to ``prefetch_rows`` rows in
         all), so that this replica meets a word with the cluster's row and AdaGrad accumulator. Created only
-        when first met, a row started from the initial value with an empty accumulator: its first step was a
-        full-size one, taken again by every replica that met the word late, and summed (measured:
-        32 replicas 1.66 % -> 2.24 %, issue #26, ``bench/README.md``). ``_fetch_new_rows`` fills them."""
+        when first met, a row would start from the initial value with an empty accumulator: its first step would
+        be a full-size one, taken again by every replica that meets the word late, and summed
+        (docs/design/0001-replica-exchange.md). ``_fetch_new_rows`` fills them."""
         room = (self.prefetch_rows - len(self.shard)) // 2
         if len(keys) and room > 0:
             self.shard.rows_for(word_rows(np.ascontiguousarray(keys[:room], dtype=np.uint64)), create=True)

@@ -110,7 +110,7 @@ class ReplicaShard(EmbeddingShard):
         """This process's batches that an acknowledged sync carried (whichever process ran it), and whose word counts
         the servers acknowledged. The counts go out before the collect (a round trip earlier), so a batch finished
         in between has its deltas in one sync and its counts in the next; committed on the deltas alone, its
-        counts were lost with a worker killed before that next sync, and its records were never read again. With
+        counts would be lost with a worker killed before that next sync, and its records never read again. With
         a replica the host shares, the counts are the process's own: another's sync carries only the deltas."""
         m = self.member
         return int(min(self._covered[m], self._counted[m]))
@@ -179,8 +179,8 @@ class ReplicaShard(EmbeddingShard):
     def mark_stale(self, keys: np.ndarray) -> None:
         """Keys whose rows the servers changed (other replicas' deltas): the next collect refreshes the ones held
         here, so that a row trained here next starts from the cluster's value, not from one several syncs old
-        (a delta from a stale row moves it towards its data from the wrong point; measured, the largest loss
-        with many replicas after the merge rule, ``bench/README.md``)."""
+        (a delta from a stale row moves it towards its data from the wrong point; with many replicas the
+        largest loss after the merge rule, docs/design/0001-replica-exchange.md)."""
         with self._lock:
             self._stale = np.union1d(self._stale, np.asarray(keys, dtype=np.uint64))
 
@@ -203,8 +203,8 @@ class ReplicaShard(EmbeddingShard):
           their base is left as it is: whatever a kernel still running wrote to them unstamped stays to send.
 
         ``deltas`` [pushed + fresh, dim + 1 (+ 1: the contraction)] holds the first two blocks' rows in order, so
-        each request is a slice of it (split by a mask, the payload was copied once more per sync: 0.45 µs per
-        row of the sync's CPU on two busy cores). ``rows`` lets ``apply`` skip the key look-ups."""
+        each request is a slice of it (splitting it by a mask would copy the payload once more per sync).
+        ``rows`` lets ``apply`` skip the key look-ups."""
         with self._lock:
             self.collected_finished = self._finished.copy()   # before the stamps: those batches are in
             now, before = self.version, self.synced_version

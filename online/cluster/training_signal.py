@@ -20,15 +20,9 @@ show it within seconds:
 
 What a worker exports (``docs/operations.md#training-diverging`` says what the alert on them means and what to do):
 
-=============================================  ====================================================================
-``livevec_worker_training_loss``               gauge: mean loss per sampled pair over the batches of the last
-                                               ``WINDOW`` s (over the last batch when none is that recent)
-``livevec_worker_training_loss_sum_total``     counter: the sampled loss, summed (finite batches only)
-``livevec_worker_training_loss_pairs_total``   counter: the pairs it was sampled from (their rates' ratio is the
-                                               loss per pair over any range Prometheus likes)
-``livevec_worker_hot_row_norm{kind, stat}``    gauge: mean and max L2 norm (``stat``) of the hot ``input`` and
-                                               ``output`` rows (``kind``)
-=============================================  ====================================================================
+``livevec_worker_training_loss`` (the mean loss per sampled pair over the last ``WINDOW`` s), its sum and pair
+counters ``livevec_worker_training_loss_sum_total`` and ``..._pairs_total`` (their rates' ratio is the loss per
+pair over any range), and ``livevec_worker_hot_row_norm{kind="input|output", stat="mean|max"}``.
 
 Non-finite values. A row or a loss that overflowed is NaN or infinite, and Prometheus compares NaN with
 nothing (``NaN > 10`` is false): an alert on such a gauge would stay silent in exactly the worst case. So a

@@ -117,8 +117,8 @@ def records_per_batch(cap: int, words_per_record: float, batch_words: int, sync_
     A checkpoint's pause waits for the batches in flight: with records of 100 words, 500 of them would be 50,000
     tokens, a third of a second of training each. A sync carries whole batches only (a row a running kernel
     writes is collected when the kernel ends), so a batch longer than ``sync_tokens`` stretches every replica's
-    share of a round to the batch: 16 replicas synced every 5,000 tokens instead of 625, which the simulation
-    puts at 1.67 % analogy against 2.32 % (one model 2.92 %; issue #26, bench/README.md, session 19)."""
+    share of a round to the batch (16 replicas would sync every 5,000 tokens instead of 625).
+    Design: docs/design/0003-sync-interval.md"""
     if words_per_record <= 0:
         return min(cap, 64)
     tokens = batch_words / 2
@@ -472,7 +472,7 @@ class StreamingWorker:
                 if self.replica is not None and self._awaiting_tokens >= self.interval.limit():
                     # The replica's staleness is bounded in tokens, not only in time: where syncs are slow (many
                     # replicas on few cores) training would otherwise run ahead, and every replica would walk its
-                    # rows further from the cluster's between two merges (bench/README.md, session 12).
+                    # rows further from the cluster's between two merges (docs/design/0003-sync-interval.md).
                     self._sync_soon.set()
                     t0 = time.monotonic()
                     await asyncio.sleep(0.002)

@@ -32,7 +32,7 @@ class WorkerMetrics:
         self.bound_wait = r.counter("livevec_worker_bound_wait_seconds_total",
                                     "seconds the worker started no batch because its unsynced tokens reached the "
                                     "bound (LIVEVEC_SYNC_TOKENS): its syncs do not keep up with its training")
-        # Where a worker's CPU per token goes (issue #30): each stage's thread CPU, measured where it runs; what
+        # Where a worker's CPU per token goes: each stage's thread CPU, measured where it runs; what
         # the process spends beyond these and the event loop is ps-lite's I/O threads, reports and the GC.
         self.cpu = {stage: r.counter("livevec_worker_cpu_seconds_total", help_text, stage=stage)
                     for stage, help_text in (

@@ -10,44 +10,17 @@ by several workers are not always additive:
   it most of the way to where its own data pull it (the sigmoid saturates and the steps stop
   by themselves), so the workers' deltas are nearly the same vector ``e - base``. Summed, k
   of them give ``base + k (e - base)``: an overshoot that oscillates at k = 2 and diverges
-  above (measured: 8 workers collapsed the model). In one process each step would have seen
+  above (8 replicas' summed deltas collapse the model). In one process each step would have seen
   the others' and the row would have stopped at ``e``: **average**.
 
-Which case a row is in, the replica measures while it trains: the **contraction rule** (the default, since
-session 12). On a quadratic, a step of rate ``eta`` along a direction of curvature ``h`` leaves ``1 - eta h`` of
-the way to the optimum; steps of total contraction ``c = sum eta h`` leave ``e^-c`` of it. So a replica whose
-steps on a row added up to ``c_i`` (``sgns_kernel.train_inplace_rows`` sums ``rate * s'(f) |x|^2`` per step)
-went ``a_i = 1 - e^-c_i`` of the way, and one process that had taken all of the round's steps would have gone
-``1 - e^-C``, ``C = sum_i c_i``. With the k replicas' deltas ``d_i = a_i (e - base)`` of a round, the row gets
-
-    g * sum_i d_i,      g = (1 - e^-C) / sum_i (1 - e^-c_i)
-
-which is the sum when every ``c_i`` is small (``g -> 1``: independent steps add up), the mean when every replica
-saturated (``g -> 1/k``), one delta exactly once, and in between what the composition of the replicas'
-contractions gives (the same formula, averaged over the orders the replicas could have trained in). The measured
-``c`` assumes every step pulls one way; a row's steps pull along its many contexts, so the contraction along its
-delta is a fraction of it, ``CONTRACTION_SCALE`` (chosen by ``bench/replica_simulation.py``). Measured there
-(8 replicas, 3M tokens, WS353 / analogy): the alignment rule below 0.303 / 1.26 %, the contraction rule 0.365 /
-1.44 %, and with the replicas' stale rows refreshed from the servers (``online.cluster.replica_shard``) 0.394 /
-2.06 %, against 0.377 / 2.92 % for one replica.
-
-The **alignment rule** (sessions 7 - 11; a delta without a contraction, from a worker that does not send one)
-reads the case from the deltas themselves:
-redundant deltas point the same way,
-independent ones do not. Per row and round (below), with ``S`` the sum of the round's n
-deltas and ``Q`` the sum of their squared norms, the alignment ``rho = |S|^2 / (n Q)`` is 1
-for n equal deltas and about 1/n for n orthogonal ones of equal norm (Cauchy-Schwarz keeps
-it in [0, 1]). The row gets ``g S`` with
-
-    n_eff = 1 + (n - 1)(1 - rho),   g = n_eff / n
-
-so n equal deltas count once (their mean), n orthogonal ones almost n times (their sum), and
-one delta exactly once. ``n_eff`` is kept at least ``min(n, floor)``, ``floor`` 2 by default.
-Its flaw: many replicas' deltas of a row in the linear regime also point the same way (the data's mean
-gradient dominates), so it averaged what should have been summed. Each arriving delta is applied at once, as the
-difference between the new and the previous ``g S`` of the round (earlier deltas are re-weighted as the round
-learns more). The AdaGrad accumulator increments get the same weight, so the optimizer's
-state is that of the combined trajectory.
+Two rules tell the cases apart, and which one applies follows the kernel that made the deltas
+(``online.cluster.replica.MERGE_BY_CONTRACTION``): the **contraction rule** (``_merge_by_contraction``) for the
+``pairs`` kernel, whose deltas carry the contraction it measured, and the **alignment rule** (``_merge``) for
+``hogbatch``, whose deltas carry none. Both give a row ``g`` times the sum of its round's deltas: the sum for
+independent deltas, the mean for redundant ones, one delta exactly once. Each arriving delta is applied at once,
+as the difference between the new and the previous ``g S`` of the round (earlier deltas are re-weighted as the
+round learns more). The AdaGrad accumulator increments get the same weight, so the optimizer's state is that of
+the combined trajectory.
 
 A round is the deltas of distinct workers within ``window`` seconds (the workers' sync
 interval): it ends when the window expires or when a worker that already contributed sends
@@ -57,6 +30,8 @@ a sync only refreshes) do not take part.
 
 Cost: per row ``dim`` float32 for ``S`` and 32 bytes more (436 bytes at dim 100), allocated
 only on servers that merge, and O(dim) work per delta.
+
+Design: docs/design/0001-replica-exchange.md
 """
 from __future__ import annotations
 
@@ -113,7 +88,18 @@ def _reweigh(i, r, g_new, deltas, acc, S, A, g, out, out_acc):
 
 @njit(nogil=True, cache=True)
 def _merge(rows, deltas, acc, bit, now, window, floor, S, A, Q, P, C, n, g, mask, t0, out, out_acc):
-    """The alignment rule (see the module docstring)."""
+    """The alignment rule: it reads the case from the deltas themselves, since redundant deltas point the same
+    way and independent ones do not. Per row and round, with ``S`` the sum of the round's n deltas and ``Q`` the
+    sum of their squared norms, the alignment ``rho = |S|^2 / (n Q)`` is 1 for n equal deltas and about 1/n for
+    n orthogonal ones of equal norm (Cauchy-Schwarz keeps it in [0, 1]). The row gets ``g S`` with
+
+        n_eff = 1 + (n - 1)(1 - rho),   g = n_eff / n
+
+    so n equal deltas count once (their mean), n orthogonal ones almost n times (their sum), and one delta
+    exactly once. ``n_eff`` is kept at least ``min(n, floor)``, ``floor`` 2 by default. Its limit: many
+    replicas' deltas of a row in the linear regime also point the same way (the data's mean gradient
+    dominates), so it averages some of what should be summed; the ``pairs`` kernel's deltas combine better by
+    contraction, ``hogbatch``'s by alignment."""
     dim = deltas.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -131,7 +117,19 @@ def _merge(rows, deltas, acc, bit, now, window, floor, S, A, Q, P, C, n, g, mask
 @njit(nogil=True, cache=True)
 def _merge_by_contraction(rows, deltas, acc, contraction, scale, bit, now, window, S, A, Q, P, C, n, g, mask, t0,
                           out, out_acc):
-    """The contraction rule (see the module docstring): g = (1 - e^-C) / sum_i (1 - e^-c_i) of the round."""
+    """The contraction rule: the replica measures which case a row is in while it trains. On a quadratic, a step
+    of rate ``eta`` along a direction of curvature ``h`` leaves ``1 - eta h`` of the way to the optimum; steps of
+    total contraction ``c = sum eta h`` leave ``e^-c`` of it. So a replica whose steps on a row added up to
+    ``c_i`` (``sgns_kernel.train_inplace_rows`` sums ``rate * s'(f) |x|^2`` per step) went ``a_i = 1 - e^-c_i`` of
+    the way, and one process that had taken all of the round's steps would have gone ``1 - e^-C``,
+    ``C = sum_i c_i``. With the k replicas' deltas ``d_i = a_i (e - base)`` of a round, the row gets
+
+        g * sum_i d_i,      g = (1 - e^-C) / sum_i (1 - e^-c_i)
+
+    which is the sum when every ``c_i`` is small (``g -> 1``: independent steps add up), the mean when every
+    replica saturated (``g -> 1/k``), one delta exactly once, and in between what the composition of the
+    replicas' contractions gives (the same formula, averaged over the orders the replicas could have trained
+    in). The measured ``c`` is scaled by ``CONTRACTION_SCALE`` (below)."""
     for i in range(rows.shape[0]):
         r = rows[i]
         if not _joins_round(i, r, deltas, acc, bit, now, window, S, A, Q, P, C, n, g, mask, t0, out, out_acc):
@@ -146,8 +144,8 @@ def _merge_by_contraction(rows, deltas, acc, contraction, scale, bit, now, windo
 
 # The measured contraction sums rate * s' * |x|^2 over a row's steps, as if every step pulled along one direction;
 # the steps of a row point different ways (its contexts, its negatives), so the contraction along the delta is a
-# fraction of that. Chosen by simulation (8 replicas, 3M tokens: 0.1 -> WS353 0.227, 0.3 -> 0.365, 1 -> 0.305,
-# 3 -> 0.248; bench/README.md, session 12).
+# fraction of that. Chosen by ``bench/replica_simulation.py --contraction-scale``
+# (docs/design/0001-replica-exchange.md).
 CONTRACTION_SCALE = 0.3
 
 

@@ -13,7 +13,7 @@ vector (syn0) and its output vector (syn1neg) at two keys, each ``dim`` float32.
   by the worker, see ``sgns_kernel.batch_gradients``); the shard applies its optimizer.
   The default is row-wise AdaGrad (``accum`` [rows, 1] holds each row's summed mean
   squared gradient; ``optimizer="adagrad"`` keeps one per coordinate, [rows, dim]),
-  which needs no corpus length; ``bench/README.md`` has the numbers that chose it.
+  which needs no corpus length (docs/design/0002-kernels.md has the figures that chose it).
   Duplicate keys in one push are applied one after the other.
 * **Per-word counts and word strings** are kept for the front end (``add_counts``,
   ``set_words``); they describe input keys.
@@ -274,7 +274,7 @@ class EmbeddingShard:
             def grown(a):
                 if not a.shape[0]:
                     return a
-                # zeros come from the OS's zeroed pages (calloc); a fill pass wrote every byte first (2.5 % of a
+                # zeros come from the OS's zeroed pages (calloc); a fill pass would write every byte first (2.5 % of a
                 # ``livevec train`` run's samples)
                 out = np.zeros((cap,) + a.shape[1:], dtype=a.dtype)
                 out[:a.shape[0]] = a
@@ -434,7 +434,7 @@ class EmbeddingShard:
         (the arrays cannot move then).
 
         Without the shard's lock: a worker's sync holds that lock while it copies the changed rows, and
-        the training threads that waited for it here spent 14 % of their time blocked (py-spy, full corpus).
+        the training threads would wait for it here 14 % of their time (py-spy, full corpus).
         The stamps are written before ``version`` moves, so a reader of ``version`` (the replica's
         ``collect``) sees each stamp either now or, being above what it read, at its next call; at worst a
         row is collected twice, which sends a zero delta. Two threads stamping at once may share a version."""

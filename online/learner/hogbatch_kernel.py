@@ -26,36 +26,17 @@ kernel: the next centre sees this window's updates (its context rows overlap thi
 
 Its rate. Under an AdaGrad a row's travel over a pass grows about as the square root of its number of steps, and
 a row here takes one step per window where the pairs kernel gives it one per pair (m of them), so at the same
-``eta`` it learns more slowly: on one pass of wiki17m at eta 0.1 it lost 5 analogy points to the pairs kernel,
-at eta 0.2 it matched it on analogy and WS353 (bench/README.md, session 23). With SGD the summed step is the sum
-of the pair steps.
+``eta`` it learns more slowly; at twice the rate (``trainer.KERNEL_ETA_SCALE``) it matches the pairs kernel on
+analogy and WS353. With SGD the summed step is the sum of the pair steps.
 
 Draws. The window reduction b and the negatives come from the same generator (``_lcg``, ``_draw``) in the same
-order as the pairs kernel's: per centre the window, then ``negative`` draws for each of its m context words.
-The first context's N draws are the window's shared negatives (-1 entries and draws equal to the positive
-are skipped, as there); the other (m - 1) N are stepped over in one jump (the generator's k-step map,
-s -> A_k s + C_k). So both kernels train exactly the same windows, hence the same pairs (the same pair
-count), and a comparison of the two isolates the batching from the sampling.
+order as the pairs kernel's; the first context's N draws are the window's shared negatives, the other (m - 1) N
+are stepped over in one jump (``_jumps``). So both kernels train exactly the same windows and pairs, and a
+comparison of the two isolates the batching from the sampling.
 
-Speed. The window's work is 3 m (1 + N) passes over d (the dots, and the two gradient sums) plus a step per row,
-all in L1 (``train_hogbatch_rows`` says how they are laid out, ``window_passes`` has them). What costs is not memory but the shape of each
-pass, so the kernel is written for the compiler:
-- d = 100 (the default) is compiled as a constant, so every pass is six 16-float vectors and a tail of 4, unrolled,
-  where a run-time d left each pass a vector loop, a narrower epilogue loop and a scalar one (1.16x alone);
-- rows are read as ``mat[r, d]``, never as ``mat[r]``: a row view is a reference-counted object, and each one cost
-  an atomic increment and decrement (440 such calls in the compiled window);
-- the dots take one context against six targets a pass (six independent sums hide the adds' latency, the context
-  row is loaded once), and the gradient sums take up to six rows a pass with the AdaGrad norm of the finished sum
-  folded into the last one, where two rows a pass and a separate norm pass read and wrote the sum three times;
-- where the window needs no side output (no contraction, no sampled loss: a hogbatch replica, ``livevec train``),
-  two contexts share a pass of the dots and of their gradient sums, and two targets share a pass of theirs: a
-  pass is bound by its loads (the rows are 400 B apart, so most 64 B vectors straddle two cache lines), and each
-  row loaded now serves two sums. Nothing is written to a row before every sum is taken, so the order is the
-  same maths.
-
-Measured alone (``bench/kernel_speed.py``'s batches, one thread, session 28): the constant d 1.16x, the views,
-six a pass and the folded norms 1.31x in all, two contexts a pass 1.14x more, two targets a pass 1.09x more.
-
+Speed. The window's work is 3 m (1 + N) passes over d plus a step per row, all in L1 (``window_passes``): what
+costs is the shape of each pass, so the kernel is written for the compiler (``train_hogbatch_rows`` says how).
+Design: docs/design/0002-kernels.md
 """
 from __future__ import annotations
 
@@ -87,7 +68,10 @@ def _jumps(n):
 @njit(inline="always")
 def _plan_window(i, lo, hi, window, negative, out_rows, noise_rows, state, targets, buf, jump_mul, jump_add):
     """Centre ``i``'s reduced window and its targets into ``targets[buf]``: the centre's output row first, then
-    the shared negatives. Returns (j0, j1, targets held, state); see the module docstring for the draws."""
+    the shared negatives. Returns (j0, j1, targets held, state). Per centre the generator draws the window, then
+    ``negative`` draws for each of its m contexts, as the pairs kernel does: the first context's N are the shared
+    negatives (-1 entries and draws equal to the positive skipped, as there), the other (m - 1) N are stepped
+    over in one jump (the generator's k-step map, s -> A_k s + C_k, ``_jumps``)."""
     state = _lcg(state)
     b = np.int64(state % np.uint64(window))
     reach = window - b
@@ -151,6 +135,20 @@ def train_hogbatch_rows(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise
     rate * sum_t s'(f_jt) |v_t|^2: the pairs kernel's contraction summed over the window, with the rate of
     the row's one step. ``loss`` (length >= 2) samples every 32nd window: loss[0] += all its m (1 + N) terms,
     loss[1] += m (pairs).
+
+    Written for the compiler:
+    - d = 100 (the default) is compiled as a constant, so every pass is six 16-float vectors and a tail of 4,
+      unrolled, where a run-time d leaves each pass a vector loop, a narrower epilogue loop and a scalar one;
+    - rows are read as ``mat[r, d]``, never as ``mat[r]``: a row view is a reference-counted object, and each one
+      costs an atomic increment and decrement;
+    - the dots take one context against six targets a pass (six independent sums hide the adds' latency, the context
+      row is loaded once), and the gradient sums take up to six rows a pass with the AdaGrad norm of the finished
+      sum folded into the last one, so the sum is read and written once;
+    - where the window needs no side output (no contraction, no sampled loss: a hogbatch replica, ``livevec
+      train``), two contexts share a pass of the dots and of their gradient sums, and two targets share a pass of
+      theirs: a pass is bound by its loads (the rows are 400 B apart, so most 64 B vectors straddle two cache
+      lines), and each row loaded serves two sums. Nothing is written to a row before every sum is taken, so the
+      order is the same maths.
 
     The two d's are two compiled functions, so a process compiles only the one it uses: each takes about 15 s on
     a cold cache (``trainer.warm_up`` compiles it before a worker joins its cluster).

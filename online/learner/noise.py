@@ -16,20 +16,8 @@ sampling from the previous one is never disturbed, and ``layouts`` counts them: 
 changes exactly when ``layouts`` does (the in-place trainer keeps the table mapped to output rows
 and maps it again only then, or when a word in it gets or loses its row).
 
-Why not yskip's reservoir update (Kaji & Kobayashi 2017: overwrite ``round(F / z * M)`` random
-entries when a word's weight grows by F), which this module used before: its shares are right
-only in expectation, so the table must be large for them to be close, and a large table costs a
-cache miss per negative in the kernels, which read it at a random entry five times per pair.
-At the end of wiki17m (68k trainable words) the reservoir's 2^24 entries (64 MiB) misplaced
-1.1 % of the probability mass (2^20 entries: 5.7 %); the default 524,287 entries laid out
-systematically (2 MiB, in the cache) misplace 2.0 %, almost all of it on the rarest words (the
-1,000 most frequent are within 0.24 % of their share, against 0.7 % in the reservoir), and the
-in-place kernel runs about 1.5x as many pairs per second with two threads as against the 64 MiB
-table (bench/README.md, "Learner quality and speed vs gensim"). The length is a prime so that the
-kernels' index ``(state >> 16) % M`` (``sgns_kernel._draw``) depends on all the high bits of their
-generator's state (a power of two would take bits 16..35 of word2vec.c's LCG alone, whose low bits
-have short periods, on a table in slot order); no difference in quality was measurable, and it costs
-nothing.
+Why a systematic layout and not yskip's reservoir update, and why 524,287 entries: see
+``DEFAULT_TABLE_SIZE``.
 
 livevec applies it per mini-batch: a word counted ``c`` times in the batch adds
 ``new^0.75 - old^0.75`` at once. After an eviction the vocabulary's counts have all moved
@@ -38,20 +26,33 @@ livevec applies it per mini-batch: a word counted ``c`` times in the batch adds
 In a cluster each worker keeps its own table from its own counts, which estimate the cluster's
 counts divided by the number of workers: the same distribution. But a word becomes trainable
 when the *cluster* counts it ``min_count`` times, and at 64 workers a word counted 300 times is seen
-about 5 times by each. A table that admitted a word only at a *local* min_count therefore left out
-most of the vocabulary's middle on most workers: those words were never negatives there, and
-their output rows were only ever pulled towards their contexts. So a word the cluster trains
-joins the table at its first local count (``early``), weighted by that count like any other. In
-the replica simulation (10M tokens of wiki17m) that took 64 workers on one shared replica from
-10.16 % to 11.83 % analogy (one process: 12.61 %); one process is unchanged, since there a word
-is trainable exactly when its own count reaches min_count.
+about 5 times by each. A table that admitted a word only at a *local* min_count would leave out
+most of the vocabulary's middle on most workers: those words would never be negatives there, and
+their output rows would only ever be pulled towards their contexts. So a word the cluster trains
+joins the table at its first local count (``early``), weighted by that count like any other
+(docs/design/0001-replica-exchange.md). One process is unchanged, since there a word is trainable
+exactly when its own count reaches min_count.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-DEFAULT_TABLE_SIZE = 524_287    # 2 MiB of int32 (stays in the cache), a prime (see above); word2vec.c: 10^8
+# Why not yskip's reservoir update (Kaji & Kobayashi 2017: overwrite ``round(F / z * M)`` random
+# entries when a word's weight grows by F): its shares are right only in expectation, so the table
+# must be large for them to be close, and a large table costs a cache miss per negative in the
+# kernels, which read it at a random entry five times per pair.
+# At the end of wiki17m (68k trainable words) the reservoir's 2^24 entries (64 MiB) misplace
+# 1.1 % of the probability mass (2^20 entries: 5.7 %); the default 524,287 entries laid out
+# systematically (2 MiB, in the cache) misplace 2.0 %, almost all of it on the rarest words (the
+# 1,000 most frequent are within 0.24 % of their share, against 0.7 % in the reservoir), and the
+# in-place kernel runs about 1.5x as many pairs per second with two threads as against the 64 MiB
+# table (``bench/kernel_speed.py``). The length is a prime so that the
+# kernels' index ``(state >> 16) % M`` (``sgns_kernel._draw``) depends on all the high bits of their
+# generator's state (a power of two would take bits 16..35 of word2vec.c's LCG alone, whose low bits
+# have short periods, on a table in slot order); no difference in quality is measurable, and it costs
+# nothing.
+DEFAULT_TABLE_SIZE = 524_287    # 2 MiB of int32 (stays in the cache), a prime; word2vec.c: 10^8
 DEFAULT_REFRESH = 0.005
 
 
@@ -59,7 +60,7 @@ DEFAULT_REFRESH = 0.005
 def _layout(weights, slots, table):
     """Systematic layout of ``weights[slots]`` (the positive ones, in slot order) over ``table``; returns their
     sum. Given the slots, not all of them: a stream's vocabulary table holds several times as many words as are
-    trainable, and a scan of every slot was two thirds of a layout (3.6 ms for 1M slots, 68k trainable)."""
+    trainable, and a scan of every slot would be two thirds of a layout (3.6 ms for 1M slots, 68k trainable)."""
     z = 0.0
     for i in range(slots.shape[0]):
         z += weights[slots[i]]

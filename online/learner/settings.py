@@ -52,11 +52,11 @@ LEARNER = SettingGroup("learner", (
 
 # In process the optimizer runs once per (centre, context) pair, where row-wise AdaGrad is
 # 3x faster than per-coordinate; on the servers it runs once per pushed row per mini-batch,
-# where its cost does not show and per-coordinate AdaGrad learned better (bench/README.md:
-# analogy 4.00 vs 3.73 %, SimLex 0.157 vs 0.150 on the pull/push path).
+# where its cost does not show and per-coordinate AdaGrad learns better (on the pull/push path, 5M tokens:
+# analogy 4.00 vs 3.73 %, SimLex 0.157 vs 0.150; ``bench/quality_vs_gensim.py --shards 2 --optimizer adagrad``).
 SERVER_OPTIMIZER = MODEL["optimizer"].with_default(
     "adagrad", why="servers default to per-coordinate AdaGrad: applied once per pushed row, its cost does not "
-                   "show, and it learned better on the pull/push path")
+                   "show, and it learns better on the pull/push path")
 
 # What each role reads of the model. Workers train a local replica with the optimizer
 # (``online.cluster.replica``); servers neither sample nor tokenise, but they count the

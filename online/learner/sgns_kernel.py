@@ -25,29 +25,17 @@ length: each coordinate's step shrinks with its own accumulated gradient, so fre
 words anneal and a new word arriving late in the stream still learns at full speed.
 ``OPT_ROW_ADAGRAD`` (the default) keeps one accumulator per row: ``h += |g|^2 / dim;
 x -= eta * g / sqrt(h)``. For an output row g = -(label - s) u, so |g|^2 costs one dot
-product per pair (|u|^2 is shared by the 1 + N targets); it runs at 88 % of SGD's speed
-where per-coordinate AdaGrad runs at 27 %, and keeps most of its quality (bench/README.md).
-``OPT_SGD`` is plain SGD at the rate ``eta`` the caller passes (word2vec.c's schedule if
-the caller decays it); it exists to compare against gensim and is not used on streams.
+product per pair (|u|^2 is shared by the 1 + N targets); it runs at 88 % of SGD's speed where per-coordinate
+AdaGrad runs at 27 %, and keeps most of its quality. ``OPT_SGD`` is plain SGD at the rate ``eta`` the caller
+passes (word2vec.c's schedule if the caller decays it); it exists to compare against gensim.
 
-Two kernels:
-
-``train_inplace_rows``
-    The in-process path. Walks sentences of row indices and updates the shared
-    matrices in place after every pair, hogwild-style (no locks; concurrent threads
-    may overwrite each other's coordinate updates, which word2vec.c and gensim accept).
-    In-place updates matter for quality: within a mini-batch a frequent word takes
-    part in hundreds of pairs, and summing those gradients against one stale copy of
-    its row overshoots. Its noise table holds output ROWS (the slot table mapped
-    through the trainer's slot -> row map once per change, not per draw), so a
-    negative costs one load from a table that stays in the cache. ``train_inplace``
-    is the same kernel for callers that hold a table of slots and a slot -> row map.
-    It is bound by memory rather than arithmetic: each negative is a random output row
-    of a matrix larger than the caches (plus its AdaGrad accumulator). So it draws a
-    centre word's windows and negatives one centre ahead of the updates (the same
-    generator in the same order: the same draws) and prefetches the next pair's
-    target rows while it trains the current pair (1.5 - 1.6x the pairs/s, see
-    ``bench/kernel_speed.py``); s(f) comes from word2vec.c's table (interpolated), in float32.
+The in-process kernel, ``train_inplace_rows``, walks sentences of row indices and updates the shared matrices in
+place after every pair, hogwild-style (no locks; concurrent threads may overwrite each other's coordinate
+updates, which word2vec.c and gensim accept). In-place updates matter for quality: within a mini-batch a frequent
+word takes part in hundreds of pairs, and summing those gradients against one stale copy of its row overshoots.
+Its noise table holds output ROWS, so a negative costs one load; it draws one centre ahead and prefetches the
+next pair's rows, since it waits on memory more than it computes. ``train_inplace`` is the same kernel for
+callers that hold a table of slots and a slot -> row map. Design: docs/design/0002-kernels.md
 
 The parameter-server path (``plan_pairs``, ``walk_gradients``) is ``online.learner.gradient_kernel``.
 """
@@ -82,9 +70,8 @@ def _draw(state, n):
     see ``online.learner.noise``, so the entry depends on all of them).
 
     The one place both kernels draw a negative. The multiply-shift ``((state >> 32) * n) >> 32``
-    (the top 32 bits scaled to n, no division) was measured against it with the row table: no
-    faster (two threads, same batches, interleaved: 1.43M pairs/s against 1.50M) and it draws
-    another stream, so the modulo stays and the kernels draw exactly what they drew before.
+    (the top 32 bits scaled to n, no division) is no faster with the row table (two threads, same
+    batches, interleaved: 1.43M pairs/s against 1.50M) and draws another stream, so the modulo stays.
     """
     return np.int64((state >> _U16) % np.uint64(n))
 
@@ -493,7 +480,7 @@ def train_inplace(syn0, syn1, acc0, acc1, in_rows, out_rows, starts, noise_slots
 @njit(nogil=True, cache=True)
 def take_touched(touched, n):
     """The rows below ``n`` a kernel marked in ``touched``, ascending, with their marks cleared for its next batch.
-    Two compiled passes over the mask: numpy's search and reset took 0.28 ms a batch at 136k rows (1.7 % of a
+    Two compiled passes over the mask: numpy's search and reset take 0.28 ms a batch at 136k rows (1.7 % of a
     ``livevec train`` run's samples)."""
     count = 0
     for r in range(n):

@@ -10,15 +10,15 @@ One ``Trainer`` is the learning side of a worker. Per mini-batch of records it:
    words that are not trainable (yet);
 5. trains, in one of two ways over the same vocabulary, noise and sampling:
 
-   * **in place** when the store is a single in-process ``EmbeddingShard``
-     (``livevec train``): ``sgns_kernel.train_inplace_rows`` updates the shard's rows after
+   * **in place** when the store has a local shard (``livevec train``'s ``EmbeddingShard``, a worker's
+     replica, ``online.cluster.replica``): ``sgns_kernel.train_inplace_rows`` updates the shard's rows after
      every pair, hogwild-style, as word2vec.c and gensim do (``LIVEVEC_KERNEL=hogbatch``:
      ``hogbatch_kernel.train_hogbatch_rows``, once per window, negatives shared by the window).
      Several threads may call ``train_*`` concurrently; the GIL-bound preparation is serialised by a lock and the
      compiled kernels run in parallel without the GIL. The kernel draws its negatives from
      the noise table mapped to output rows (``_current_noise_rows``), rebuilt only when the table is
      laid out again or a word in it gets or loses its row;
-   * **pull / push** otherwise (parameter servers): ``plan_pairs`` draws the windows and
+   * **pull / push** otherwise (``LIVEVEC_EXCHANGE=pullpush``): ``plan_pairs`` draws the windows and
      negatives, the batch's distinct input and output keys are pulled in ONE call,
      ``walk_gradients`` sums the gradients met while walking the pairs on a private copy
      at ``local_rate`` (0: all against the pulled snapshot), they are pushed in ONE
@@ -55,16 +55,15 @@ from online.learner.vocab import OnlineVocab
 KERNELS = {"pairs": train_inplace_rows, "hogbatch": train_hogbatch_rows}
 # A kernel's rate when ``LIVEVEC_ETA`` is not set, as a multiple of the AdaGrads' default. Under AdaGrad a row's
 # travel over a pass grows about as the square root of its number of steps, and hogbatch steps a row once a window
-# (a summed gradient) where pairs steps it once a pair, so it needs about twice the rate: one pass of wiki17m,
-# 3 seeds, hogbatch at 0.1 learnt 16.60 %, at 0.2 22.84 %, pairs at 0.1 21.84 % (bench/README.md, session 23).
+# (a summed gradient) where pairs steps it once a pair, so it needs about twice the rate.
 # SGD's constant rate is word2vec.c's for both: a summed gradient already steps as far as its pairs would.
+# Design: docs/design/0002-kernels.md
 KERNEL_ETA_SCALE = {"pairs": 1.0, "hogbatch": 2.0}
-# ``LIVEVEC_KERNEL=auto`` (the default) picks a kernel by how many replicas exchange deltas. As one model (``livevec
-# train``, or the workers of one host sharing its replica) hogbatch learns more and faster: one pass of wiki17m,
-# 22.84 % against 21.84 % (3 seeds), at 2.7x gensim's words per CPU-second against 1.9x. Across replicas it is
-# better up to 2 and worse beyond. In the simulation on 10M tokens (bench/README.md, session 26), one model: hogbatch
-# 15.22 %, pairs 12.61 %; 2 replicas: hogbatch 14.17 % (its deltas merged by alignment, ``online.cluster.replica``),
-# pairs 13.41 %; 4: 12.03 % against 12.78 %; 8: 11.36 % against 13.39 %.
+# ``LIVEVEC_KERNEL=auto`` (the default) picks a kernel by how many replicas may exchange deltas. As one model
+# (``livevec train``, or the workers of one host sharing its replica) hogbatch learns more and faster. Across
+# replicas its deltas (merged by alignment, ``online.cluster.replica``) combine as well as pairs' up to 2 replicas
+# and worse beyond, so a worker takes hogbatch where its cluster declares at most 2 workers, pairs beyond.
+# Design: docs/design/0002-kernels.md
 HOGBATCH_MAX_REPLICAS = 2
 KERNEL_CHOICES = ("auto", *KERNELS)
 

@@ -1,8 +1,6 @@
 """The online vocabulary: word keys, bounded-memory counts, trainability and eviction.
 
-Word keys
----------
-Each word is stored under ``word_key(token)`` (``online.learner.keys`` owns the layout:
+**Word keys.** Each word is stored under ``word_key(token)`` (``online.learner.keys`` owns the layout:
 BLAKE2b-64, the input row at the key and the output row at the next one).
 
 Collisions: if two words share a key they share both rows on the servers: each reads and
@@ -11,17 +9,13 @@ was recorded last owns the key's string on the server. Nothing crashes and no ot
 is affected; the vocabulary itself still keeps their counts apart because it is indexed
 by the word's bytes.
 
-The index
----------
-Words are found by their UTF-8 bytes in a compiled hash table (``online.learner.word_table``),
+**The index.** Words are found by their UTF-8 bytes in a compiled hash table (``online.learner.word_table``),
 a whole mini-batch of token spans (``online.learner.spans.TokenSpans``) per call:
 ``update_spans`` and ``lookup_spans`` are the trainer's per-token path and never make a
 Python string of a token; only admitted words are decoded (``words``) and keyed (``keys``).
 ``update`` and ``lookup`` take lists of strings and go the same way.
 
-Bounded counts
---------------
-A stream has an unbounded number of types (typos, ids, URLs), so counts live in a table
+**Bounded counts.** A stream has an unbounded number of types (typos, ids, URLs), so counts live in a table
 of fixed ``capacity`` managed with the Misra-Gries algorithm, as yskip does: when new
 words do not fit, every count is decreased by the smallest amount ``d`` that frees
 enough slots and the words that reach zero are evicted. (Misra-Gries decrements by one,
@@ -29,14 +23,13 @@ repeatedly; doing it once by ``d`` for a whole mini-batch is the same thing batc
 Estimates never exceed the true count and undercount by at most about N / capacity
 after N tokens, so frequent words are never evicted and a word's count in a table
 that never fills is exact. The occurrences, in the batch that forces an eviction, of a word
-evicted by it are not counted (the word is gone; it comes back when it occurs again). A word is *trainable* while its count is at least
+evicted by it are not counted (the word is gone; it comes back when it occurs again).
+A word is *trainable* while its count is at least
 ``min_count``; only trainable words get rows on the servers, so when a trainable word is
 evicted its key is reported in ``VocabUpdate.evicted_keys`` for the caller to free both
 of its rows.
 
-Cluster trainability
---------------------
-On a cluster the servers own each word's total count (``online.cluster.word_counts``): a
+**Cluster trainability.** On a cluster the servers own each word's total count (``online.learner.word_counts``): a
 word whose ``min_count`` occurrences are spread over many workers never reaches it in any
 one worker's table. ``mark_trainable`` records the servers' verdict; a word is then
 trainable while either its local count reaches ``min_count`` or the cluster said so. Local
@@ -102,7 +95,7 @@ class OnlineVocab:
         self._size = 0
         self._live = np.zeros(self.capacity, dtype=bool)
         # key -> slot of the live words: the servers' news names keys, not words (16 - 32 B per word, the table
-        # kept at most half full; a search of every live key per sync with news was 15 % of a sync's CPU)
+        # kept at most half full; a search of every live key per sync with news would be 15 % of a sync's CPU)
         self._by_key = KeyIndex()
         # the word index (see online.learner.word_table): slot -> bytes in the arena, hash -> slot
         self._offset = np.zeros(self.capacity, dtype=np.int64)
@@ -259,7 +252,7 @@ class OnlineVocab:
         the slots of words in this table that the news made trainable."""
         self.known_trainable = np.asarray(known, dtype=np.uint64)
         hit = self._by_key.lookup(np.unique(np.asarray(new_keys, dtype=np.uint64)))
-        hit = hit[hit >= 0]     # (a search of every live word's key, per sync with news, was 15 % of a sync's CPU)
+        hit = hit[hit >= 0]     # (a search of every live word's key, per sync with news, would be 15 % of a sync's CPU)
         return self.mark_trainable(hit, np.ones(len(hit), dtype=bool))
 
     def _index_keys(self, slots: np.ndarray) -> None:

@@ -20,8 +20,8 @@ and the count).
 The trainable journal. A worker learns a word's total only when it reports the word, so with
 N workers each would drop its first occurrences of a word the cluster already trains until
 its next sync answered, about N x more lost occurrences than one process loses, most of a
-mid-frequency word's (8 simulated workers sharing one model trained 15 % fewer tokens and
-reached WS353 0.18 against 0.35 for one). So the table also logs, in order, every key whose
+mid-frequency word's (8 simulated workers sharing one model train 15 % fewer tokens and
+reach WS353 0.18 against 0.35 for one). So the table also logs, in order, every key whose
 total reaches ``min_count``, and ``trainable_since`` hands each worker the keys it has not
 seen yet: a worker then trains a word from its first occurrence there. The log is bounded:
 past ``2 x capacity`` entries it restarts as the keys trainable now, under a new
