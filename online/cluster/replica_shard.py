@@ -2,18 +2,20 @@
 
 The arithmetic of the exchange, replica side (the servers' side is ``online.learner.concurrent_merge``). Per
 row the replica keeps ``base``, the servers' last confirmed value, and, since the last collect, the row's
-*contraction* (the kernel's, ``sgns_kernel.train_inplace_rows``):
+*contraction* (the ``pairs`` kernel's, ``sgns_kernel.train_inplace_rows``; ``tracks_contraction``):
 
-* **collect**: ``delta = row - base`` (and the AdaGrad accumulator's), with the contraction ``c``; then
-  ``base = row``. The rows: those changed here since the last collect, those the servers changed since this
-  replica last asked (``mark_stale``: so a row trained here next starts from the cluster's value), and a
-  turn of the other held rows (``REFRESH_SHARE``);
-* the servers combine the concurrent deltas of a row by their contraction and answer the merged value ``S``;
+* **collect**: ``delta = row - base`` (and the AdaGrad accumulator's), with the contraction ``c`` where it is
+  tracked; then ``base = row``. The rows: those changed here since the last collect, those the servers changed
+  since this replica last asked (``mark_stale``: so a row trained here next starts from the cluster's value),
+  and a turn of the other held rows (``REFRESH_SHARE``);
+* the servers combine the concurrent deltas of a row (by their contraction when it is sent, else by their
+  alignment) and answer the merged value ``S``;
 * **apply**: ``row += S - base``, ``base = S``: the others' work comes in, this replica's since the collect
   stays on top.
 
 ``online.cluster.replica`` runs the sync (the wire, the vocabulary, the batches a sync carried);
 ``online.cluster.host_replica`` keeps these arrays in a segment the processes of a host share.
+Design: docs/design/0001-replica-exchange.md
 """
 from __future__ import annotations
 

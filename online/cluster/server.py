@@ -40,7 +40,7 @@ log = logging.getLogger("livevec.server")
 # Deltas of different workers to a row within this many sync intervals may be combined as concurrent
 # (``online.learner.concurrent_merge``; on clusters of more than 2 workers, at 436 B per row at dim 100);
 # a round ends sooner when a worker sends again, so this only needs to cover a sync period that load
-# stretches (8 workers on 2 cores sync about every 0.5 s).
+# stretches (8 workers on 2 cores sync about every 0.5 s). Design: docs/design/0001-replica-exchange.md
 MERGE_WINDOW_SYNCS = 4
 
 # What a server reads: its node (ps-lite's and livevec's) and the part of the model a shard needs.
