@@ -1,53 +1,43 @@
 """What is new in the served model: words that arrived, words whose counts rise, words whose meaning drifted.
 
-The sources keep no history (a server knows its rows and counts now, not an hour ago), so
-the front end records its own, from the snapshots it serves. ``WhatsNew.observe`` looks at
-``ModelHolder.current`` once per sync interval (a background task) and at the start of
-every request, so an answer always describes the model being served:
+The sources keep no history (a server knows its rows and counts now, not an hour ago), so the front end
+records its own, from the snapshots it serves. ``WhatsNew.observe`` looks at ``ModelHolder.current`` once
+per sync interval (a background task) and at the start of every request, so an answer always describes
+the model being served:
 
 arrivals (``/v1/new``)
-    The keys of the served snapshot that the previously observed one lacked, with the
-    time they were first served. A word reaches the front end when it becomes trainable
-    (``min_count``) and the next sync brings its row, so ``first_seen`` is that moment, to
-    within one sync interval. The words of the first snapshot have no arrival time
-    (``observed_since``); a word evicted and admitted again arrives again. Kept in a ring
-    of at most ``LIVEVEC_NEW_WORDS_KEEP`` keys, oldest forgotten first.
+    The keys of the served snapshot that the previously observed one lacked, with the time they were
+    first served. A word reaches the front end when it becomes trainable (``min_count``) and the next
+    sync brings its row, so ``first_seen`` is that moment, to within one sync interval. The words of the
+    first snapshot have no arrival time (``observed_since``); a word evicted and admitted again arrives
+    again. Kept in a ring of at most ``LIVEVEC_NEW_WORDS_KEEP`` keys, oldest forgotten first.
 count samples (``/v1/rising``)
-    Every ``LIVEVEC_RISING_INTERVAL`` seconds, a sample of the served snapshot's counts,
-    kept as the rows that changed before the next sample (``count_samples``). At most
-    ``LIVEVEC_RISING_SAMPLES + 1`` are kept, so a window reaches back ``interval x samples``
-    seconds. Samples stay aligned with the rows of the latest snapshot (rows only get
-    appended between syncs); after a removal or a full reload they are re-indexed once by key. The rise of a word over a window is its
-    count now minus its count in the newest sample at least ``window`` seconds old.
+    Every ``LIVEVEC_RISING_INTERVAL`` seconds, a sample of the served snapshot's counts, kept as the rows
+    that changed before the next sample (``count_samples``). At most ``LIVEVEC_RISING_SAMPLES + 1`` are
+    kept, so a window reaches back ``interval x samples`` seconds. Samples stay aligned with the rows of
+    the latest snapshot (rows only get appended between syncs); after a removal or a full reload they are
+    re-indexed once by key. The rise of a word over a window is its count now minus its count in the
+    newest sample at least ``window`` seconds old.
 checkpoints (``/v1/drift``)
-    The first snapshot, then every ``LIVEVEC_DRIFT_INTERVAL`` seconds a compact copy of the
-    served snapshot (none while the model is unchanged): its words and keys by reference and
-    its unit vectors in float16, so a checkpoint costs 2 dim + 20 bytes per word, not the
-    5 dim + 40 of a ``ModelIndex`` with its int8 search copy (a 1M x 100 model: 220 MB, not
-    540). At most ``LIVEVEC_DRIFT_KEEP`` are kept, numbered 1, 2, ... from the front end's
-    start. They are the front end's own, in memory: not the cluster's coordinated
-    checkpoints, which live on the servers' storage (the front end may not import
-    ``online.checkpoint``, and need not see that storage). A word's drift is its k nearest
-    neighbours now against those in a checkpoint: overlap@k and the words that entered and
-    left. Neighbours now are exact (as ``/v1/similar``); neighbours then are exact over the
-    float16 vectors (scores within about 1e-3 of what ``/v1/similar`` said then). ``oldest``
-    is the oldest kept, ``previous`` the newest that differs from the model being served. A
-    word that arrived after the checkpoint has no neighbours there: all of its neighbours
-    entered (``in_checkpoint`` false).
+    The first snapshot, then every ``LIVEVEC_DRIFT_INTERVAL`` seconds a compact copy of the served
+    snapshot (none while the model is unchanged): its words and keys by reference and its unit vectors in
+    float16, so a checkpoint costs 2 dim + 20 bytes per word, not the 5 dim + 40 of a ``ModelIndex`` with
+    its int8 search copy (a 1M x 100 model: 220 MB, not 540). At most ``LIVEVEC_DRIFT_KEEP`` are kept,
+    numbered 1, 2, ... from the front end's start: the front end's own, in memory, not the cluster's
+    coordinated checkpoints. A word's drift is its k nearest neighbours now against those in a checkpoint:
+    overlap@k and the words that entered and left. Neighbours now are exact (as ``/v1/similar``), then
+    exact over the float16 vectors (scores within about 1e-3). ``oldest`` is the oldest kept, ``previous``
+    the newest that differs from the served model. A word that arrived after the checkpoint has no
+    neighbours there: all of them entered (``in_checkpoint`` false).
 
-Cost bounds. Memory, all of it fixed by the settings: arrivals 8 bytes per remembered key;
-samples 16 bytes per row that changed before the next sample (``count_samples``: the
-newest is the served counts array itself); checkpoints ``2 dim + 20`` bytes per word each.
-With the defaults (2 checkpoints) that is about 420 bytes per word at dim 100;
-``LIVEVEC_DRIFT_KEEP=0`` keeps no checkpoint. Time per
-observation with a change: one comparison of the key arrays (about 1 ms per million words),
-O(n log n) only after a removal or a full reload (as ``ModelIndex.apply`` pays anyway), and
-per sample or checkpoint one pass over the counts or vectors. Requests: ``new`` O(a log n)
-for the a remembered arrivals since ``since``; ``rising`` one vectorised pass over the
-vocabulary; ``drift`` one exact top-k search now (as ``/v1/similar``) and one over the
-checkpoint's float16 vectors, in blocks of ``_BLOCK`` rows so the temporary stays small.
-Lists are capped by the request's ``limit`` (at most ``MAX_LIMIT``) and windows by the
-samples kept.
+Cost bounds. Memory, all of it fixed by the settings: arrivals 8 bytes per remembered key; samples 16
+bytes per row that changed before the next sample (the newest is the served counts array itself);
+checkpoints ``2 dim + 20`` bytes per word each: about 420 bytes per word at dim 100 with the default 2
+(``LIVEVEC_DRIFT_KEEP=0`` keeps none). Time per observation with a change: one comparison of the key
+arrays (about 1 ms per million words), O(n log n) only after a removal or a full reload (as
+``ModelIndex.apply`` pays anyway), and per sample or checkpoint one pass over the counts or vectors.
+Requests: ``new`` O(a log n) for a arrivals; ``rising`` one vectorised pass over the vocabulary; ``drift``
+two exact top-k searches (the checkpoint's in blocks of ``_BLOCK`` rows). ``limit`` is at most ``MAX_LIMIT``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The search index: the model as queries read it, and the kernels that search it.
 
-Owns the immutable snapshots queries read (``model_index``) and how the next one is built
-from a source's delta (``delta``, ``snapshot_writer``), the rows and int8 codes behind them,
+Owns the immutable snapshots (``snapshot``) and the queries they answer (``model_index``), how the
+next one is built from a source's delta (``delta``, ``snapshot_writer``), the rows and int8 codes behind them,
 held once and written out of place so that a sync costs O(changed rows) and no reader sees a
 row change (``row_store``), the exact int8-then-float32 scan and its C
 kernel (``int8_prefilter``, ``int8_scan.c``), the inverted file and its background build

@@ -1,10 +1,10 @@
 """The rows behind the snapshots: one copy of the rows and codes, two of the small maps.
 
-A ``ModelIndex`` must never change while anyone holds it (a query batch, an export that
-streams for a minute). Copy-on-write gives that, but copies the whole model per sync: at
-1M x 100 that is 400 MB of float32 plus 100 MB of int8 codes every 0.5 s (150 - 400 ms of
-the front end's core). Keeping two copies and writing the one no reader holds avoids the
-copy but doubles the memory: 10 GB of a 10M-word front end's 19. So:
+A snapshot must never change while anyone holds it (a query batch, an export that streams for a
+minute). Copy-on-write gives that, but copies the whole model per sync: at 1M x 100 that is 400 MB
+of float32 plus 100 MB of int8 codes every 0.5 s (150 - 400 ms of the front end's core). Keeping
+two copies and writing the one no reader holds avoids the copy but doubles the memory: 10 GB of a
+10M-word front end's 19. So (design: docs/design/0005-serving-index.md):
 
 - **The float32 unit rows and the int8 codes live once, written out of place.** A sync writes
   each changed row into a free physical row of the pool (``UnitPool``) and its code into a free
@@ -33,12 +33,11 @@ copy but doubles the memory: 10 GB of a 10M-word front end's 19. So:
      the last sync wrote (``Change``), O(changed rows).
   3. write this sync's changes into it, publish the new snapshot on it.
 
-So no array element anyone can still read is ever written. New lists (an inverted file built
-in the background) get new code arrays, laid out for them; the old ones stay with the
-snapshots that read them. Counts are not in the buffers: they are small (8 bytes a row) and
-kept by reference as history (``whats_new``), so each snapshot that changes them gets its own
-array. Rows beyond a snapshot's ``n`` and tiles beyond its ``tiles`` are spare capacity
-(``np.zeros``: untouched pages cost no memory).
+So no array element anyone can still read is ever written. New lists (an inverted file built in the
+background) get new code arrays, laid out for them; the old ones stay with the snapshots that read
+them. Counts are not in the buffers: they are small (8 bytes a row) and kept by reference as history
+(``whats_new``), so each snapshot that changes them gets its own array. Rows beyond a snapshot's
+``n`` and tiles beyond its ``tiles`` are spare capacity (``np.zeros``: untouched pages cost nothing).
 """
 from __future__ import annotations
 

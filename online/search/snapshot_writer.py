@@ -1,5 +1,7 @@
 """``ModelIndex.apply``: the next snapshot from a delta, in the sync thread.
 
+The writer reads a ``snapshot.Snapshot`` and builds the next one of the same type (``type(index)``).
+
 Three ways, by cost:
 
 incremental (the sync's usual case: the newest snapshot, rows changed and added, nothing removed)
@@ -24,7 +26,6 @@ import math
 import operator
 import time
 import weakref
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,10 +35,8 @@ from online.search.int8_prefilter import TILE_ROWS
 from online.search.row_store import (Buffer, Change, CodeStore, Store, UnitPool, copy_prefix, distinct, scatter,
                                      scatter_rows)
 from online.search.delta import ModelDelta, ModelDeltaError
+from online.search.snapshot import Snapshot
 from online.search.word_lookup import AlphaIndex, KeyIndex, WordArena, WordsView
-
-if TYPE_CHECKING:  # pragma: no cover
-    from online.search.model_index import ModelIndex
 
 HEADROOM = 1.25        # rows of capacity per row at a full build
 PIECE = 8192           # rows per numpy call in the sync's path (numpy holds the GIL; the event loop waits)
@@ -115,7 +114,7 @@ def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, n
     return keys, words, np.ascontiguousarray(vectors), counts, removed, int(bad.sum())
 
 
-def apply(index: ModelIndex, delta: ModelDelta) -> ModelIndex:
+def apply(index: Snapshot, delta: ModelDelta) -> Snapshot:
     keys, words, vectors, counts, removed, bad = check_delta(delta)
     if delta.full or (index.n == 0 and len(keys)):
         return build(type(index), index.config, delta.version, keys, words, counts, vectors=vectors, bad_rows=bad)
@@ -141,12 +140,12 @@ def apply(index: ModelIndex, delta: ModelDelta) -> ModelIndex:
     return _incremental(index, keys, words, vectors, counts, rows, bad, delta.version, pending)
 
 
-def _publish(store: Store, snapshot: ModelIndex) -> ModelIndex:
+def _publish(store: Store, snapshot: Snapshot) -> Snapshot:
     store.head = weakref.ref(snapshot)
     return snapshot
 
 
-def _same(index: ModelIndex, version: int) -> ModelIndex:
+def _same(index: Snapshot, version: int) -> Snapshot:
     """The same rows under another version number (nothing changed)."""
     snapshot = type(index)(version, index.store, index._buffer, index.n, index.n_tiles, index.keys, index.words._words,
                           index.counts, index.key_index, index.alpha, index.ivf, index.bad_rows, config=index.config)
@@ -160,7 +159,7 @@ def _capacity(n: int) -> tuple[int, int]:
 
 def build(snapshot_type: type, config, version: int, keys: np.ndarray, words: list[str], counts: np.ndarray, *,
           vectors: np.ndarray | None = None, unit: np.ndarray | None = None, norms: np.ndarray | None = None,
-          bad_rows: int = 0, ivf: ivf_lists.IvfLists | None = None, assign: np.ndarray | None = None) -> ModelIndex:
+          bad_rows: int = 0, ivf: ivf_lists.IvfLists | None = None, assign: np.ndarray | None = None) -> Snapshot:
     """A new store holding these rows (raw ``vectors``, or ``unit`` and ``norms`` already normalised);
     with ``ivf`` and ``assign`` (each row's list) laid out list by list, else slot = row."""
     n = len(keys)
@@ -204,7 +203,7 @@ def build(snapshot_type: type, config, version: int, keys: np.ndarray, words: li
     return _publish(store, snapshot)
 
 
-def _rebuild(index: ModelIndex, keys, words, vectors, counts, rows, drop, bad, version) -> ModelIndex:
+def _rebuild(index: Snapshot, keys, words, vectors, counts, rows, drop, bad, version) -> Snapshot:
     """The O(n) path: the old rows minus ``drop``, then the delta, renumbered into a new store."""
     keep = np.ones(index.n, dtype=bool)
     keep[drop] = False
@@ -238,7 +237,7 @@ def _rebuild(index: ModelIndex, keys, words, vectors, counts, rows, drop, bad, v
 class _Install:
     """New lists about to be installed: the plan for the current rows."""
 
-    def __init__(self, index: ModelIndex, pending):
+    def __init__(self, index: Snapshot, pending):
         n = index.n
         assign = np.empty(n, np.int64)
         b = min(len(pending.assign), n)
@@ -273,19 +272,13 @@ class _Install:
         store.pool.forget_slots()
 
 
-def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, version, pending) -> ModelIndex:
-    store, src = index.store, index._buffer
-    n_old = index.n
-    is_new = rows < 0
-    fresh = np.flatnonzero(is_new)
-    n = n_old + len(fresh)
-    rows = rows.copy()
-    rows[fresh] = np.arange(n_old, n)
-    unit_rows, norm_rows = normalise(vectors)
-    install = _Install(index, pending) if pending is not None else None
-    ivf = install.ivf if install is not None else index.ivf
-    old = np.flatnonzero(~is_new)
-    if ivf is not None:
+class _Filing:
+    """Where the delta's rows go in the inverted file: each row's list (``targets``), and the tiles the
+    lists may need."""
+
+    def __init__(self, index: Snapshot, ivf: ivf_lists.IvfLists, install: _Install | None, unit_rows: np.ndarray,
+                 rows: np.ndarray, old: np.ndarray, fresh: np.ndarray):
+        src = index._buffer
         if install is not None:
             current = install.assign[rows[old]]
         else:
@@ -296,10 +289,26 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         far = old[ivf_lists.moved_far(unit_rows, old, src.pool_array, src.row_phys[rows[old]], ivf_lists.FAR_COSINE)]
         targets[far] = ivf_lists.nearest(unit_rows[far], ivf.centroids)
         targets[fresh] = ivf_lists.nearest(unit_rows[fresh], ivf.centroids)
-        placed_since_build = int((targets[old] != current).sum()) + len(fresh)   # moves and new rows
+        self.targets = targets
+        self.placed_since_build = int((targets[old] != current).sum()) + len(fresh)   # moves and new rows
         # every changed row takes a free slot: its old one stays readable by older snapshots
-        need_tiles = ivf.n_tiles + len(distinct(targets)) + -(-len(rows) // TILE_ROWS)
+        self.need_tiles = ivf.n_tiles + len(distinct(targets)) + -(-len(rows) // TILE_ROWS)
+
+
+def _incremental(index: Snapshot, keys, words, vectors, counts, rows, bad, version, pending) -> Snapshot:
+    """The O(changed rows) path (the module's docstring): lists waiting are installed, the rows written
+    out of place into the other buffer, the words and counts appended, the snapshot published."""
+    store, src, n_old = index.store, index._buffer, index.n
+    rows, old, fresh = _numbered(rows, n_old)
+    n = n_old + len(fresh)
+    unit_rows, norm_rows = normalise(vectors)
+    install = _Install(index, pending) if pending is not None else None
+    ivf = install.ivf if install is not None else index.ivf
+    if ivf is not None:
+        filing = _Filing(index, ivf, install, unit_rows, rows, old, fresh)
+        need_tiles = filing.need_tiles
     else:
+        filing = None
         store.pool.reserve(len(rows))      # slot = physical row: all of them within the tiles sized here
         need_tiles = -(-store.pool.cap // TILE_ROWS)
     target = store.writable(src, n_old, index.n_tiles, n, need_tiles, new_codes=install is not None)
@@ -307,9 +316,43 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     state = store.next_state()
     if install is not None:
         install.lay_out(store, target, src, n_old)
+    ivf, n_tiles, change = _write_rows(store, src, target, state, ivf, filing, rows, old, unit_rows, norm_rows, n,
+                                       everything=install is not None)
+    new_counts = store.counts_array(n)
+    copy_prefix(new_counts, index.counts, n_old)
+    scatter(new_counts, rows, counts, np.arange(len(rows), dtype=np.int64))
+    keys_all, words_all, key_index, alpha = _append_words(index, keys, words, rows, old, fresh, n)
+    target.state = change.to_state
+    target.used_tiles = max(target.used_tiles, n_tiles)
+    with store.lock:
+        store.change = change
+        if install is not None:
+            store.pending_ivf, store.watch, store.building = None, None, False
+        else:
+            store.mark_changed(rows)
+    snapshot = type(index)(version, store, target, n, n_tiles, keys_all, words_all, new_counts, key_index, alpha, ivf,
+                          index.bad_rows + bad, config=index.config)
+    return _publish(store, snapshot)
+
+
+def _numbered(rows: np.ndarray, n_old: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each delta row's row in the next snapshot (a new word takes the next free number), with the
+    positions of the rows that exist (``old``) and of the new words (``fresh``)."""
+    is_new = rows < 0
+    fresh = np.flatnonzero(is_new)
+    rows = rows.copy()
+    rows[fresh] = np.arange(n_old, n_old + len(fresh))
+    return rows, np.flatnonzero(~is_new), fresh
+
+
+def _write_rows(store: Store, src: Buffer, target: Buffer, state: int, ivf: ivf_lists.IvfLists | None,
+                filing: _Filing | None, rows: np.ndarray, old: np.ndarray, unit_rows: np.ndarray,
+                norm_rows: np.ndarray, n: int, everything: bool) -> tuple[ivf_lists.IvfLists | None, int, Change]:
+    """The rows' unit vectors, norms and codes, out of place: new physical rows and code slots. The ones
+    left stay readable by older snapshots (slot -2 here: filed nowhere, not free) until no snapshot reads
+    them; then they are free again. Returns the lists after the filing, the tiles in use and the change
+    the other buffer catches up with."""
     order = np.arange(len(rows), dtype=np.int64)
-    # Out of place: new physical rows and code slots. The ones left stay readable by older snapshots
-    # (slot -2 here: filed nowhere, not free) until no snapshot reads them; then they are free again.
     pool, codes = store.pool, store.codes
     left = target.row_phys[rows[old]]
     left_slots = target.row_slot[rows[old]]
@@ -327,8 +370,8 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         target.slot_row[slots] = rows      # (with lists, ``place`` marks the slots it hands out)
         n_tiles = -(-pool.high // TILE_ROWS)
     else:
-        ivf, slots, new_tiles = ivf_lists.place(ivf, targets, rows, target.slot_row, freed, target.cap_tiles,
-                                                placed_since_build)
+        ivf, slots, new_tiles = ivf_lists.place(ivf, filing.targets, rows, target.slot_row, freed, target.cap_tiles,
+                                                filing.placed_since_build)
         n_tiles = ivf.n_tiles
     target.row_slot[rows] = slots
     int8_prefilter.quantise(pool.array, phys, codes.code_arrays, slots)
@@ -336,21 +379,18 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
     pool.retire(state, left, left_slots)
     touched = np.concatenate([slots, left_slots, freed])
     change = Change(src.state, state, rows, touched,
-                    distinct(np.concatenate([touched // TILE_ROWS, new_tiles])), n, n_tiles,
-                    everything=install is not None)
-    # the shared key and word arrays, the lookups, the counts
-    new_counts = store.counts_array(n)
-    copy_prefix(new_counts, index.counts, n_old)
-    scatter(new_counts, rows, counts, order)
-    words_all = index.words._words
-    renamed = []
-    for lo in range(0, len(old), PIECE):   # compared as bytes in numpy, in pieces that let the loop in
-        part = old[lo:lo + PIECE]
-        got = operator.itemgetter(*part.tolist())(words) if len(part) > 1 else (words[int(part[0])],)
-        renamed += [(int(rows[part[i]]), got[i]) for i in words_all.unequal(rows[part], got).tolist()]
-        time.sleep(0)
+                    distinct(np.concatenate([touched // TILE_ROWS, new_tiles])), n, n_tiles, everything=everything)
+    return ivf, n_tiles, change
+
+
+def _append_words(index: Snapshot, keys, words, rows: np.ndarray, old: np.ndarray, fresh: np.ndarray,
+                  n: int) -> tuple[np.ndarray, WordArena, KeyIndex, AlphaIndex]:
+    """The new words' keys and spellings appended to the shared arrays, and the key and prefix lookups
+    with them; a row whose word changed spelling gets a new arena (older snapshots keep theirs)."""
+    store = index.store
+    renamed = _renamed(index.words._words, words, rows, old)
     fresh_words = [words[i] for i in fresh.tolist()]
-    keys_all, words_all = store.append_rows(n_old, keys[fresh], fresh_words)
+    keys_all, words_all = store.append_rows(index.n, keys[fresh], fresh_words)
     key_index = index.key_index.with_rows(keys[fresh], rows[fresh])
     if renamed:                            # a key's word string changed (hash collision, fix-up): rare
         listed = words_all.tolist(n)
@@ -360,14 +400,15 @@ def _incremental(index: ModelIndex, keys, words, vectors, counts, rows, bad, ver
         alpha = AlphaIndex.build(listed, WordsView(words_all, n))
     else:
         alpha = index.alpha.with_rows(fresh_words, rows[fresh], WordsView(words_all, n))
-    target.state = change.to_state
-    target.used_tiles = max(target.used_tiles, n_tiles)
-    with store.lock:
-        store.change = change
-        if install is not None:
-            store.pending_ivf, store.watch, store.building = None, None, False
-        else:
-            store.mark_changed(rows)
-    snapshot = type(index)(version, store, target, n, n_tiles, keys_all, words_all, new_counts, key_index, alpha, ivf,
-                          index.bad_rows + bad, config=index.config)
-    return _publish(store, snapshot)
+    return keys_all, words_all, key_index, alpha
+
+
+def _renamed(words_all: WordArena, words, rows: np.ndarray, old: np.ndarray) -> list[tuple[int, str]]:
+    """(row, word) of the existing rows whose word the delta spells differently."""
+    renamed = []
+    for lo in range(0, len(old), PIECE):   # compared as bytes in numpy, in pieces that let the loop in
+        part = old[lo:lo + PIECE]
+        got = operator.itemgetter(*part.tolist())(words) if len(part) > 1 else (words[int(part[0])],)
+        renamed += [(int(rows[part[i]]), got[i]) for i in words_all.unequal(rows[part], got).tolist()]
+        time.sleep(0)
+    return renamed
