@@ -183,7 +183,7 @@ class Cluster:
         if self.lab is None:
             self.probe = Probe(self.runner.port("scheduler", "ps"), self.servers)
         else:
-            from online.deployment.stats_probe import StatsProbe
+            from tests.support.stats_probe import StatsProbe
             self.probe = StatsProbe(self.lab, self.lab.hosts[-1].address, self.runner.placement[("/livevec/scheduler", 0)],
                                     self.runner.port("scheduler", "ps"), self.servers)
 

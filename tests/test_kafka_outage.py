@@ -312,7 +312,7 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
     1 server and 2 workers train. Each restart moves partition leaderships and the group's coordinator: the
     #8 ledger ends with every record trained exactly once, and no worker floods its log."""
     from online.learner.tokenizers import Tokenizer
-    from online.stream.kafka_cluster import KafkaCluster
+    from tests.support.kafka_cluster import KafkaCluster
     from online.stream.producer import ensure_topic
     from online.stream.sample_corpus import generate_lines
     from tests.cluster_harness import assert_trained_exactly_once, wait_until

@@ -25,7 +25,7 @@ import pytest
 from online.deployment.lab_placement import Agent, PlacementError, check_placement, place_tasks
 from online.deployment.lab_runner import lab_cluster
 from online.deployment.local_runner import describe
-from online.deployment.stats_probe import StatsProbe
+from tests.support.stats_probe import StatsProbe
 from online.deployment.topology import default_topology
 from online.learner.tokenizers import Tokenizer
 from online.stream.kafka_broker import KafkaBroker

@@ -1,10 +1,10 @@
 """Every server's statistics, read by a ps-lite node of its own: for tests and benchmarks of the lab.
 
-It runs inside a lab host (``ip netns exec HOST python -m online.deployment.stats_probe SCHEDULER
-PORT SERVERS HOST``), so that it resolves the Mesos-DNS names the cluster advertises, as every task
-there does, and answers each ``stats`` line on stdin with one JSON line: the servers' statistics
-(server 0's holds the batch ledger), or null while a server does not answer. ``StatsProbe`` starts
-one and talks to it."""
+It runs inside a lab host (``ip netns exec HOST python -m tests.support.stats_probe SCHEDULER PORT
+SERVERS HOST``, from the repository's root), so that it resolves the Mesos-DNS names the cluster
+advertises, as every task there does, and answers each ``stats`` line on stdin with one JSON line: the
+servers' statistics (server 0's holds the batch ledger), or null while a server does not answer.
+``StatsProbe`` starts one and talks to it."""
 from __future__ import annotations
 
 import sys
@@ -26,7 +26,7 @@ class StatsProbe:
         import threading
         repo = Path(__file__).resolve().parents[2]
         self.proc = subprocess.Popen(
-            [*lab.exec_prefix(host), sys.executable, "-m", "online.deployment.stats_probe", scheduler,
+            [*lab.exec_prefix(host), sys.executable, "-m", "tests.support.stats_probe", scheduler,
              str(root_port), str(servers), host], cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, env={**os.environ, "PYTHONPATH": str(repo)})
         if self.proc.stdout.readline().strip() != "ready":
