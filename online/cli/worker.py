@@ -1,4 +1,4 @@
-"""``livevec worker``: consume Kafka, train SGNS mini-batches, push to the servers.
+"""``livevec worker``: consume Kafka, train SGNS mini-batches, send the servers what they changed.
 
 The role itself is ``online.cluster.worker``; this command reads its settings, joins the
 cluster, opens the stream, adds the checkpoint side when ``LIVEVEC_CHECKPOINT_DIR`` is set,

@@ -5,5 +5,6 @@ Marathon group on one machine as Marathon would.
 It starts the roles as processes (``livevec <role>``) and never imports them.
 
 May import: ``online.learner``, ``online.stream``, ``online.cluster``, ``online.checkpoint``,
-``online.frontend`` (none of which it needs today) and ``ps_bridge``.
+``online.frontend`` and ``ps_bridge``. It uses ``online.cluster``'s host-replica segment layout and
+the reclaiming of dead segments only.
 """

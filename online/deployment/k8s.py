@@ -1,6 +1,6 @@
 """Render a ``Topology`` as Kubernetes objects.
 
-The mapping from Marathon concepts (deploy-notes §4):
+The mapping from Marathon concepts (``../shared/reference/deploy-notes.md`` §4):
 - scheduler and servers -> StatefulSet + headless Service: a stable DNS name per pod, and
   at most one pod per ordinal (no "2 of 1" as on Marathon after a partition);
 - workers -> Deployment + KEDA ScaledObject on Kafka lag. KEDA creates its own HPA, so no

@@ -40,7 +40,7 @@ class Capacity:
 
     model_words: int = 1_000_000  # vocabulary the cluster is sized for
     dim: int = 100
-    # AdaGrad keeps one float32 accumulator per float32 parameter (issue 4's optimizer).
+    # AdaGrad keeps one float32 accumulator per float32 parameter.
     optimizer_floats_per_value: int = 1
     # EmbeddingShard doubles its row arrays when full, so up to 2x the rows in use are
     # resident (np.full touches every page of the grown arrays).
@@ -52,10 +52,9 @@ class Capacity:
     server_bytes_per_word: int = 1100
     # Per word in a front-end replica, at its peak: two float32 copies of the row (the row store, and the
     # full load's buffer or a sync's out-of-place rows while the index is rebuilt) plus the int8 codes, the
-    # inverted lists, the word arena and the key index. Measured (issue #29, bench/query_load.py, session 18):
-    # 1M words x 100 dims peaked at 1.09 GB of RSS (0.95 GB steady), 10M at 8.92 GB (7.51 steady), so about
-    # 1,020 and 890 B/word at the peak; the rule gives 2 x 400 + 220 = 1,020 at dim 100. (It was 4 copies + 100
-    # B, 1,700 B/word, measured on a 200k-word model before the row store, the arena and the adopted load.)
+    # inverted lists, the word arena and the key index. Measured with bench/query_load.py: 1M words x 100
+    # dims peak at 1.09 GB of RSS (0.95 GB steady), 10M at 8.92 GB (7.51 steady), so about 1,020 and
+    # 890 B/word at the peak; the rule gives 2 x 400 + 220 = 1,020 at dim 100.
     frontend_float_copies: int = 2
     frontend_bytes_per_word: int = 220
     # Baselines: peak RSS (VmHWM) of the real roles started from the committed group by the

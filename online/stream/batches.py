@@ -28,6 +28,11 @@ class TextRecord(NamedTuple):
 
 @dataclass
 class Batch:
+    """Records handed out together. ``records``: ``TextRecord(topic, partition, offset, text)`` each, a text
+    of one or more lines, each line a sentence (``online.stream.producer``); ``texts``: just the strings;
+    ``ranges``: ``{(topic, partition): (first_offset, end_offset)}`` covering every record handed out,
+    malformed ones included; ``malformed``: how many were skipped."""
+
     id: int
     records: list[TextRecord]
     ranges: dict[TopicPartitionKey, tuple[int, int]]

@@ -1,8 +1,8 @@
 """The Kafka client's own log lines, summarised, and whether the brokers answer: ``kafka_unreachable since=T``.
 
 Why: aiokafka logs every failed connect, fetch, heartbeat and coordinator lookup at ERROR, and retries each many
-times a second. A broker restarted for a minute made each worker write 5,000 - 8,000 such lines (about 80 a
-second, issue #28), while no line of livevec's said what had happened. An operator's log pipeline drowns in that
+times a second. A broker restarted for a minute makes each worker write 5,000 - 8,000 such lines (about 80 a
+second), while no line of the client says what happened. An operator's log pipeline drowns in that
 and an alert on "error lines" fires for the wrong reason.
 
 What this module does, in every process that runs a Kafka client (the workers' consumer, ``livevec produce``):

@@ -2,7 +2,7 @@
 
 ``orjson.loads`` builds every key, number and string of a record (about 1.4 us for a 100-byte session on
 this machine, where the SGNS kernel spends about 1.3 us per token): for sessions of a few IDs, parsing
-alone cost a fifth of the pipeline. ``scan_records`` validates each record of a batch and finds the
+with it would cost a fifth of the pipeline. ``scan_records`` validates each record of a batch and finds the
 field of ``LIVEVEC_RECORD_FIELD`` in one pass over the bytes, and copies the fields into one buffer (a
 list's items as a token-list record, ``TokenList``), decoded once for the batch, so a record costs one slice.
 
@@ -14,10 +14,10 @@ one object, nesting deeper than 64). ``RecordFormat.extract`` reads those with o
 malformed record, and every odd valid one, is orjson's (``tests/test_records.py`` compares both on
 generated and mutated records).
 
-Its speed came from three things found by timing variants (1.26 ns a byte on 110-byte sessions, from 4.2):
-the whitespace test puts ``c > 0x20`` first; the records' loop is inside the compiled function, not a call
-per record; and the open containers are bits of integers, not small arrays. Each array a compiled call
-takes or a loop touches added reference counting per record, about 100 ns in all.
+Three things make it fast (about 1.3 ns a byte on 110-byte sessions): the whitespace test puts ``c > 0x20``
+first; the records' loop is inside the compiled function, not a call per record; and the open containers are
+bits of integers, not small arrays, since each array a compiled call takes or a loop touches adds reference
+counting per record (about 100 ns in all).
 """
 from __future__ import annotations
 

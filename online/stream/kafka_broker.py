@@ -51,8 +51,8 @@ from ps_bridge.structured_logging import log_event
 
 logger = logging.getLogger("livevec.kafka")
 
-# Kafka 4.1: aiokafka 0.14 negotiates every request version with the broker (ApiVersions), so it no longer
-# sends the pre-2.1 request versions that Kafka 4 removed (KIP-896). Checked end to end in tests/test_kafka_*.
+# Kafka 4.1: aiokafka 0.14 negotiates every request version with the broker (ApiVersions), so it sends none
+# of the pre-2.1 request versions that Kafka 4 removed (KIP-896). Checked end to end in tests/test_kafka_*.
 # Java 17 runs every Kafka this module starts (Kafka 4 brokers need 17; 3.x runs on 11+).
 MIN_JAVA = 17
 INSTALL_JAVA = "install Java 17: apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"

@@ -9,32 +9,12 @@ The interface (both classes; the streaming worker builds on it)::
     await stream.start()                                 # joins the group (or opens the file)
     async for batch in stream:                           # Batch objects; ends only for a FileStream at EOF
         train(batch.texts)                               # list[str]: decoded, valid records
-        await push_and_wait_for_acks(...)
+        await send_to_the_servers_and_wait_for_acks(...)
         await stream.mark_processed(batch)               # commits (per partition: last offset + 1)
     await stream.stop()                                  # commits what is done, leaves the group
 
-``Batch``
-    ``records``: list of ``TextRecord(topic, partition, offset, text)``; ``texts``: just the strings;
-    ``ranges``: ``{(topic, partition): (first_offset, end_offset)}`` covering every record handed out,
-    malformed ones included; ``malformed``: how many were skipped. A record's text may hold several lines;
-    each line is a sentence (see ``online.stream.producer``).
-
-``await stream.next_batch(max_records=None, timeout=1.0) -> Batch | None``
-    At most ``max_records`` (default ``settings.batch_records``) records; None when nothing arrived within
-    ``timeout`` seconds (or, for a FileStream, at end of file: then ``stream.exhausted`` is True). A batch
-    whose records were all malformed comes out too, with no records and its ``ranges``: the consumer
-    completes it in order with the others, so that whatever it reports per batch (the workers' ledger,
-    checkpoint positions) covers those offsets as well.
-
-``await stream.mark_processed(batch)``
-    Batches may be completed out of order (a worker that prefetches): per partition the committed offset only
-    advances over a contiguous run of completed batches. A batch whose partitions were revoked in between is
-    ignored (``stream.is_current(batch)`` tells beforehand): its records are redelivered to the new owner.
-
-``await stream.seek_to({(topic, partition): offset, ...})``
-    Checkpoint recovery: the next batches of those partitions start at ``offset``. Partitions not assigned to
-    this member now are sought when they are assigned. ``stream.positions()`` returns the processed frontier
-    ``{(topic, partition): next_offset}`` to store with a checkpoint.
+What a batch holds is ``online.stream.batches.Batch``; how batches come, complete and restart is
+``next_batch``, ``mark_processed`` and ``seek_to`` (checkpoint recovery, with ``positions``).
 
 Counters (``stream.counters``): records, bytes, malformed by reason (``invalid_utf8``, ``empty``, ``too_large``,
 ``invalid_json``, ``missing_field``, ``wrong_type``),
@@ -168,7 +148,8 @@ class _TextStreamBase:
         return self.tracker.is_current(batch)
 
     def positions(self) -> dict[TopicPartitionKey, int]:
-        """Processed frontier per partition: the offsets to store with a checkpoint."""
+        """Processed frontier per partition, ``{(topic, partition): next_offset}``: the offsets to store with a
+        checkpoint."""
         return self.tracker.positions()
 
     def committed(self) -> dict[TopicPartitionKey, int]:
@@ -176,7 +157,11 @@ class _TextStreamBase:
         return self.tracker.committed()
 
     async def mark_processed(self, batch: Batch) -> None:
-        """The worker finished ``batch`` (trained and pushed): its offsets may be committed."""
+        """The worker finished ``batch`` (trained, and on the servers): its offsets may be committed.
+
+        Batches may be completed out of order (a worker that prefetches): per partition the committed offset
+        only advances over a contiguous run of completed batches. A batch whose partitions were revoked in
+        between is ignored (``is_current`` tells beforehand): its records are redelivered to the new owner."""
         await self.mark_all_processed([batch])
 
     async def mark_all_processed(self, batches: list[Batch]) -> None:
@@ -238,6 +223,11 @@ class _TextStreamBase:
         raise NotImplementedError
 
     async def next_batch(self, max_records: int | None = None, timeout: float = 1.0) -> Batch | None:
+        """At most ``max_records`` (default ``batch_records``) records; None when nothing arrived within
+        ``timeout`` seconds (or, for a FileStream, at end of file: then ``exhausted`` is True). A batch whose
+        records were all malformed comes out too, with no records and its ``ranges``: the consumer completes
+        it in order with the others, so that whatever it reports per batch (the workers' ledger, checkpoint
+        positions) covers those offsets as well."""
         raise NotImplementedError  # pragma: no cover
 
 
@@ -376,7 +366,8 @@ class KafkaStream(_TextStreamBase):
 
     # -- seeking
     async def seek_to(self, offsets: Mapping[TopicPartitionKey, int]) -> None:
-        """Next batches of these partitions start at the given offsets (now, or when assigned)."""
+        """Checkpoint recovery: the next batches of these partitions start at the given offsets (now, or for a
+        partition not assigned to this member, when it is)."""
         for (topic, partition), offset in offsets.items():
             if offset < 0:
                 raise ValueError(f"offset for {topic}[{partition}] must be >= 0, got {offset}")
