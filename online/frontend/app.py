@@ -31,8 +31,9 @@ from online.search import int8_prefilter, shared_arrays
 from online.search.ivf_build import IvfMaintainer
 from online.search.model_index import ModelHolder, SearchConfig, warm_up
 from online.search.search_processes import SearchProcesses
-from online.frontend.openapi import (MAX_ANALOGY_PARAM_LENGTH, MAX_CHECKPOINT_LENGTH, MAX_PREFIX_LENGTH, MAX_SINCE,
-                                     MAX_VOCAB_LIMIT, MAX_WORD_LENGTH, build_openapi)
+from online.frontend.limits import (MAX_ANALOGY_PARAM_LENGTH, MAX_CHECKPOINT_LENGTH, MAX_PREFIX_LENGTH, MAX_SINCE,
+                                    MAX_VOCAB_LIMIT, MAX_WORD_LENGTH)
+from online.frontend.openapi import build_openapi
 from online.frontend import query_body, vector_queries
 from online.frontend.query_engine import Overloaded, QueryEngine
 from online.frontend.settings import FrontendSettings
