@@ -205,6 +205,7 @@ def test_a_segment_whose_members_were_all_killed_is_reclaimed_by_the_next_worker
                 proc.wait()
 
 
+@pytest.mark.slow
 def test_a_worker_started_while_kafka_is_down_waits_for_it_and_still_stops_at_once(tmp_path):
     """A broker outage is not a configuration error: a worker (re)launched during one waits, says so once, and
     does not crash-loop with a traceback per launch; SIGTERM still stops it within the budget."""

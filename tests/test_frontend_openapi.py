@@ -40,6 +40,7 @@ def frontend(tmp_path):
         yield running
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_live_api_conforms_to_its_openapi_document(frontend, tmp_path):
     url, proc = frontend

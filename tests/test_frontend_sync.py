@@ -334,6 +334,7 @@ class _FullLoads:
         return {}
 
 
+@pytest.mark.slow
 async def test_a_full_load_is_frozen_out_of_the_collector_and_the_model_it_replaced_is_still_freed():
     import gc
     import weakref

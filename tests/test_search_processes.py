@@ -157,6 +157,7 @@ def _serve_and_ask(processes: int, words_asked: int = 200):
         return [[(n["word"], n["score"]) for n in a["neighbours"]] for a in answers[4:]], before, after
 
 
+@pytest.mark.slow
 def test_the_front_end_answers_the_same_through_processes_that_share_its_rows():
     alone, none, _ = _serve_and_ask(0)
     assert none is None
