@@ -2,7 +2,9 @@
 
 Each role is started as ``python -m online.cli <role>`` with the ``DMLC_*``/``LIVEVEC_*``
 environment a deployment would give it, logs to a file in the test's tmp dir, and can be
-killed with SIGKILL. ``read_model()`` joins the cluster as an extra (elastic) node and
+killed with SIGKILL. Every process binds port 0 and the harness reads the port it got from its
+log (``tests.support.ports``): the scheduler's root port, which the others are then given, and
+each process's metrics port. ``read_model()`` joins the cluster as an extra (elastic) node and
 reads the whole model back from the servers through the same path the front end uses.
 """
 from __future__ import annotations
@@ -13,12 +15,13 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+from tests.support.http import get
+from tests.support.ports import METRICS_LISTENING, VAN_BOUND, reported_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,21 +39,14 @@ def process_alive(pid: int) -> bool:
         return False
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class BoundPorts(dict):
     """Each process's metrics port, read from its ``metrics_listening`` log line.
 
-    Why: the processes bind port 0. A port the harness picked as free and passed on could be taken before the child
-    bound it (an ephemeral port of any connection on the machine), and the worker then died with "Address already
-    in use". A name is looked up in the lines its log got since its last start; reading one waits for the line.
+    The processes bind port 0 (a port picked for them could be taken before they bound it). A name is looked up
+    in the lines its log got since its last start; reading one waits for the line.
     """
 
-    _LINE = re.compile(rb"event=metrics_listening port=(\d+)")
+    _LINE = re.compile(METRICS_LISTENING.encode())
 
     def __init__(self, procs: dict[str, subprocess.Popen]):
         super().__init__()
@@ -90,27 +86,39 @@ class BoundPorts(dict):
 
 
 class Cluster:
+    """Start the ``scheduler`` role first: ``start`` returns once it has bound its root port (``root_port``),
+    which every process started after it is given."""
+
     def __init__(self, tmp: Path, *, servers: int, workers: int, env: dict[str, str]):
         self.tmp = Path(tmp)
-        self.root_port = free_port()
+        self.root_port: int | None = None
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LIVEVEC_", "PS_", "PORT"))},
-            "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(self.root_port),
+            "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "0",
             "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), "DMLC_NODE_HOST": "127.0.0.1",
             "LIVEVEC_ELASTIC_WORKERS": "1", "PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "4",
             "LIVEVEC_KAFKA_SESSION_TIMEOUT_MS": "6000", "PYTHONUNBUFFERED": "1", **env}
         self.procs: dict[str, subprocess.Popen] = {}
         self.metrics_ports = BoundPorts(self.procs)
+        self._offsets: dict[str, int] = {}   # where each process's log begins for its current run
 
     def start(self, name: str, role: str, **extra: str) -> subprocess.Popen:
         env = {**self.env, "DMLC_ROLE": role, "LIVEVEC_METRICS_PORT": "0", **extra}
         path = self.tmp / f"{name}.log"
         log = open(path, "ab")
-        self.metrics_ports.started(name, path, log.tell())
+        self._offsets[name] = log.tell()
+        self.metrics_ports.started(name, path, self._offsets[name])
         proc = subprocess.Popen([sys.executable, "-m", "online.cli", role], env=env, cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
+        if role == "scheduler":
+            self.root_port = self.reported(name, VAN_BOUND)
+            self.env["DMLC_PS_ROOT_PORT"] = str(self.root_port)
         return proc
+
+    def reported(self, name: str, pattern: str) -> int:
+        """The port process ``name`` reported (``tests.support.ports``) since its last start."""
+        return reported_port(self.tmp / f"{name}.log", pattern, offset=self._offsets[name], proc=self.procs[name])
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs[name]
@@ -123,13 +131,12 @@ class Cluster:
         if port is None:   # not listening yet; a dead process is an error
             self.assert_alive()
             return 0.0
-        url = f"http://127.0.0.1:{port}/metrics"
-        try:
-            text = urllib.request.urlopen(url, timeout=5).read().decode()
-        except OSError:   # not listening yet (still starting); a dead process is an error
+        answer = get(f"http://127.0.0.1:{port}/metrics")
+        if not answer.ok:   # not listening yet (still starting); a dead process is an error
             proc = self.procs[name]
             assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}"
             return 0.0
+        text = answer.body.decode()
         total = 0.0
         for line in text.splitlines():
             if (line.startswith(metric + " ") or line.startswith(metric + "{")) \
@@ -194,17 +201,14 @@ def wait_until(predicate, timeout: float, interval: float = 0.5, message: str = 
 
 def runner_metric(runner, app: str, name: str, index: int = 0) -> float:
     """Sum of a metric's series on one task of a LocalRunner (its ``metrics`` port's /metrics)."""
-    import urllib.request
-    with urllib.request.urlopen(runner.url(app, "metrics", "/metrics", index), timeout=5) as resp:
-        text = resp.read().decode()
+    text = get(runner.url(app, "metrics", "/metrics", index)).text()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name) and not line.startswith("#"))
 
 
 def scraped_metric(url: str, name: str, **labels: str) -> float:
     """Sum of the series of exactly ``name`` at a /metrics ``url`` whose labels include ``labels``."""
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
+    text = get(url).text()
     total = 0.0
     for line in text.splitlines():
         m = re.match(r"([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)

@@ -17,8 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from online.cli.up import local_cluster
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings
 from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, runner_metric, wait_until
+from tests.support.http import get
 
 LINES_PER_RECORD = 4
 REPO = Path(__file__).resolve().parents[1]
@@ -107,20 +106,18 @@ class Watcher(threading.Thread):
         self.answered_since_kill = False
         self.not_ready_while_loading = 0
 
-    def _get(self, path: str):
-        try:
-            with urllib.request.urlopen(self.base() + path, timeout=5) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()[:300]
-        except OSError as e:   # the front end itself is restarting
-            return 0, str(e)
+    def ask(self, path: str):
+        """(status, the JSON of a 2xx answer, else the body's start; 0 and why while the front end restarts)."""
+        answer = get(self.base() + path)
+        if answer.ok:
+            return answer.status, answer.json()
+        return answer.status, answer.body[:300] if answer.status else answer.error
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
             for path in ("/v1/stats", "/v1/similar?word=paris&k=5"):
                 sent = time.monotonic()
-                code, body = self._get(path)
+                code, body = self.ask(path)
                 self.codes[code] = self.codes.get(code, 0) + 1
                 after_kill = self.killed_at is not None and sent > self.killed_at
                 if path.startswith("/v1/similar") and code == 200 and after_kill:
@@ -265,7 +262,7 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         assert runner.wait_healthy(["frontend"], timeout=60)
         # and /v1/stats counts what was trained: every token, once
         wait_until(lambda: (lambda r: r[0] == 200 and r[1].get("words_trained") == tokens_expected)(
-            watcher._get("/v1/stats")), 30, interval=0.5,
+            watcher.ask("/v1/stats")), 30, interval=0.5,
                    message=f"/v1/stats to count the {tokens_expected} tokens trained")
 
         seen = {}
@@ -273,7 +270,7 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         def neighbours_found():
             found = 0
             for group in planted_groups():
-                code, body = watcher._get(f"/v1/similar?word={group[0]}&k=4")
+                code, body = watcher.ask(f"/v1/similar?word={group[0]}&k=4")
                 seen[group[0]] = (code, [n["word"] for n in body.get("neighbours", [])] if code == 200 else body)
                 if code == 200 and {n["word"] for n in body["neighbours"]} & set(group):
                     found += 1

@@ -22,6 +22,7 @@ import pytest
 from online.stream.producer import produce
 from online.stream.sample_corpus import generate_lines
 from tests.cluster_harness import REPO, Cluster, process_alive, wait_until
+from tests.support.ports import reserved_port
 
 STOP_LIMIT = 10.0   # the issue's bound: every role exits within this many seconds of SIGTERM
 
@@ -209,21 +210,22 @@ def test_a_segment_whose_members_were_all_killed_is_reclaimed_by_the_next_worker
 def test_a_worker_started_while_kafka_is_down_waits_for_it_and_still_stops_at_once(tmp_path):
     """A broker outage is not a configuration error: a worker (re)launched during one waits, says so once, and
     does not crash-loop with a traceback per launch; SIGTERM still stops it within the budget."""
-    from tests.cluster_harness import free_port
-
-    cluster = Cluster(tmp_path, servers=1, workers=1,
-                      env={"LIVEVEC_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}", "LIVEVEC_KAFKA_TOPICS": "t"})
-    try:
-        worker = cluster.start("worker0", "worker")
-        wait_until(lambda: "event=kafka_unreachable_at_start" in cluster.log("worker0"), 60,
-                   message="the worker to say Kafka does not answer")
-        time.sleep(12)   # two more checks
-        assert worker.poll() is None, cluster.log("worker0")[-3000:]
-        log = cluster.log("worker0")
-        assert log.count("event=kafka_unreachable_at_start") == 1 and "Traceback" not in log, log[-3000:]
-        t0 = time.monotonic()
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=10) == 0, cluster.log("worker0")[-3000:]
-        assert time.monotonic() - t0 < 10
-    finally:
-        cluster.stop()
+    # no broker and no scheduler: ports that refuse every connection while the test runs
+    with reserved_port() as kafka, reserved_port() as root:
+        cluster = Cluster(tmp_path, servers=1, workers=1, env={"LIVEVEC_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka}",
+                                                               "LIVEVEC_KAFKA_TOPICS": "t",
+                                                               "DMLC_PS_ROOT_PORT": str(root)})
+        try:
+            worker = cluster.start("worker0", "worker")
+            wait_until(lambda: "event=kafka_unreachable_at_start" in cluster.log("worker0"), 60,
+                       message="the worker to say Kafka does not answer")
+            time.sleep(12)   # two more checks
+            assert worker.poll() is None, cluster.log("worker0")[-3000:]
+            log = cluster.log("worker0")
+            assert log.count("event=kafka_unreachable_at_start") == 1 and "Traceback" not in log, log[-3000:]
+            t0 = time.monotonic()
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=10) == 0, cluster.log("worker0")[-3000:]
+            assert time.monotonic() - t0 < 10
+        finally:
+            cluster.stop()

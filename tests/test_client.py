@@ -30,6 +30,7 @@ from online.client import (AsyncLiveKeyedVectors, AuthenticationError, LiveKeyed
                            ServiceUnavailable)
 from online.learner.word2vec_format import write_binary
 from tests.frontend_process import REPO, clean_env, running_frontend
+from tests.support.ports import reserved_port
 
 DIM = 32
 N_FILLER = 9000                         # > int8_prefilter.MIN_ROWS_FOR_CODES
@@ -326,43 +327,39 @@ def test_connections_the_server_closed_while_idle_are_replaced_without_a_retry(m
         assert_same_neighbours(asyncio.run(twin()), expected)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_retries_reach_a_front_end_that_starts_late(model, reference):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    with pytest.raises(ServiceUnavailable, match="no answer after 1 attempts"):   # nobody listens yet
-        LiveKeyedVectors(url, retries=0).most_similar("paris")
-    procs = []
+    # The client has the URL before the front end exists. The port is held meanwhile: nothing else can take it,
+    # connections to it are refused, and the front end binds it when it starts (SO_REUSEADDR, as servers do).
+    with reserved_port() as port:
+        url = f"http://127.0.0.1:{port}/"
+        with pytest.raises(ServiceUnavailable, match="no answer after 1 attempts"):   # nobody listens yet
+            LiveKeyedVectors(url, retries=0).most_similar("paris")
+        procs = []
 
-    def start_late():
-        time.sleep(1.0)
-        procs.append(subprocess.Popen([sys.executable, "-m", "online.cli", "frontend", "--model", str(model[0]),
-                                       "--port", str(port)], cwd=REPO, env=clean_env(),
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        def start_late():
+            time.sleep(1.0)
+            procs.append(subprocess.Popen([sys.executable, "-m", "online.cli", "frontend", "--model", str(model[0]),
+                                           "--port", str(port)], cwd=REPO, env=clean_env(),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
-    starter = threading.Thread(target=start_late)
-    starter.start()
-    try:
-        kv = LiveKeyedVectors(url, retries=200, backoff=0.05, max_backoff=0.1)
-        assert_same_neighbours(kv.most_similar("paris", topn=5), reference.most_similar("paris", topn=5))
-        assert kv.retries_made >= 5                 # refused for at least the first second
-        starter.join()
+        starter = threading.Thread(target=start_late)
+        starter.start()
+        try:
+            kv = LiveKeyedVectors(url, retries=200, backoff=0.05, max_backoff=0.1)
+            assert_same_neighbours(kv.most_similar("paris", topn=5), reference.most_similar("paris", topn=5))
+            assert kv.retries_made >= 5                 # refused for at least the first second
+            starter.join()
 
-        async def async_twin():
-            async with AsyncLiveKeyedVectors(url, retries=3) as akv:
-                return await akv.most_similar("paris", topn=5)
+            async def async_twin():
+                async with AsyncLiveKeyedVectors(url, retries=3) as akv:
+                    return await akv.most_similar("paris", topn=5)
 
-        assert_same_neighbours(asyncio.run(async_twin()), reference.most_similar("paris", topn=5))
-    finally:
-        starter.join()
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=15)
+            assert_same_neighbours(asyncio.run(async_twin()), reference.most_similar("paris", topn=5))
+        finally:
+            starter.join()
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=15)
 
 
 def stalled_export(url: str) -> socket.socket:

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import uuid
 from pathlib import Path
 
@@ -40,8 +39,8 @@ from online.learner.tokenizers import Tokenizer
 from online.stream.producer import ensure_topic
 from online.stream.sample_corpus import generate_lines, planted_groups
 from tests.cluster_harness import scraped_metric, wait_until
+from tests.support.http import get
 from tests.test_checkpoint_recovery import ClusterProbe, Producer, _ledger
-from tests.test_deploy_e2e import _get
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]   # podman, as root
 REPO = Path(__file__).resolve().parents[1]
@@ -154,8 +153,8 @@ def test_every_role_starts_in_its_container_and_reports_ready(group, engine):
         assert s.up_after_s is not None and s.launches == 1, s
     for app, n in (("server", 2), ("worker", 2)):
         for i in range(n):
-            assert _get(group.url(app, "metrics", "/ready", i)) == {"ready": True}
-    assert _get(group.url("frontend", "http", "/ready"))["ready"] is True
+            assert get(group.url(app, "metrics", "/ready", i)).json() == {"ready": True}
+    assert get(group.url("frontend", "http", "/ready")).json()["ready"] is True
     # the role really runs inside: its host pid is in the container's cgroup/pid namespace
     server = _task(group, "server")
     inside = engine.run("exec", server.container, "cat", "/proc/1/cmdline").stdout.replace("\0", " ")
@@ -233,12 +232,11 @@ def test_the_group_trains_from_kafka_through_a_server_container_killed_with_sigk
     def neighbours_found():
         found = 0
         for words in planted_groups():
-            try:
-                body = _get(f"{frontend}/v1/similar?word={words[0]}&k=4")
-            except urllib.error.HTTPError as exc:
-                seen[words[0]] = exc.code
+            answer = get(f"{frontend}/v1/similar?word={words[0]}&k=4")
+            if answer.status and not answer.ok:
+                seen[words[0]] = answer.status
                 continue
-            seen[words[0]] = [n["word"] for n in body["neighbours"]]
+            seen[words[0]] = [n["word"] for n in answer.json()["neighbours"]]
             found += bool(set(seen[words[0]]) & set(words))
         return found >= 6
 

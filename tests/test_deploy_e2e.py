@@ -8,11 +8,8 @@ only Kafka's address, the shared directory and a few sizes are overridden.
 from __future__ import annotations
 
 import collections
-import json
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,15 +19,10 @@ from online.deployment.marathon import GROUP_FILE
 from online.stream.producer import produce
 from online.stream.sample_corpus import generate_lines, planted_groups
 from tests.cluster_harness import runner_metric
+from tests.support.http import get
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _get(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        body = resp.read()
-    return json.loads(body) if body[:1] in (b"{", b"[") else body.decode()
 
 
 def _wait(predicate, timeout: float, what: str, runner: LocalRunner):
@@ -51,10 +43,10 @@ def _planted_hits(frontend_url: str) -> float:
     for group in planted_groups():
         for word in group:
             total += len(group) - 1
-            try:
-                found = _get(f"{frontend_url}/v1/similar?word={word}&k={len(group) - 1}")
-            except urllib.error.HTTPError:  # not in the vocabulary yet
+            answer = get(f"{frontend_url}/v1/similar?word={word}&k={len(group) - 1}")
+            if answer.status and not answer.ok:   # not in the vocabulary yet
                 continue
+            found = answer.json()
             hits += len({n["word"] for n in found["neighbours"]} & set(group))
     return hits / total
 
@@ -78,13 +70,13 @@ def test_marathon_group_trains_and_serves_through_the_local_runner(tmp_path, kaf
               >= expected_tokens, 180, "every produced token to be trained", runner)
         assert all(runner_metric(runner, "server", "livevec_server_words", i) > 0 for i in range(2))
         frontend = runner.url("frontend", "http")
-        _wait(lambda: _get(f"{frontend}/ready") and _planted_hits(frontend) >= 0.9, 60,
+        _wait(lambda: get(f"{frontend}/ready").json() and _planted_hits(frontend) >= 0.9, 60,
               "the front end to serve the planted neighbours", runner)
         # /v1/stats reads the servers' counters once a second (LIVEVEC_STATS_INTERVAL), so the
         # first figures may predate the counts the workers pushed; they must arrive soon after.
-        _wait(lambda: (_get(f"{frontend}/v1/stats")["words_trained"] or 0) > 0, 30,
+        _wait(lambda: (get(f"{frontend}/v1/stats").json()["words_trained"] or 0) > 0, 30,
               "the front end's stats to count trained words", runner)
-        assert _get(f"{frontend}/v1/stats")["vocab_size"] > 0
+        assert get(f"{frontend}/v1/stats").json()["vocab_size"] > 0
 
         # A worker killed with SIGKILL is relaunched by the runner (Marathon's job) and rejoins.
         worker = next(s for s in runner.status() if s.app == "worker" and s.index == 0)

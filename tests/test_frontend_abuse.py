@@ -19,6 +19,7 @@ import pytest
 
 from online.learner.word2vec_format import write_binary
 from tests.frontend_process import REPO, clean_env, running_frontend
+from tests.support.http import get
 from tests.test_frontend_api import planted_model
 
 
@@ -59,28 +60,22 @@ def _read_all(s: socket.socket) -> bytes:
     return out
 
 
-def _get(url: str, path: str, headers: dict | None = None, context=None) -> tuple[int, dict, float]:
-    """A well-behaved client (from 127.0.0.2): status, JSON body, seconds taken."""
-    t0 = time.monotonic()
-    s = _raw(url, b"")
-    if context is not None:
-        s = context.wrap_socket(s, server_hostname="localhost")
-    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{head}\r\n".encode())
-    raw = _read_all(s)
-    s.close()
-    status = int(raw.split(b" ", 2)[1]) if raw.startswith(b"HTTP/1.1 ") else 0
-    body = raw.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in raw else b""
+def _ask(url: str, path: str, headers: dict | None = None, context=None) -> tuple[int, dict, float]:
+    """A well-behaved client (from 127.0.0.2): status (0: no answer), JSON body ({} if none), seconds taken.
+    TLS with ``context`` only: without one it speaks plain HTTP, whatever the port serves."""
+    address = url.split("://", 1)[1].rstrip("/")
+    answer = get(f"{'https' if context else 'http'}://{address}{path}", headers=headers, context=context,
+                 tls_name="localhost", source="127.0.0.2")
     try:
-        parsed = json.loads(body)
+        body = json.loads(answer.body)
     except ValueError:
-        parsed = {}
-    return status, parsed, time.monotonic() - t0
+        body = {}
+    return answer.status, body, answer.seconds
 
 
 def _wait_ready(url, context=None):
     deadline = time.monotonic() + 30
-    while _get(url, "/ready", context=context)[0] != 200:
+    while _ask(url, "/ready", context=context)[0] != 200:
         assert time.monotonic() < deadline, "the front end never became ready"
         time.sleep(0.1)
 
@@ -113,7 +108,7 @@ def test_slow_headers_are_cut_off_while_others_are_served(model):
                         s.send(b"X")
                     except OSError:
                         cut.add(i)
-            status, _, took = _get(url, f"/v1/similar?word={word}&k=3")
+            status, _, took = _ask(url, f"/v1/similar?word={word}&k=3")
             assert status == 200 and took < 1.0, (status, took)
             time.sleep(0.5)
         assert len(cut) == len(slow), f"{len(slow) - len(cut)} slow connections still open after 8 s"
@@ -152,7 +147,7 @@ def test_huge_slow_and_oversized_requests_are_refused_early(model):
                      b"GET /v1/similar?word=" + b"a" * 200_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"):
             reply = _read_all(_raw(url, head))
             assert reply[:5] == b"HTTP/" and reply[9:12] in (b"400", b"431", b"414"), reply[:200]
-        assert _get(url, "/health")[0] == 200 and proc.poll() is None
+        assert _ask(url, "/health")[0] == 200 and proc.poll() is None
 
 
 @pytest.mark.slow
@@ -163,11 +158,11 @@ def test_too_many_requests_in_flight_get_a_503_with_retry_after(model):
         # a request in flight: its handler waits for a body that trickles
         busy = _raw(url, b"POST /v1/similar HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{", source="127.0.0.1")
         time.sleep(0.3)
-        status, body, _ = _get(url, f"/v1/similar?word={word}")
+        status, body, _ = _ask(url, f"/v1/similar?word={word}")
         assert status == 503 and body["error"] == "overloaded", (status, body)
-        assert _get(url, "/health")[0] == 200 and _get(url, "/ready")[0] == 200     # exempt
+        assert _ask(url, "/health")[0] == 200 and _ask(url, "/ready")[0] == 200     # exempt
         assert _read_all(busy).startswith(b"HTTP/1.1 408 ")
-        assert _get(url, f"/v1/similar?word={word}")[0] == 200
+        assert _ask(url, f"/v1/similar?word={word}")[0] == 200
         assert _metric(url, "livevec_frontend_refused_total", reason="overloaded") >= 1
 
 
@@ -197,9 +192,9 @@ def test_ten_thousand_connections_from_one_process_do_not_starve_other_clients(m
         connect_s = time.monotonic() - t0
         assert len(flood) == 10_000, f"{failed} connections failed"
         # the process holds at most the per-client share of them; everyone beyond got a 503 and was closed
-        status, body, took = _get(url, f"/v1/similar?word={word}&k=3")     # another client: served
+        status, body, took = _ask(url, f"/v1/similar?word={word}&k=3")     # another client: served
         assert status == 200 and took < 2.0, (status, body, took)
-        assert _get(url, "/health")[0] == 200
+        assert _ask(url, "/health")[0] == 200
         held = _open_fds(proc) - baseline
         assert held <= 1000 + 20, held
         turned_away = 0
@@ -231,13 +226,13 @@ def test_the_bearer_token_guards_the_api_but_not_the_probes_and_is_never_shown(m
         _wait_ready(url)
         word = model[1][0]
         for path in ("/health", "/ready", "/openapi.json", "/"):
-            assert _get(url, path)[0] == 200, path
+            assert _ask(url, path)[0] == 200, path
         for path in (f"/v1/similar?word={word}", "/v1/stats", "/metrics"):
-            assert _get(url, path)[0] == 401, path
-            assert _get(url, path, {"Authorization": "Bearer " + token[:-1] + "X"})[0] == 401, path
-            assert _get(url, path, {"Authorization": token})[0] == 401, path
-            assert _get(url, path, {"Authorization": "Bearer " + token})[0] == 200, path
-        stats = _get(url, "/v1/stats", {"Authorization": "Bearer " + token})[1]
+            assert _ask(url, path)[0] == 401, path
+            assert _ask(url, path, {"Authorization": "Bearer " + token[:-1] + "X"})[0] == 401, path
+            assert _ask(url, path, {"Authorization": token})[0] == 401, path
+            assert _ask(url, path, {"Authorization": "Bearer " + token})[0] == 200, path
+        stats = _ask(url, "/v1/stats", {"Authorization": "Bearer " + token})[1]
         assert token not in json.dumps(stats)
         proc.terminate()
         out, err = proc.communicate(timeout=10)
@@ -247,7 +242,7 @@ def test_the_bearer_token_guards_the_api_but_not_the_probes_and_is_never_shown(m
     assert flag.returncode == 2 and "unrecognized arguments: --api-token" in flag.stderr     # never a flag
     with _start(model, LIVEVEC_API_TOKEN=token) as (url, proc):     # or the variable
         _wait_ready(url)
-        assert _get(url, "/v1/stats")[0] == 401 and _get(url, "/v1/stats", {"Authorization": f"Bearer {token}"})[0] == 200
+        assert _ask(url, "/v1/stats")[0] == 401 and _ask(url, "/v1/stats", {"Authorization": f"Bearer {token}"})[0] == 200
 
 
 def test_tls_where_no_proxy_terminates_it(model, tmp_path):
@@ -256,7 +251,7 @@ def test_tls_where_no_proxy_terminates_it(model, tmp_path):
         assert url.startswith("https://")
         context = ssl.create_default_context(cafile=str(cert))
         _wait_ready(url, context)
-        assert _get(url, f"/v1/similar?word={model[1][0]}", context=context)[0] == 200
-        assert _get(url, "/health")[0] == 0                     # plain HTTP on the TLS port gets no answer
+        assert _ask(url, f"/v1/similar?word={model[1][0]}", context=context)[0] == 200
+        assert _ask(url, "/health")[0] == 0                     # plain HTTP on the TLS port gets no answer
         with pytest.raises(ssl.SSLCertVerificationError):       # and a client that does not trust it refuses
-            _get(url, "/health", context=ssl.create_default_context())
+            _ask(url, "/health", context=ssl.create_default_context())

@@ -435,13 +435,14 @@ def test_cli_serves_a_word2vec_file_and_stops_on_sigterm(model_file):
         assert status == 200 and body["neighbours"][0]["word"] == "japan"
         proc.terminate()
         assert proc.wait(timeout=15) == 0
-        # a second front end on a port that is taken fails with the setting named
-        port = url.rstrip("/").rsplit(":", 1)[1]
-        blocker = subprocess.Popen([sys.executable, "-c", f"import socket,time; s=socket.socket(); "
-                                    f"s.bind(('127.0.0.1',{port})); s.listen(); print('ok', flush=True); "
+        # a second front end on a port that is taken fails with the setting named (the blocker binds port 0 and
+        # says which it got, so no other process can be holding it instead)
+        blocker = subprocess.Popen([sys.executable, "-c", "import socket,time; s=socket.socket(); "
+                                    "s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True); "
                                     "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
         try:
-            assert blocker.stdout.readline().strip() == "ok"
+            port = blocker.stdout.readline().strip()
+            assert port.isdigit(), port
             result = run_cli("--model", str(path), "--port", port)
             assert result.returncode == 2 and "LIVEVEC_HTTP_PORT" in result.stderr
         finally:

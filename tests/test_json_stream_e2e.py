@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import urllib.parse
-import urllib.request
 import uuid
 
 import pytest
@@ -19,6 +18,7 @@ from online.checkpoint.store import CheckpointStore
 from online.cli.up import local_cluster
 from online.stream.sample_sessions import generate_session_records
 from tests.cluster_harness import runner_metric, wait_until
+from tests.support.http import get
 from tests.test_checkpoint_recovery import ClusterProbe, _ledger
 
 PARTITIONS = 4
@@ -51,18 +51,9 @@ async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 
 def _malformed(runner, reason: str) -> float:
-    with urllib.request.urlopen(runner.url("worker", "metrics", "/metrics"), timeout=5) as resp:
-        lines = resp.read().decode().splitlines()
+    lines = get(runner.url("worker", "metrics", "/metrics")).text().splitlines()
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines
                if line.startswith("livevec_stream_malformed_total{") and f'reason="{reason}"' in line)
-
-
-def _get(url: str):
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
 
 
 @pytest.mark.kafka
@@ -100,7 +91,7 @@ def test_a_json_session_stream_with_malformed_records_trains_exactly_once(kafka_
         assert runner_metric(runner, "worker", "livevec_stream_malformed_total") == sum(reasons.values())
         # and on the front end's /v1/stats, by reason, through the workers' reports to server 0
         stats_url = runner.url("frontend", "http", "/v1/stats")
-        wait_until(lambda: {r: n for r, n in ((_get(stats_url) or {}).get("records_malformed") or {}).items() if n}
+        wait_until(lambda: {r: n for r, n in (get(stats_url).json({}).get("records_malformed") or {}).items() if n}
                    == reasons, 30, interval=0.5,
                    message=f"/v1/stats to count the malformed records by reason: {reasons}")
 
@@ -109,7 +100,7 @@ def test_a_json_session_stream_with_malformed_records_trains_exactly_once(kafka_
         partners = {"sku-sleeping-bag", "sku-camp-stove"}
 
         def neighbours():
-            body = _get(url)
+            body = get(url).json(None)
             words = [n["word"] for n in body["neighbours"]] if body else []
             return words if partners <= set(words) else False
 

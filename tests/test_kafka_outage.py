@@ -18,17 +18,18 @@ import uuid
 
 import pytest
 
-from online.stream.kafka_broker import KafkaBroker, _free_port
+from online.stream.kafka_broker import KafkaBroker
 from online.stream.settings import KafkaBrokerSettings
 
 
 @pytest.fixture
 def own_broker(tmp_path):
-    """A broker of the test's own on a fixed port and data directory, so that ``kill()`` then ``start()`` is an
-    operator's restart."""
-    broker = KafkaBroker(dataclasses.replace(KafkaBrokerSettings.from_env(), port=_free_port(),
+    """A broker of the test's own on a data directory of its own, that comes back on the port it first got, so
+    that ``kill()`` then ``start()`` is an operator's restart."""
+    broker = KafkaBroker(dataclasses.replace(KafkaBrokerSettings.from_env(), port=0,
                                              data_dir=tmp_path / "kafka", state_file=None))
     broker.start()
+    broker.settings = dataclasses.replace(broker.settings, port=broker.port)
     try:
         yield broker
     finally:

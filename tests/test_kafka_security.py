@@ -30,9 +30,10 @@ from online.stream.security import KafkaUnreachable, check_kafka, client_options
 from online.stream.settings import (KAFKA_SECURITY, KafkaBrokerSettings, KafkaSecurity, Secret, StreamSettings,
                                     read_users_file)
 from ps_bridge.settings import SettingError
-from tests.cluster_harness import Cluster, free_port, read_model, wait_until
+from tests.cluster_harness import Cluster, read_model, wait_until
 from tests.frontend_process import running_frontend
 from tests.kafka_tls import client_env
+from tests.support.ports import reserved_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -267,9 +268,10 @@ def test_a_broker_that_requires_client_certificates(tmp_path, kafka_tls):
 
 
 def test_an_absent_broker_is_not_a_configuration_error(kafka_tls):
-    env = client_env(kafka_tls, f"localhost:{free_port()}")
-    with pytest.raises(KafkaUnreachable) as err:
-        asyncio.run(check_kafka(env["LIVEVEC_KAFKA_BOOTSTRAP"], _security(env), timeout=5))
+    with reserved_port() as nobody:   # refuses every connection
+        env = client_env(kafka_tls, f"localhost:{nobody}")
+        with pytest.raises(KafkaUnreachable) as err:
+            asyncio.run(check_kafka(env["LIVEVEC_KAFKA_BOOTSTRAP"], _security(env), timeout=5))
     assert "LIVEVEC_KAFKA_BOOTSTRAP" in str(err.value)
 
 
@@ -342,11 +344,12 @@ def test_worker_fails_at_start_and_consumes_nothing(kafka_broker, kafka_tls, kaf
     env, setting = _misconfigured(case, kafka_tls, kafka_broker)
     group = f"g-{uuid.uuid4().hex[:8]}"
     # No scheduler listens there: the worker must stop on Kafka's settings before it tries to join ps-lite.
-    cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()), "DMLC_NUM_SERVER": "1",
-               "DMLC_NUM_WORKER": "1", "DMLC_NODE_HOST": "127.0.0.1"}
-    started = time.monotonic()
-    done = _livevec(["worker"], {**cluster, **env, "LIVEVEC_KAFKA_TOPICS": topic, "LIVEVEC_KAFKA_GROUP": group},
-                    timeout=90)
+    with reserved_port() as nobody:
+        cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(nobody), "DMLC_NUM_SERVER": "1",
+                   "DMLC_NUM_WORKER": "1", "DMLC_NODE_HOST": "127.0.0.1"}
+        started = time.monotonic()
+        done = _livevec(["worker"], {**cluster, **env, "LIVEVEC_KAFKA_TOPICS": topic, "LIVEVEC_KAFKA_GROUP": group},
+                        timeout=90)
     err = done.stderr.decode()
     assert done.returncode == 2, err
     assert f"configuration error: {setting}" in err, err
@@ -399,8 +402,7 @@ def test_sasl_ssl_produce_train_serve(tmp_path, kafka_broker, kafka_tls, kafka_s
         wait_until(lambda: cluster.metric("worker0", "livevec_worker_records_total") >= records, 180,
                    message="every record trained over SASL_SSL")
         cluster.assert_alive()
-        frontend_env = {**cluster.env, "LIVEVEC_MODEL_SOURCE": "ps", "LIVEVEC_HTTP_HOST": "127.0.0.1",
-                        "PORT": str(free_port())}
+        frontend_env = {**cluster.env, "LIVEVEC_MODEL_SOURCE": "ps", "LIVEVEC_HTTP_HOST": "127.0.0.1", "PORT": "0"}
         with running_frontend([], frontend_env) as (url, _proc):
             url = url.rstrip("/")
             def hits() -> float:

@@ -182,9 +182,9 @@ def test_four_hosts_train_serve_and_survive_partitions_and_a_host_loss(lab, lab_
         lab.partition(server_host)
         # the front end keeps answering from its last copy, and says that its source is out of reach
         said = wait_until(lambda: (lambda r: r[0] == 200 and r[1]["sync"]["source_reachable"] is False)(
-            watcher._get("/v1/stats")), 25, interval=0.5, message="the front end to say its source is unreachable")
+            watcher.ask("/v1/stats")), 25, interval=0.5, message="the front end to say its source is unreachable")
         assert said
-        code, body = watcher._get("/v1/similar?word=paris&k=3")
+        code, body = watcher.ask("/v1/similar?word=paris&k=3")
         assert code in (200, 404), (code, body)   # answered from the copy it has (404: not learned yet)
         lab.heal(server_host)
         wait_until(lambda: "back after being declared dead" in
@@ -240,7 +240,7 @@ def test_four_hosts_train_serve_and_survive_partitions_and_a_host_loss(lab, lab_
         def neighbours_found():
             found = 0
             for group in planted_groups():
-                code, body = watcher._get(f"/v1/similar?word={group[0]}&k=4")
+                code, body = watcher.ask(f"/v1/similar?word={group[0]}&k=4")
                 seen[group[0]] = code
                 if code == 200 and {n["word"] for n in body["neighbours"]} & set(group):
                     found += 1

@@ -15,12 +15,12 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.support.http import get
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "deploy" / "prometheus" / "livevec-rules.yml"
@@ -286,7 +286,7 @@ def _labels_of(name: str, exported: dict[str, set[str]]) -> set[str] | None:
 def _value(port: int, name: str, **labels: str) -> float:
     """Sum of a metric's samples that carry ``labels`` (0 while the port does not answer)."""
     try:
-        text = _get(f"http://127.0.0.1:{port}/metrics").decode()
+        text = get(f"http://127.0.0.1:{port}/metrics").text()
     except OSError:
         return 0.0
     want = [f'{k}="{v}"' for k, v in labels.items()]
@@ -330,11 +330,6 @@ def test_the_usage_check_would_catch_what_no_role_exports():
     assert [p.split(":")[0] for p in usage_problems(bad, exported)] == ["p1", "p2", "p3", "p4"]
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return resp.read()
-
-
 def _poke_the_scheduler(root_port: int, keydir: Path, outsider: Path) -> None:
     """Peers the scheduler refuses (a plain one, one with a key the cluster does not list) and a member
     sending a frame that is no ps-lite message."""
@@ -372,7 +367,8 @@ def test_every_metric_used_is_exported_by_a_live_cluster(tmp_path, kafka_bootstr
     from online.stream.producer import produce
     from online.stream.sample_corpus import generate_lines
     from ps_bridge.curve import keygen
-    from tests.cluster_harness import Cluster, free_port, wait_until
+    from tests.cluster_harness import Cluster, wait_until
+    from tests.support.ports import FRONTEND_LISTENING
 
     keydir = tmp_path / "keys"
     keygen(str(keydir), ["scheduler", "server", "worker", "frontend"])
@@ -392,16 +388,15 @@ def test_every_metric_used_is_exported_by_a_live_cluster(tmp_path, kafka_bootstr
     def key(name):
         return {"PS_CURVE_SECRET_KEY_FILE": str(keydir / f"{name}.key_secret")}
 
-    http = free_port()
     ports = cluster.metrics_ports
     try:
         cluster.start("scheduler", "scheduler", **key("scheduler"))
         cluster.start("server0", "server", **key("server"))
         cluster.start("worker0", "worker", **key("worker"))
         cluster.start("worker1", "worker", **key("worker"))
-        cluster.start("frontend", "frontend", LIVEVEC_HTTP_HOST="127.0.0.1", LIVEVEC_HTTP_PORT=str(http),
+        cluster.start("frontend", "frontend", LIVEVEC_HTTP_HOST="127.0.0.1", LIVEVEC_HTTP_PORT="0",
                       LIVEVEC_MODEL_SOURCE="ps", **key("frontend"))
-        ports["frontend"] = http
+        ports["frontend"] = http = cluster.reported("frontend", FRONTEND_LISTENING)
         wait_until(lambda: cluster.assert_alive() or (
             _value(ports["scheduler"], "livevec_checkpoints_total", result="done") >= 1
             and _value(ports["worker0"], "livevec_worker_words_trained_total")
@@ -416,17 +411,14 @@ def test_every_metric_used_is_exported_by_a_live_cluster(tmp_path, kafka_bootstr
         base = f"http://127.0.0.1:{http}"
         wait_until(lambda: _ready(base), 30, message="the front end serving the cluster's model")
         for path in ("/v1/similar?word=the&k=3", "/v1/similar?word=zzzunknownzzz&k=3", "/v1/stats"):
-            try:
-                _get(base + path)
-            except urllib.error.HTTPError:
-                pass
+            assert get(base + path).status, path   # any answer: the requests are what the metrics count
         wait_until(lambda: _value(ports["scheduler"], "pslite_frames_rejected_total", reason="bad_meta") >= 1
                    and _value(ports["scheduler"], "pslite_connections_refused_total", reason="key_not_allowed") >= 1,
                    15, message="the scheduler counting the rejected frame and the refused peer")
         wait_until(lambda: _value(ports["scheduler"], "livevec_rollbacks_total") >= 2, 30,
                    message="the rollback after the worker's death")
         cluster.assert_alive()
-        scrapes = {name: _get(f"http://127.0.0.1:{port}/metrics").decode() for name, port in ports.items()}
+        scrapes = {name: get(f"http://127.0.0.1:{port}/metrics").text() for name, port in ports.items()}
         created = CheckpointStore(checkpoints).latest_complete().manifest["created"]
         scraped_at = time.time()
     finally:
@@ -452,8 +444,8 @@ def test_every_metric_used_is_exported_by_a_live_cluster(tmp_path, kafka_bootstr
 
 def _ready(base: str) -> bool:
     try:
-        return json.loads(_get(base + "/ready")).get("ready") is True
-    except (OSError, ValueError):
+        return get(base + "/ready").json({}).get("ready") is True
+    except ValueError:
         return False
 
 

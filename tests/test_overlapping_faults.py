@@ -226,7 +226,7 @@ def test_a_front_end_that_dies_during_a_checkpoints_pause_does_not_abort_it(tmp_
     then declared dead while a checkpoint waits for its answer, it used to abort that checkpoint, and so a
     ``livevec checkpoint now`` (CI saw it after the front end was killed). A reader holds nothing a rollback
     would have to undo: the checkpoint goes on without it."""
-    from tests.cluster_harness import Cluster, free_port
+    from tests.cluster_harness import Cluster
 
     topic = kafka_topic(4)   # the producer writes to 4 partitions
     cluster = Cluster(tmp_path, servers=1, workers=1,
@@ -245,7 +245,7 @@ def test_a_front_end_that_dies_during_a_checkpoints_pause_does_not_abort_it(tmp_
         # it would hold that place's id and the worker would be the one that joins late (CI saw the race).
         wait_until(lambda: "event=cluster_ready" in cluster.log("scheduler"), 60, message="the cluster ready")
         frontend = cluster.start("frontend", "frontend", LIVEVEC_MODEL_SOURCE="ps", LIVEVEC_HTTP_HOST="127.0.0.1",
-                                 LIVEVEC_HTTP_PORT=str(free_port()))
+                                 LIVEVEC_HTTP_PORT="0")
         wait_until(lambda: cluster.log("scheduler").count("event=checkpoint_done") >= 3, 90,
                    message="checkpoints with the front end in the cluster")
         joined = re.findall(r"event=worker_joined id=(\d+)", cluster.log("scheduler"))

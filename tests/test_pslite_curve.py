@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,9 @@ from ps_bridge.meta import PBNode, decode_node, encode_node
 from ps_bridge.postoffice import Postoffice, RendezvousTimeout
 from ps_bridge.roles import start_worker
 from ps_bridge.settings import NodeSettings, SettingError
-from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, free_port, wait_until
+from tests.cluster_harness import assert_trained_exactly_once, coordinator_idle, wait_until
+from tests.support.http import get
+from tests.support.ports import METRICS_LISTENING, VAN_BOUND, reported_port
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = np.array([5, 6], dtype=np.uint64)
@@ -42,7 +43,7 @@ def _curve(keydir: Path, name: str, outsider: bool = False) -> dict:
 
 
 def _metric(port: int, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = get(f"http://127.0.0.1:{port}/metrics").text()
     want = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name) and not line.startswith("#") and all(w in line for w in want))
@@ -52,18 +53,22 @@ class SecuredCluster:
     """A scheduler and a server (``python -m ps_bridge.roles``, default sum handle) as processes."""
 
     def __init__(self, tmp: Path, keydir: Path):
-        self.root_port, self.tmp = free_port(), tmp
+        self.tmp = tmp
         base = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "PORT"))}
-        self.env = {**base, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(self.root_port),
+        self.env = {**base, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "0",
                     "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "DMLC_NODE_HOST": "127.0.0.1",
                     "PS_CURVE_PUBLIC_KEYS_FILE": str(keydir / "cluster.keys")}
         self.metrics, self.procs = {}, {}
-        for role in ("scheduler", "server"):
-            self.metrics[role] = free_port()
-            self.procs[role] = subprocess.Popen(
-                [sys.executable, "-m", "ps_bridge.roles", role, "--metrics-port", str(self.metrics[role])],
+        for role in ("scheduler", "server"):   # every port bound as 0 and read from the log
+            log = tmp / f"{role}.log"
+            self.procs[role] = proc = subprocess.Popen(
+                [sys.executable, "-m", "ps_bridge.roles", role, "--metrics-port", "0"],
                 env={**self.env, "PS_CURVE_SECRET_KEY_FILE": str(keydir / f"{role}.key_secret")}, cwd=REPO,
-                stdout=open(tmp / f"{role}.log", "ab"), stderr=subprocess.STDOUT)
+                stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+            self.metrics[role] = reported_port(log, METRICS_LISTENING, proc=proc)
+            if role == "scheduler":   # the server is given the root port the scheduler got
+                self.root_port = reported_port(log, VAN_BOUND, proc=proc)
+                self.env["DMLC_PS_ROOT_PORT"] = str(self.root_port)
 
     def log(self, role: str) -> str:
         return (self.tmp / f"{role}.log").read_text(errors="replace")
@@ -252,10 +257,7 @@ def test_a_secured_livevec_cluster_trains_every_record_exactly_once(kafka_bootst
         assert runner.wait_healthy(["frontend"], timeout=60)
 
         def frontend_ready():   # its ps source joined with its key and synced the model
-            try:
-                return urllib.request.urlopen(runner.url("frontend", "http", "/ready"), timeout=5).status == 200
-            except OSError:
-                return False
+            return get(runner.url("frontend", "http", "/ready")).status == 200
 
         wait_until(frontend_ready, 60, interval=0.5, message="the front end to serve the secured cluster's model")
         logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run" / "logs").glob("*.log"))

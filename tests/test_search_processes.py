@@ -9,13 +9,9 @@ process searching the whole model gains shared pages, not private ones.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,9 +22,8 @@ from online.search.ivf_build import IvfMaintainer
 from online.search.model_index import ModelHolder, ModelIndex, SearchConfig
 from online.search.search_processes import SearchProcesses
 from online.learner.keys import word_keys
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_process import clean_env, running_frontend  # noqa: E402
+from tests.frontend_process import clean_env, running_frontend
+from tests.support.http import get
 
 
 @pytest.fixture
@@ -128,32 +123,31 @@ def test_a_killed_process_costs_a_fallback_and_a_restart_not_an_answer(shared):
         procs.stop()
 
 
-def _get(url: str):
-    with urllib.request.urlopen(url, timeout=60) as r:
-        return json.loads(r.read())
-
-
 def _serve_and_ask(processes: int, words_asked: int = 200):
     env = clean_env(LIVEVEC_SYNTHETIC_WORDS="150000", LIVEVEC_SYNTHETIC_UPDATES="0", LIVEVEC_SYNTHETIC_NEW_WORDS="0",
                     LIVEVEC_SEARCH_PROCESSES=str(processes), LIVEVEC_IVF_MIN_ROWS="50000",
                     LIVEVEC_IVF_NPROBE_AUTO="0")
     with running_frontend(["--source", "online.frontend.synthetic:create_source"], env) as (url, proc):
         url = url.rstrip("/")
+
+        def ask(path: str):   # 150,000 words on two cores: a long answer may take a while
+            return get(url + path, timeout=60).json()
+
         deadline = time.time() + 120
         while True:
-            stats = _get(url + "/v1/stats")
+            stats = ask("/v1/stats")
             if stats["ready"] and stats["search"]["ivf"]:
                 break
             assert time.time() < deadline, "the front end never built its lists"
             time.sleep(0.3)
-        words = [w["word"] for w in _get(url + f"/v1/vocab?limit={words_asked}")["words"]]
-        warm = [_get(url + f"/v1/similar?word={w}&k=1") for w in words[:4]]   # the processes have started
+        words = [w["word"] for w in ask(f"/v1/vocab?limit={words_asked}")["words"]]
+        warm = [ask(f"/v1/similar?word={w}&k=1") for w in words[:4]]   # the processes have started
         time.sleep(5.1)                                   # the memory reading is cached for 5 s
-        before = _get(url + "/v1/stats")["search"]["search_processes"]
-        answers = warm + [_get(url + f"/v1/similar?word={w}&k=10") for w in words]
-        answers += [_get(url + f"/v1/similar?word={w}&k=1000") for w in words[:20]]   # long answers: more rows
+        before = ask("/v1/stats")["search"]["search_processes"]
+        answers = warm + [ask(f"/v1/similar?word={w}&k=10") for w in words]
+        answers += [ask(f"/v1/similar?word={w}&k=1000") for w in words[:20]]   # long answers: more rows
         time.sleep(5.1)                                   # the memory reading is cached for 5 s
-        after = _get(url + "/v1/stats")["search"]["search_processes"]
+        after = ask("/v1/stats")["search"]["search_processes"]
         return [[(n["word"], n["score"]) for n in a["neighbours"]] for a in answers[4:]], before, after
 
 
@@ -189,7 +183,7 @@ def test_a_killed_front_end_leaves_no_search_process_behind():
     env = clean_env(LIVEVEC_SYNTHETIC_WORDS="2000", LIVEVEC_SEARCH_PROCESSES="2")
     with running_frontend(["--source", "online.frontend.synthetic:create_source"], env) as (url, proc):
         url = url.rstrip("/")
-        pids = _get(url + "/v1/stats")["search"]["search_processes"]["pids"]
+        pids = get(url + "/v1/stats").json()["search"]["search_processes"]["pids"]
         assert len(pids) == 2 and all(os.path.exists(f"/proc/{p}") for p in pids)
         proc.kill()
         proc.wait()

@@ -14,30 +14,31 @@ formatted into every data directory, replication factor 3 for the internal topic
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from online.stream.kafka_broker import KafkaBroker, _free_port, _new_cluster_id
+from online.stream.kafka_broker import KafkaBroker, _new_cluster_id
 from online.stream.settings import KafkaBrokerSettings
+from tests.support.ports import reserved_port
 
 
 class KafkaCluster:
     """``brokers`` nodes, each broker and controller, with fixed ports so a restarted node comes back where
-    the clients and the other nodes look for it."""
+    the clients and the other nodes look for it. Every node's configuration names every controller's port, so
+    no node can bind port 0 and report it: the ports are held for the cluster's life (``reserved_port``: the
+    JVM binds a held port, nothing else can), and a restarted node finds its own free."""
 
     def __init__(self, brokers: int = 3, settings: KafkaBrokerSettings | None = None):
         if brokers < 1:
             raise ValueError(f"a cluster needs a broker, got {brokers}")
         base = settings or KafkaBrokerSettings.from_env()
         self.root = Path(tempfile.mkdtemp(prefix="livevec-kafka-cluster-"))
-        ports: list[int] = []
-        while len(ports) < 2 * brokers:
-            port = _free_port()
-            if port not in ports:
-                ports.append(port)
+        self._held = contextlib.ExitStack()
+        ports = [self._held.enter_context(reserved_port()) for _ in range(2 * brokers)]
         voters = ",".join(f"{i + 1}@127.0.0.1:{ports[brokers + i]}" for i in range(brokers))
         cluster_id = _new_cluster_id()
         self.brokers = [
@@ -72,6 +73,7 @@ class KafkaCluster:
     def stop(self) -> None:
         for broker in self.brokers:
             broker.stop()
+        self._held.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> "KafkaCluster":
