@@ -8,8 +8,8 @@ ports and the host paths are not ours, so the app definitions are rewritten once
   overridden server or worker count, and an inconsistent group is rejected when nothing
   was overridden, because ps-lite rendezvous would never complete;
 - fixed ports (``requirePorts``) stay stable across restarts but, by default, move to a
-  free local port chosen now; env values equal to the fixed port, or
-  ``<dns-name>:<port>``, follow;
+  local port the runner's agent ports give now (``online.deployment.agent_ports``); env values
+  equal to the fixed port, or ``<dns-name>:<port>``, follow;
 - ``container.volumes`` map to local directories (``volumes=`` or a directory under
   ``work_dir``) and env values under a container path follow (unless the tasks run in
   containers, which see each volume at its container path: ``rewrite_volume_paths=False``);
@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,12 +41,6 @@ from online.deployment.topology import mesos_dns_name
 # reserved per run so that what killed tasks leave behind goes when the run does.
 AGENT_SHARED_MEMORY = Path("/dev/shm")
 _DNS_NAME = re.compile(r"(?<![\w.-])([a-z0-9](?:[a-z0-9-]*[a-z0-9])?)\.marathon\.mesos(?![\w.-])")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def for_app(mapping: Mapping, app_id: str):
@@ -72,12 +65,17 @@ def place_group(group: Mapping, *, host: str | None, work_dir: Path,
                 app_env: Mapping[str, Mapping[str, str]] | None = None,
                 instances: Mapping[str, int] | None = None,
                 volumes: Mapping[str, str | Path] | None = None,
-                remap_fixed_ports: bool = True, rewrite_volume_paths: bool = True) -> Placement:
+                remap_fixed_ports: bool = True, rewrite_volume_paths: bool = True,
+                take_port: Callable[[Collection[int]], int] | None = None) -> Placement:
+    """``take_port(avoid)``: a local port for a fixed one (``AgentPorts.take``), needed when fixed ports are
+    remapped on a ``host``."""
+    if remap_fixed_ports and host is not None and take_port is None:
+        raise ValueError("remapping the fixed ports needs take_port (online.deployment.agent_ports)")
     apps = flatten_group(group)
     order = start_order(apps)
     specs = {a["id"]: a for a in apps}
     _apply_instances(specs, dict(instances or {}))
-    fixed_ports = _remap_fixed_ports(specs, remap_fixed_ports and host is not None, host or "127.0.0.1")
+    fixed_ports = _remap_fixed_ports(specs, take_port if remap_fixed_ports and host is not None else None)
     memory_dir = AGENT_SHARED_MEMORY / f"livevec-local-{uuid.uuid4().hex[:12]}" \
         if AGENT_SHARED_MEMORY.is_dir() and os.access(AGENT_SHARED_MEMORY, os.W_OK) else None
     volume_dirs = _map_volumes(specs, dict(volumes or {}), work_dir, memory_dir)
@@ -121,14 +119,19 @@ def _apply_instances(specs: dict[str, dict], counts: dict[str, int]) -> None:
                                  f"{role} instance(s); ps-lite rendezvous would never complete")
 
 
-def _remap_fixed_ports(specs: dict[str, dict], remap: bool, host: str) -> dict[str, list[int | None]]:
+def _remap_fixed_ports(specs: dict[str, dict], take_port: Callable[[Collection[int]], int] | None
+                       ) -> dict[str, list[int | None]]:
+    """Each app's fixed ports, moved to ``take_port``'s (None: kept). Never to a fixed port of the group: the
+    cluster's own agent may hold those."""
     fixed: dict[str, list[int | None]] = {}
     rewrites: dict[int, tuple[str, int]] = {}
+    originals = {int(d["port"]) for spec in specs.values() if spec.get("requirePorts")
+                 for d in port_definitions(spec) if d.get("port", 0)}
     for app_id, spec in specs.items():
         row: list[int | None] = []
         for d in port_definitions(spec):
             if spec.get("requirePorts") and d.get("port", 0):
-                local = free_port(host) if remap else int(d["port"])
+                local = take_port(originals) if take_port is not None else int(d["port"])
                 rewrites[int(d["port"])] = (app_id, local)
                 row.append(local)
             else:

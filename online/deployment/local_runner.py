@@ -6,7 +6,8 @@ caller overrides resolved up front); this module supervises the tasks that resul
 every app and instance the runner:
 - maps the group's volumes to local directories, the agent's /dev/shm to one of this machine's
   (so the workers, all on one host here, share one host replica, as on one agent);
-- assigns ports like Marathon: a fresh free port per ``portDefinition`` on every launch,
+- assigns ports like Marathon: a fresh port per ``portDefinition`` on every launch, from the
+  ports a Mesos agent would offer (``agent_ports``: none the kernel picks for anything else),
   exported as ``PORT0..N``, ``PORT`` (= PORT0), ``PORTS`` and ``PORT_<NAME>``, with
   ``HOST=127.0.0.1`` and the other ``MARATHON_APP_*``/``MESOS_*`` variables;
 - runs ``cmd`` through ``/bin/sh -c`` in a per-instance sandbox (``MESOS_SANDBOX``, also
@@ -50,7 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from online.deployment.containers import ContainerLauncher, TaskLauncher
-from online.deployment.local_placement import free_port, place_group
+from online.deployment.agent_ports import AgentPorts
+from online.deployment.local_placement import place_group
 from online.deployment.marathon_group import launch_delay, port_definitions, port_env_name
 from online.deployment.orphans import hold_run_dir, reclaim_dead_runs, spawn
 from online.deployment.task_checks import CheckState, probe
@@ -182,6 +184,7 @@ class LocalRunner:
         self.host = host
         self._task_hosts = task_hosts
         self._next_port: dict[str, int] = {}
+        self._agent_ports = AgentPorts()   # this machine's ports for the tasks, claimed until stop()
         self.work_dir = Path(work_dir)
         self.log_dir = self.work_dir / "logs"
         self.dependency_timeout = dependency_timeout
@@ -199,7 +202,8 @@ class LocalRunner:
         self.group_id = group.get("id", "/")
         placement = place_group(group, host=None if task_hosts else host, work_dir=self.work_dir, env=env, app_env=app_env,
                                 instances=instances, volumes=volumes, remap_fixed_ports=remap_fixed_ports,
-                                rewrite_volume_paths=launcher.rewrites_volume_paths)
+                                rewrite_volume_paths=launcher.rewrites_volume_paths,
+                                take_port=self._agent_ports.take)
         self._order = placement.order
         self._fixed_ports = placement.fixed_ports
         self._volume_dirs = placement.volume_dirs
@@ -282,6 +286,7 @@ class LocalRunner:
         if self._run_lock is not None:
             os.close(self._run_lock)
             self._run_lock = None
+        self._agent_ports.close()
         self._stopped = True
         atexit.unregister(self.stop)
 
@@ -400,11 +405,11 @@ class LocalRunner:
         if task.state == "waiting":
             self._launch(task)
 
-    def _free_port(self, host: str) -> int:
+    def _dynamic_port(self, host: str) -> int:
         """A port for a dynamic portDefinition. Another host's ports cannot be tried from here; its
         namespace is new and holds only this group's tasks, so ports are handed out in turn."""
         if self._task_hosts is None:
-            return free_port(host)
+            return self._agent_ports.take()
         port = self._next_port.get(host, 20000) + 1
         self._next_port[host] = port if port < 32000 else 20000
         return port
@@ -450,7 +455,10 @@ class LocalRunner:
         app = self._apps[task.app_id]
         spec = app.spec
         fixed = self._fixed_ports[task.app_id]
-        task.ports = [p if p is not None else self._free_port(task.host) for p in fixed]
+        previous = [p for p, f in zip(task.ports, fixed) if f is None]
+        task.ports = [p if p is not None else self._dynamic_port(task.host) for p in fixed]
+        for port in previous:   # the last launch's: the new ones were taken first, so they differ
+            self._agent_ports.release(port)
         task.launches += 1
         task.task_id = f"{task.app_id.strip('/').replace('/', '_')}.instance-{uuid.uuid4()}._app.{task.launches}"
         env = self._task_env(task, spec)

@@ -165,6 +165,7 @@ def fetch_jars(settings: KafkaBrokerSettings | None = None) -> list[Path]:
 # ----------------------------------------------------------------------------- broker process
 
 def _free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, which another process may take before the broker binds it: ``start`` then tries again."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -392,21 +393,19 @@ class KafkaBroker:
         started = time.monotonic()
         java = find_java(self.settings.java_home)
         classpath = os.pathsep.join(str(j) for j in fetch_jars(self.settings))
-        attempts = 3 if self.settings.port == 0 else 1
-        last_error: Exception | None = None
-        for attempt in range(attempts):
+        for attempt in range(3):
             try:
                 self._launch(java, classpath)
                 self._wait_ready()
                 break
             except KafkaBrokerError as exc:
-                last_error = exc
                 log_event(logger, "kafka_broker_start_failed", level=logging.WARNING, attempt=attempt + 1,
                           error=str(exc))
                 self._terminate(grace=5.0)
                 self._remove_data()
-        else:
-            raise last_error  # type: ignore[misc]
+                # a port of settings.port is tried again only when it was taken (see _launch); others are new
+                if attempt == 2 or (self.settings.port and "Address already in use" not in str(exc)):
+                    raise
         self.start_seconds = time.monotonic() - started
         log_event(logger, "kafka_broker_ready", bootstrap=self.bootstrap, sasl_ssl=self.sasl_ssl_bootstrap,
                   version=self.settings.version, pid=self.process.pid, seconds=round(self.start_seconds, 2),
@@ -435,6 +434,10 @@ class KafkaBroker:
         else:
             self.data_dir = Path(tempfile.mkdtemp(prefix="livevec-kafka-"))
             self.owns_data_dir = True
+        # Kafka cannot bind port 0 and report: every port is in its configuration before it starts (the
+        # controller's in the quorum voters, which every node must know). A port taken before it binds it makes
+        # it exit with "Address already in use", and start() launches it again: on fresh ports, or on the port
+        # that settings.port names (what held it, a connection's source port, is gone by then).
         self.port = self.settings.port or _free_port(self.settings.host)
         self.controller_port = self._controller_port or _free_port()
         while self.controller_port == self.port:
