@@ -27,50 +27,60 @@ so it is never taken as the latest. While storage is failing, a probe every
 that could not write is retried with a backoff up to the interval. A rollback whose store
 cannot be read waits (the workers stay paused) rather than restore an empty model.
 ``online.checkpoint.storage_health`` turns the outage into a metric and rate-limited log lines.
+
+Design: docs/design/0006-checkpoints.md
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
+from online.checkpoint.metrics import CoordinatorMetrics
+from online.checkpoint.node_requests import ask_nodes
 from online.checkpoint.settings import CoordinatorSettings
 from online.checkpoint.storage_health import StorageHealth, describe
 from online.checkpoint.store import CheckpointStore, StoredCheckpoint, offsets_from_json, offsets_to_json
 from online.cluster import ps_commands as pc
 from online.cluster.scheduler import SchedulerExtension
-from ps_bridge.customer import RequestTimeout
 from ps_bridge.message import Role
 from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
-from ps_bridge.simple_app import SendError, SimpleApp
+from ps_bridge.simple_app import SimpleApp
 from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.checkpoint")
-_GONE = object()
 
 
-class _Metrics:
-    def __init__(self, r: Registry):
-        self.checkpoints = {res: r.counter("livevec_checkpoints_total", "checkpoints attempted", result=res)
-                            for res in ("done", "aborted", "failed")}
-        self.pause = r.histogram("livevec_checkpoint_pause_seconds", "training stall per checkpoint",
-                                 buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1, 2, 5, 10, 30))
-        self.last_pause = r.gauge("livevec_checkpoint_last_pause_seconds", "training stall of the latest checkpoint")
-        self.write = r.histogram("livevec_checkpoint_write_seconds", "time to write the shards and the manifest",
-                                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120))
-        self.bytes = r.gauge("livevec_checkpoint_bytes", "size of the latest checkpoint")
-        self.last_id = r.gauge("livevec_checkpoint_last_id", "id of the latest complete checkpoint")
-        self.rollbacks = r.counter("livevec_rollbacks_total", "cluster rollbacks to the latest checkpoint")
-        self.rollback_seconds = r.histogram("livevec_rollback_seconds", "duration of a rollback (pause to resume)",
-                                            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
-        self.recovering = r.gauge("livevec_recovering", "1 while a rollback is pending or running")
-        self.wait_timeouts = r.counter("livevec_rollback_wait_timeouts_total",
-                                       "rollbacks that waited LIVEVEC_ROLLBACK_WAIT_TIMEOUT for members and went on "
-                                       "with the members they had")
+@dataclass
+class _Cut:
+    """A checkpoint in the making: what its pause and snapshot found, for the steps after them."""
+    reason: str
+    started: float
+    id: int = 0
+    trainers: dict[int, dict] = field(default_factory=dict)      # the trainers' answers to the pause
+    servers: list[int] = field(default_factory=list)
+    snapshots: dict[int, dict | None] = field(default_factory=dict)
+    paused_ms: float = 0.0        # until every worker had paused
+    pause: float = 0.0            # the training stall, pause to resume, in seconds
+    writing_from: float = 0.0
+
+    @property
+    def ledger(self) -> dict:
+        """Server 0's ledger at the snapshot: the records, tokens and batches trained into it."""
+        return (self.snapshots.get(self.servers[0]) or {}).get("ledger") or {}
+
+
+class _Failed(Exception):
+    """A checkpoint step failed; ``result`` is the coordinator's answer to the checkpoint's request."""
+
+    def __init__(self, result: dict):
+        super().__init__(result.get("error"))
+        self.result = result
 
 
 class CheckpointCoordinator(SchedulerExtension):
@@ -91,7 +101,7 @@ class CheckpointCoordinator(SchedulerExtension):
         self.app = SimpleApp(po, 0)
         self.app.set_simple_request_handle(self._on_request)
         po.membership_listeners.append(self._on_membership)
-        self.metrics = _Metrics(registry or po.registry)
+        self.metrics = CoordinatorMetrics(registry or po.registry)
         self.base: StoredCheckpoint | None = None
         started = time.time()   # with no complete checkpoint yet, the age counts from the start
         (registry or po.registry).gauge(
@@ -300,179 +310,169 @@ class CheckpointCoordinator(SchedulerExtension):
     # ------------------------------------------------------------------ requests to nodes
     def _ask(self, head: int, body: dict, ids: list[int], timeout: float, *, drop_gone: bool = False,
              give_up_on_rollback: bool = False) -> dict[int, dict | None]:
-        """Send to each node separately; its parsed answer, or None if it did not answer in time.
-        With ``drop_gone``, workers that leave the cluster meanwhile are left out of the result;
-        without, a worker that leaves counts as not answering. ``give_up_on_rollback``: stop
-        waiting (the missing answers are None) as soon as a rollback is requested or the
-        membership changes (a node died, was replaced or re-joined: its answer may never come)."""
+        """``ask_nodes``; ``give_up_on_rollback``: stop waiting (the missing answers are None) as soon as a
+        rollback is requested or the membership changes (a node died, was replaced or re-joined: its answer
+        may never come)."""
         changes = self._membership_changes
-        data = orjson.dumps(body)
-        customer = self.app.customer
-        results: dict[int, object] = {}
-        lock = threading.Lock()
-        arrived = threading.Event()
-        pending: dict[int, int] = {}
 
-        def deliver(node: int, result: object) -> None:
-            with lock:
-                results[node] = result
-            arrived.set()
-
-        for node in ids:
-            ts = self.app.request(head, data, node)
-            pending[node] = ts
-            customer.on_complete(ts, lambda result, node=node: deliver(node, result))
-        deadline = time.monotonic() + timeout
-        while True:
-            with lock:
-                waiting = [n for n in pending if n not in results]
-            if not waiting:
-                break
-            live = set(self.po.worker_ids()) | set(self.po.server_ids())
-            for node in waiting:
-                if node not in live:
-                    customer.fail(pending[node], SendError(f"node {node} left the cluster"))
-                    if drop_gone:
-                        with lock:
-                            results[node] = _GONE
+        def rollback_wanted() -> bool:
             with self._lock:
-                rollback_wanted = bool(self._rollback_reasons)
-            changed = self._membership_changes != changes
-            if time.monotonic() > deadline or (give_up_on_rollback and (rollback_wanted or changed)):
-                for node in waiting:
-                    customer.fail(pending[node], RequestTimeout(f"node {node} did not answer in {timeout}s"))
-                continue
-            arrived.wait(0.1)
-            arrived.clear()
-        out: dict[int, dict | None] = {}
-        for node, result in results.items():
-            if result is _GONE:
-                continue
-            if isinstance(result, BaseException):
-                if drop_gone and node not in self.po.worker_ids():
-                    continue
-                out[node] = None
-                continue
-            try:
-                value = orjson.loads(result[0].body) if result and result[0].body else {}
-                out[node] = value if isinstance(value, dict) else {"ok": False, "error": "answer is not an object"}
-            except orjson.JSONDecodeError as exc:
-                out[node] = {"ok": False, "error": f"bad answer: {exc}"}
-        return out
+                return bool(self._rollback_reasons) or self._membership_changes != changes
+        return ask_nodes(self.app, self.po, head, body, ids, timeout, drop_gone=drop_gone,
+                         give_up=rollback_wanted if give_up_on_rollback else None)
 
     # ------------------------------------------------------------------ checkpoint
     def _checkpoint(self, reason: str) -> dict:
-        s = self.settings
+        """One checkpoint: the workers pause while the servers snapshot, then, training resumed, the servers
+        write their shards and the manifest goes last. A step that fails abandons it, without a manifest."""
         if self.dead_servers:
             self.metrics.checkpoints["aborted"].inc()
             return {"ok": False, "error": f"servers {sorted(self.dead_servers)} are dead"}
-        t0 = time.monotonic()
-        self._last_checkpoint_at = t0
+        cut = _Cut(reason, started=time.monotonic())
+        self._last_checkpoint_at = cut.started
+        try:
+            cut.id = self._probe_and_number(reason)
+            self._pause_and_snapshot(cut)
+            files = self._write_shards(cut)
+            ckpt = self._write_manifest(cut, files)
+        except _Failed as failed:
+            return failed.result
+        return self._done(cut, ckpt, files, removed=self._prune())
+
+    def _probe_and_number(self, reason: str) -> int:
         # Checked before the workers pause: a directory that takes no writes costs training nothing.
         try:
             self.store.probe()
-            ckpt_id = self.store.next_id()
+            return self.store.next_id()
         except OSError as exc:
-            return self._storage_abort(None, "probe", exc, reason)
+            raise _Failed(self._storage_abort(None, "probe", exc, reason)) from None
+
+    def _pause_and_snapshot(self, cut: _Cut) -> None:
+        """Pause the workers, have the servers snapshot, resume; ``_Failed`` if the cut is not consistent."""
         workers = [w for w in self.po.worker_ids() if w not in self.left_out]
+        problem = self._pause_workers(cut, workers) or self._snapshot_servers(cut) or self._rollback_meanwhile()
+        self._ask(pc.HEAD_CHECKPOINT_RESUME, {}, workers, 5.0, drop_gone=True)
+        cut.pause = time.monotonic() - cut.started
+        self.metrics.pause.observe(cut.pause)   # an aborted checkpoint stalled training too
+        self.metrics.last_pause.set(cut.pause)
+        if problem is not None:
+            self.metrics.checkpoints["aborted"].inc()
+            log_event(log, "checkpoint_aborted", logging.WARNING, id=cut.id, reason=problem,
+                      pause_ms=round(cut.pause * 1e3))
+            raise _Failed({"ok": False, "error": problem})
+        self.trainers |= set(cut.trainers)
+
+    def _pause_workers(self, cut: _Cut, workers: list[int]) -> str | None:
+        """Drain and pause the workers (``cut.trainers``: the trainers' answers); what went wrong, if anything."""
+        s = self.settings
         # A worker that dies during the pause must abort the checkpoint (not be left out of it): its
         # last batch may be half applied, which only the rollback its death triggers can undo.
-        answers = self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "drain", "id": ckpt_id, "timeout": s.pause_timeout},
+        answers = self._ask(pc.HEAD_CHECKPOINT_PAUSE, {"mode": "drain", "id": cut.id, "timeout": s.pause_timeout},
                             workers, s.pause_timeout + 5, give_up_on_rollback=True)
-        trainers = {n: a for n, a in answers.items() if a and a.get("trainer")}
+        cut.trainers = trainers = {n: a for n, a in answers.items() if a and a.get("trainer")}
         self.readers = (self.readers | {n for n, a in answers.items() if a is not None and not a.get("trainer")}) \
             - set(trainers)    # a reader's answer is empty: it has no handler for the pause
         answers = {n: a for n, a in answers.items() if a is not None or n not in self.readers
                    or n in self.po.worker_ids()}
-        paused_ms = round((time.monotonic() - t0) * 1e3, 1)
-        problem = None
+        cut.paused_ms = round((time.monotonic() - cut.started) * 1e3, 1)
         if any(a is None or not a.get("ok", True) for a in answers.values()):
             bad = sorted(n for n, a in answers.items() if a is None or not a.get("ok", True))
             why = "; ".join(f"{n}: {answers[n]['error'] if answers[n] and answers[n].get('error') else 'no answer'}"
                             for n in bad)
-            problem = f"workers {bad} did not pause ({why})"
-        elif any(a.get("dirty") for a in trainers.values()):
-            problem = "partitions were rebalanced since the last rollback"
+            return f"workers {bad} did not pause ({why})"
+        if any(a.get("dirty") for a in trainers.values()):
             self.request_rollback("partitions rebalanced (seen at checkpoint)")
-        servers = self.po.server_ids()
-        snaps: dict[int, dict | None] = {}
-        if problem is None:
-            # A server that dies meanwhile never answers (its replacement takes its id, so it stays "live"):
-            # stop waiting once a rollback is wanted, which this checkpoint could not be part of anyway.
-            snaps = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "snapshot"}, servers, 120,
-                              give_up_on_rollback=True)
-            if any(a is None or not a.get("ok") for a in snaps.values()):
-                problem = f"servers did not snapshot: {snaps}"
+            return "partitions were rebalanced since the last rollback"
+        return None
+
+    def _snapshot_servers(self, cut: _Cut) -> str | None:
+        cut.servers = self.po.server_ids()
+        # A server that dies meanwhile never answers (its replacement takes its id, so it stays "live"):
+        # stop waiting once a rollback is wanted, which this checkpoint could not be part of anyway.
+        cut.snapshots = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": cut.id, "phase": "snapshot"}, cut.servers, 120,
+                                  give_up_on_rollback=True)
+        if any(a is None or not a.get("ok") for a in cut.snapshots.values()):
+            return f"servers did not snapshot: {cut.snapshots}"
+        return None
+
+    def _rollback_meanwhile(self) -> str | None:
         with self._lock:
-            if problem is None and self._rollback_reasons:
+            if self._rollback_reasons:
                 # a node died, restarted or retried a batch meanwhile: the snapshot may mix states
-                problem = f"a rollback was requested during the checkpoint ({self._rollback_reasons[0]})"
-        self._ask(pc.HEAD_CHECKPOINT_RESUME, {}, workers, 5.0, drop_gone=True)
-        pause = time.monotonic() - t0
-        self.metrics.pause.observe(pause)   # an aborted checkpoint stalled training too
-        self.metrics.last_pause.set(pause)
-        if problem is not None:
-            self.metrics.checkpoints["aborted"].inc()
-            log_event(log, "checkpoint_aborted", logging.WARNING, id=ckpt_id, reason=problem, pause_ms=round(pause * 1e3))
-            return {"ok": False, "error": problem}
-        self.trainers |= set(trainers)
-        t1 = time.monotonic()
+                return f"a rollback was requested during the checkpoint ({self._rollback_reasons[0]})"
+        return None
+
+    def _write_shards(self, cut: _Cut) -> dict[str, dict]:
+        """Have the servers write their snapshots; the manifest's entry of each file."""
+        cut.writing_from = time.monotonic()
         try:
-            self.store.prepare(ckpt_id)
+            self.store.prepare(cut.id)
         except OSError as exc:
-            return self._storage_abort(ckpt_id, "mkdir", exc, reason)
+            raise _Failed(self._storage_abort(cut.id, "mkdir", exc, cut.reason)) from None
         # A server killed mid-write is relaunched under its id, so its request never fails: without
-        # giving up on the rollback its death causes, this waited out the 600 s while the cluster trained
+        # giving up on the rollback its death causes, this would wait out the 600 s while the cluster trained
         # against an empty server. The checkpoint then fails (it is incomplete) and the rollback goes on.
-        written = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": ckpt_id, "phase": "write"}, servers, 600,
+        written = self._ask(pc.HEAD_CHECKPOINT_SAVE, {"id": cut.id, "phase": "write"}, cut.servers, 600,
                             give_up_on_rollback=True)
         if any(a is None or not a.get("ok") for a in written.values()):
             storage = [a for a in written.values() if a and a.get("storage")]
             if storage:   # the servers' file system failed: the outage's lines, not one ERROR per attempt
-                return self._storage_abort(ckpt_id, "write shard", str(storage[0].get("error", "")), reason)
+                raise _Failed(self._storage_abort(cut.id, "write shard", str(storage[0].get("error", "")),
+                                                  cut.reason))
             self.metrics.checkpoints["failed"].inc()
-            self.store.discard(ckpt_id)
-            log_event(log, "checkpoint_failed", logging.ERROR, id=ckpt_id, answers=str(written)[:500])
-            return {"ok": False, "error": "servers did not write their shards", "id": ckpt_id}
+            self.store.discard(cut.id)
+            log_event(log, "checkpoint_failed", logging.ERROR, id=cut.id, answers=str(written)[:500])
+            raise _Failed({"ok": False, "error": "servers did not write their shards", "id": cut.id})
+        return {a["file"]: {k: a[k] for k in ("bytes", "sha256", "rows", "words")} for a in written.values()}
+
+    def _write_manifest(self, cut: _Cut, files: dict[str, dict]) -> StoredCheckpoint:
+        """The manifest, written last: with it the checkpoint is complete, and the new base."""
         offsets = offsets_from_json(self.base.offsets) if self.base is not None else {}
-        for answer in trainers.values():
+        for answer in cut.trainers.values():
             offsets.update(offsets_from_json(answer.get("positions") or {}))
-        ledger = (snaps.get(servers[0]) or {}).get("ledger") or {}
-        files = {a["file"]: {k: a[k] for k in ("bytes", "sha256", "rows", "words")} for a in written.values()}
-        manifest = {"created": time.time(), "num_servers": len(servers), "offsets": offsets_to_json(offsets),
-                    "files": files, "reason": reason, "workers": len(trainers), "pause_seconds": round(pause, 4),
-                    "write_seconds": None, "records": ledger.get("records"), "tokens": ledger.get("tokens"),
-                    "batches": ledger.get("batches"),
-                    "reading": next((a["reading"] for a in trainers.values() if a.get("reading")), None),
+        ledger = cut.ledger
+        manifest = {"created": time.time(), "num_servers": len(cut.servers), "offsets": offsets_to_json(offsets),
+                    "files": files, "reason": cut.reason, "workers": len(cut.trainers),
+                    "pause_seconds": round(cut.pause, 4), "write_seconds": None, "records": ledger.get("records"),
+                    "tokens": ledger.get("tokens"), "batches": ledger.get("batches"),
+                    "reading": next((a["reading"] for a in cut.trainers.values() if a.get("reading")), None),
                     "previous": self.base.id if self.base is not None else None}
-        manifest["write_seconds"] = round(time.monotonic() - t1, 4)
+        manifest["write_seconds"] = round(time.monotonic() - cut.writing_from, 4)
         try:
-            ckpt = self.store.write_manifest(ckpt_id, manifest)
+            ckpt = self.store.write_manifest(cut.id, manifest)
         except OSError as exc:
-            return self._storage_abort(ckpt_id, "write manifest", exc, reason)
+            raise _Failed(self._storage_abort(cut.id, "write manifest", exc, cut.reason)) from None
         self.base = ckpt
         self._write_backoff = 0.0
-        self.storage.succeeded(id=ckpt_id)
+        self.storage.succeeded(id=cut.id)
         self._records_at_checkpoint = ledger.get("records", self._records_at_checkpoint)
+        return ckpt
+
+    def _prune(self) -> list[int]:
         try:
-            removed = self.store.prune(self.settings.keep)
+            return self.store.prune(self.settings.keep)
         except OSError as exc:   # the checkpoint is complete; older ones go at the next success
             self.storage.failed("prune", exc)
-            removed = []
-        total = time.monotonic() - t0
+            return []
+
+    def _done(self, cut: _Cut, ckpt: StoredCheckpoint, files: dict[str, dict], removed: list[int]) -> dict:
+        """Metrics, ``checkpoint_done`` and the answer to the request."""
+        total = time.monotonic() - cut.started
+        trainers, pause = cut.trainers, cut.pause
         self.metrics.checkpoints["done"].inc()
-        self.metrics.write.observe(time.monotonic() - t1)
+        self.metrics.write.observe(time.monotonic() - cut.writing_from)
         self.metrics.bytes.set(ckpt.bytes)
-        self.metrics.last_id.set(ckpt_id)
-        self.last_checkpoint = {"id": ckpt_id, "pause_seconds": pause, "write_seconds": time.monotonic() - t1,
-                                "total_seconds": total, "bytes": ckpt.bytes,
-                                "rows": sum(f["rows"] for f in files.values()), "reason": reason}
+        self.metrics.last_id.set(ckpt.id)
+        self.last_checkpoint = {"id": ckpt.id, "pause_seconds": pause,
+                                "write_seconds": time.monotonic() - cut.writing_from, "total_seconds": total,
+                                "bytes": ckpt.bytes, "rows": sum(f["rows"] for f in files.values()),
+                                "reason": cut.reason}
         stopped = any(a.get("training_paused", True) for a in trainers.values())
-        log_event(log, "checkpoint_done", id=ckpt_id, reason=reason, pause_ms=round(pause * 1e3, 1),
-                  training_pause_ms=round(pause * 1e3, 1) if stopped else 0.0, workers_paused_ms=paused_ms,
+        log_event(log, "checkpoint_done", id=ckpt.id, reason=cut.reason, pause_ms=round(pause * 1e3, 1),
+                  training_pause_ms=round(pause * 1e3, 1) if stopped else 0.0, workers_paused_ms=cut.paused_ms,
                   drain_ms=max((float(a.get("drain_ms", 0)) for a in trainers.values()), default=0.0),
-                  write_ms=round((time.monotonic() - t1) * 1e3, 1), bytes=ckpt.bytes, workers=len(trainers),
-                  records=ledger.get("records"), pruned=",".join(map(str, removed)) or "-")
+                  write_ms=round((time.monotonic() - cut.writing_from) * 1e3, 1), bytes=ckpt.bytes,
+                  workers=len(trainers), records=cut.ledger.get("records"), pruned=",".join(map(str, removed)) or "-")
         return {"ok": True, **self.last_checkpoint}
 
     def _storage_abort(self, ckpt_id: int | None, op: str, exc: BaseException | str, reason: str) -> dict:
