@@ -1,4 +1,4 @@
-"""Checkpoints on a real MooseFS, and the storage faults a cluster meets (issue #28, items 1 - 2).
+"""Checkpoints on a real MooseFS, and the storage faults a cluster meets.
 
 A 2-host lab (``online.deployment.netns_lab``) runs a MooseFS master on its bridge, one chunkserver
 on the first host and a FUSE mount on each host at /mnt/mfs, where the Marathon group's hostPath
@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -243,6 +244,49 @@ class _Ctx:
 
 def _grep(text: str, event: str) -> list[str]:
     return [line for line in text.splitlines() if f"event={event}" in line]
+
+
+class _Call(threading.Thread):
+    """``fn()`` in a thread of its own, so that the test can see whether it returns."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.error, self.done = fn, None, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+        self.done.set()
+
+
+@pytest.mark.timeout(240)
+def test_a_restart_does_not_wait_on_a_read_stuck_in_the_dead_mount(mfs):
+    """A read of the operator's mount that waits on a dead chunkserver holds its descriptor (the checkpoint
+    store's bounded calls leave such reads behind). A process forked from here closes every descriptor before
+    it runs its program, and closing one of a FUSE mount waits for mfsmount's answer, which comes only after the
+    read's: so nothing forked from here starts before the chunkserver is back, and its restart must not be forked
+    from here. The lab starts its daemons from a helper process that holds no descriptor of any mount."""
+    probe = mfs.admin_dir / "stuck-read.bin"
+    probe.write_bytes(os.urandom(1 << 20))
+    fd = os.open(probe, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)   # the read goes to the chunkserver, not the page cache
+    mfs.kill_chunkserver(1)
+    reader = _Call(lambda: os.pread(fd, 1 << 20, 0))
+    time.sleep(1.0)   # the read waits in mfsmount
+    forked = _Call(lambda: subprocess.run(["true"], check=True))
+    # the hazard: a fork from this process does not get to run its program while the read waits
+    assert not forked.done.wait(5.0), "the read did not hold the mount: a process forked from here started"
+    restart = _Call(lambda: mfs.start_chunkserver(1))
+    assert restart.done.wait(30.0), "the chunkserver's restart waits on the read stuck in this process"
+    assert restart.error is None, restart.error
+    # with the chunkserver back, the read gets its answer and the fork its close
+    assert reader.done.wait(60.0) and forked.done.wait(30.0), (reader.error, forked.error)
+    assert forked.error is None, forked.error
+    os.close(fd)
+    probe.unlink()
 
 
 @pytest.mark.timeout(120)

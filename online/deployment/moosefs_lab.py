@@ -22,10 +22,14 @@ How, on one machine (``online.deployment.netns_lab`` gives the hosts):
 * an **operator mount** in the root namespace (``admin_path``, under the work directory) is how
   ``livevec up`` and the tests look at the file system (``livevec checkpoint verify --dir``).
 
-Every daemon runs in the foreground as a child of this process, so it is stopped, killed and
-restarted by its process id; their ids are kept in ``/run/livevec-moosefs/<lab>/`` so that a run
-that was killed has them ended by the next run of the same lab. ``close()`` unmounts every
-mount, ends every daemon and removes the namespaces' files, also after a failed start.
+Every daemon runs in the foreground, started by a helper process (``online.deployment.spawner``)
+that the lab starts before it mounts anything: a fork of this process can hang on a read of a
+mount stuck in one of its threads, the faults' reads among them, and the restart that would end
+the fault is a fork. Every other command the lab runs goes through the helper too. The daemons are
+stopped, killed and restarted by their process ids; the ids are kept in
+``/run/livevec-moosefs/<lab>/`` so that a run that was killed has them ended by the next run of
+the same lab. ``close()`` unmounts every mount, ends every daemon and removes the namespaces'
+files, also after a failed start.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from online.deployment.netns_lab import NetnsLab
+from online.deployment.spawner import SpawnedProcess, Spawner
 
 PACKAGES = ("moosefs-master", "moosefs-chunkserver", "moosefs-client")
 EMPTY_METADATA = Path("/var/lib/mfs/metadata.mfs.empty")
@@ -66,13 +71,6 @@ def moosefs_support_problem() -> str | None:
     return None
 
 
-def _run(argv: list[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
-    return done
-
-
 def _end(pid: int, timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL after ``timeout``: for this lab's own daemons, by id."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
@@ -98,7 +96,7 @@ class _Daemon:
     name: str                   # master, cs1, mount-lv0h1, admin
     argv: list[str]
     log: Path
-    proc: subprocess.Popen | None = None
+    proc: SpawnedProcess | None = None
 
 
 class MooseFSLab:
@@ -121,14 +119,16 @@ class MooseFSLab:
         self._daemons: dict[str, _Daemon] = {}
         self._made_mount_point = False
         self._started = False
+        self._spawner: Spawner | None = None
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> "MooseFSLab":
         problem = moosefs_support_problem()
         if problem:
             raise MooseFSUnavailable(problem)
-        self._end_leftovers()
+        self._spawner = Spawner()   # before any mount: see the module's docstring
         try:
+            self._end_leftovers()
             self._start()
         except BaseException:
             self.close()
@@ -140,8 +140,8 @@ class MooseFSLab:
         self.work.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The namespaces' files live on a private mount of their own, as ``ip netns`` keeps /run/netns.
-        _run(["mount", "--bind", str(self.state_dir), str(self.state_dir)])
-        _run(["mount", "--make-private", str(self.state_dir)])
+        self._run(["mount", "--bind", str(self.state_dir), str(self.state_dir)])
+        self._run(["mount", "--make-private", str(self.state_dir)])
         if not self.mount_point.exists():
             self.mount_point.mkdir(parents=True)
             self._made_mount_point = True
@@ -156,10 +156,10 @@ class MooseFSLab:
         for host in self.lab.hosts:
             nsfile = self.state_dir / host.name
             nsfile.touch()
-            _run(["unshare", f"--mount={nsfile}", "--propagation", "private", "true"])
+            self._run(["unshare", f"--mount={nsfile}", "--propagation", "private", "true"])
             # shared inside: what is mounted here later reaches the tasks' own namespaces (ip netns exec
             # makes each a slave of this one)
-            _run(["nsenter", f"--mount={nsfile}", "mount", "--make-rshared", "/"])
+            self._run(["nsenter", f"--mount={nsfile}", "mount", "--make-rshared", "/"])
             self.lab.mount_namespaces[host.name] = nsfile
             self.mount(host.name)
         self.lab.shared_mounts.append(self.mount_point)
@@ -169,19 +169,19 @@ class MooseFSLab:
             nsfile = self.lab.mount_namespaces.pop(host.name, None)
             self._stop(f"mount-{host.name}")
             if nsfile is not None:
-                _run(["nsenter", f"--mount={nsfile}", "umount", "-l", str(self.mount_point)], check=False)
+                self._run(["nsenter", f"--mount={nsfile}", "umount", "-l", str(self.mount_point)], check=False)
         if self.mount_point in self.lab.shared_mounts:
             self.lab.shared_mounts.remove(self.mount_point)
         self._stop("admin")
-        _run(["umount", "-l", str(self.admin_path)], check=False)
+        self._run(["umount", "-l", str(self.admin_path)], check=False)
         for name in [n for n in self._daemons if n.startswith("cs")]:
             self._stop(name)
         self._stop("master")
         for nsfile in self.state_dir.glob("*") if self.state_dir.is_dir() else []:
             if nsfile.suffix != ".pid":
-                _run(["umount", str(nsfile)], check=False)
+                self._run(["umount", str(nsfile)], check=False)
                 nsfile.unlink(missing_ok=True)
-        _run(["umount", str(self.state_dir)], check=False)
+        self._run(["umount", str(self.state_dir)], check=False)
         shutil.rmtree(self.state_dir, ignore_errors=True)
         if self._made_mount_point:
             try:
@@ -190,6 +190,9 @@ class MooseFSLab:
                 pass
             self._made_mount_point = False
         self._started = False
+        if self._spawner is not None:
+            self._spawner.close()
+            self._spawner = None
 
     def __enter__(self) -> "MooseFSLab":
         return self.start()
@@ -213,12 +216,17 @@ class MooseFSLab:
         return {str(self.mount_point): self.mount_point}
 
     # ------------------------------------------------------------------ daemons
-    def _spawn(self, name: str, argv: list[str], log: Path) -> subprocess.Popen:
+    def _run(self, argv: list[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+        done = self._spawner.run(argv, timeout) if self._spawner is not None else \
+            subprocess.run(argv, capture_output=True, text=True, timeout=timeout)   # closed: nothing mounted
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
+        return done
+
+    def _spawn(self, name: str, argv: list[str], log: Path) -> SpawnedProcess:
         daemon = self._daemons.get(name) or _Daemon(name, argv, log)
         daemon.argv = argv
-        with open(log, "ab") as out:
-            daemon.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+        daemon.proc = self._spawner.spawn(argv, log)
         self._daemons[name] = daemon
         (self.state_dir / f"{name}.pid").write_text(str(daemon.proc.pid))
         return daemon.proc
@@ -227,13 +235,7 @@ class MooseFSLab:
         daemon = self._daemons.get(name)
         if daemon is None or daemon.proc is None:
             return
-        if sig is None:
-            _end(daemon.proc.pid)
-        else:
-            try:
-                daemon.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
+        daemon.proc.send_signal(signal.SIGTERM if sig is None else sig)
         try:
             daemon.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -261,10 +263,10 @@ class MooseFSLab:
         for host in self.lab.hosts:
             nsfile = self.state_dir / host.name
             if nsfile.exists():
-                _run(["nsenter", f"--mount={nsfile}", "umount", "-l", str(self.mount_point)], check=False)
-                _run(["umount", str(nsfile)], check=False)
-        _run(["umount", "-l", str(self.admin_path)], check=False)
-        _run(["umount", str(self.state_dir)], check=False)
+                self._run(["nsenter", f"--mount={nsfile}", "umount", "-l", str(self.mount_point)], check=False)
+                self._run(["umount", str(nsfile)], check=False)
+        self._run(["umount", "-l", str(self.admin_path)], check=False)
+        self._run(["umount", str(self.state_dir)], check=False)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def _start_master(self, first: bool = False) -> None:
@@ -329,7 +331,7 @@ class MooseFSLab:
         def mounted() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"mfsmount of {path} ({name}) exited: {log.read_text(errors='replace')[-500:]}")
-            return _run([*check, "mountpoint", "-q", str(path)], check=False).returncode == 0
+            return self._run([*check, "mountpoint", "-q", str(path)], check=False).returncode == 0
         self._wait(mounted, 30, f"mfsmount of {path} ({name})")
 
     def mount(self, host: str) -> None:
@@ -342,7 +344,7 @@ class MooseFSLab:
         the mount point is unmounted) and the mount point unmounted (then they see an empty directory)."""
         h = self.lab.host(host)
         self._stop(f"mount-{h.name}", signal.SIGKILL if kill else None)
-        _run(["nsenter", f"--mount={self.lab.mount_namespaces[h.name]}", "umount", "-l", str(self.mount_point)],
+        self._run(["nsenter", f"--mount={self.lab.mount_namespaces[h.name]}", "umount", "-l", str(self.mount_point)],
              check=False)
 
     def set_read_only(self, host: str, read_only: bool = True) -> None:
@@ -354,8 +356,8 @@ class MooseFSLab:
         h = self.lab.host(host)
         ns = ["nsenter", f"--mount={self.lab.mount_namespaces[h.name]}"]
         mode = "ro" if read_only else "rw"
-        _run([*ns, "mount", "-i", "-o", f"remount,{mode}", str(self.mount_point)])   # -i: no mount.fuse helper
-        options = _run([*ns, "findmnt", "-n", "-o", "VFS-OPTIONS,FS-OPTIONS", str(self.mount_point)]).stdout
+        self._run([*ns, "mount", "-i", "-o", f"remount,{mode}", str(self.mount_point)])   # -i: no mount.fuse helper
+        options = self._run([*ns, "findmnt", "-n", "-o", "VFS-OPTIONS,FS-OPTIONS", str(self.mount_point)]).stdout
         # the superblock's flag (FS-OPTIONS) is what the tasks' copies share
         fs_options = options.split()[-1].split(",") if options.split() else []
         if mode not in fs_options:
@@ -367,9 +369,9 @@ class MooseFSLab:
         with EDQUOT, as on a full file system. ``path`` is relative to the operator's mount's ``subdir``."""
         target = self.admin_dir / path
         if size_bytes is None:
-            _run(["mfsdelquota", "-L", str(target)])
+            self._run(["mfsdelquota", "-L", str(target)])
         else:
-            _run(["mfssetquota", "-L", str(int(size_bytes)), str(target)])
+            self._run(["mfssetquota", "-L", str(int(size_bytes)), str(target)])
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
