@@ -228,7 +228,7 @@ def coordinator_idle(runner) -> bool:
 
 def assert_trained_exactly_once(stats, topic: str, records: int, tokens: int, partitions: int = 4,
                                 timeout: float = 120.0, idle=None) -> dict:
-    """The #8 check. ``stats()`` gives every server's statistics (None while one does not answer);
+    """The exactly-once check. ``stats()`` gives every server's statistics (None while one does not answer);
     ``records`` were produced round-robin over ``partitions``; ``idle()`` says that the coordinator has
     no rollback pending (``coordinator_idle``). Waits until server 0's batch ledger covers every offset
     with no rollback pending, and stays so for 3 s: a rollback seen late (a rebalance after the last

@@ -303,7 +303,7 @@ def test_kill_each_role_then_every_record_is_trained_exactly_once(kafka_bootstra
         if host_replica:
             left = sorted(p.name for p in (tmp_path / "shm").iterdir())
             subprocess.run(["umount", "-l", str(tmp_path / "shm")], check=False)
-            # the last worker removed the data file, its member files and (since #28) its lock files
+            # the last worker removed the data file, its member files and its lock files
             assert not [name for name in left if name.endswith(".replica") or ".member" in name], left
 
 

@@ -173,8 +173,8 @@ def test_a_replica_sends_a_contraction_only_for_the_kernel_whose_deltas_merge_by
 
 def test_the_refresh_turn_reaches_every_held_row_while_the_replica_keeps_growing(monkeypatch):
     """Rows held but not trained here learn the others' work only through the refresh turn; with a
-    vocabulary that grows between syncs the turn used to restart at the new rows and leave the old
-    ones for ever (an 8-replica simulation measured them up to 3.9 off the servers' value)."""
+    vocabulary that grows between syncs, a turn that restarted at the new rows would leave the old
+    ones for ever (in an 8-replica simulation, up to 3.9 off the servers' value)."""
     monkeypatch.setattr(ReplicaShard, "REFRESH_MIN", 8)
     r = ReplicaShard(4, refresh_share=0.0, seed=5)
     r.rows_for(np.arange(1, 21, dtype=np.uint64))
@@ -379,8 +379,8 @@ def test_a_worker_holds_the_clusters_row_of_a_new_word_before_it_meets_it(ps_clu
     """Through a real server: the cluster trained "zebra" on A for a while; B only hears from the journal
     that it is trainable. B's sync then holds zebra's rows at the servers' values with their accumulators,
     so B's first "zebra" takes a step the size of the row's history, not the full-size first step of a row
-    started from the initial value (summed over every replica that met the word late: issue #26's 32
-    replicas, 1.66 % -> 2.24 % analogy in the simulation)."""
+    started from the initial value (summed over every replica that met the word late, such steps cost
+    analogy accuracy at 32 replicas: docs/design/0001-replica-exchange.md)."""
     (a, ta), (b, tb) = _replica_workers(ps_cluster, 2)
     for _ in range(4):
         ta.train_records(["zebra lion tiger"] * 5)

@@ -7,7 +7,7 @@ under a second). No part of podman is mocked. Then one containerised group (sche
 2 servers, 2 workers, 1 front end, the group's own env, ports, volumes and checks) serves
 the tests below in order: every role reports ready; the image's HEALTHCHECK passes on a
 healthy task and fails on a hung one; it trains from Kafka while a server's container is
-killed with SIGKILL, which the runner relaunches, and the #8 ledger shows every record
+killed with SIGKILL, which the runner relaunches, and the batch ledger shows every record
 trained exactly once; the front end serves the planted neighbours; every process ran
 as uid 10001 and wrote nothing outside /tmp and the volume. The volume is a real MooseFS
 (``MachineMooseFS``, what ``livevec deploy run-local --containers`` starts): a master and a
@@ -183,7 +183,7 @@ def test_the_image_healthcheck_passes_on_a_healthy_task_and_fails_on_an_unhealth
 
 
 def test_the_group_trains_from_kafka_through_a_server_container_killed_with_sigkill(group):
-    """The #8 ledger: every produced record trained exactly once although a server's container
+    """The batch ledger: every produced record trained exactly once although a server's container
     was killed (kill -9 of its process from the host) and relaunched by the runner."""
     assert group.wait_healthy(timeout=60)
     lines = generate_lines(3600, seed=11)

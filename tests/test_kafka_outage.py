@@ -1,11 +1,11 @@
-"""A Kafka broker killed and restarted from its data directory (issue #28, item 3).
+"""A Kafka broker killed and restarted from its data directory.
 
-Each test starts a broker of its own (the session's is shared, and these kill theirs) on a fixed port and data
-directory, kills it with SIGKILL, waits, and starts it again from the same directory, as an operator's restart
-would. What must hold: the Kafka client's own lines are summarised (``online.stream.client_logs``): one
+Each test starts a broker of its own (the session's is shared, and these kill theirs) on a data directory of its
+own, kills it with SIGKILL, waits, and starts it again from the same directory on the same port, as an operator's
+restart would. What must hold: the Kafka client's own lines are summarised (``online.stream.client_logs``): one
 ``kafka_unreachable`` line, one ``kafka_reachable`` line, ``livevec_kafka_reachable`` 0 during the outage and 1
 after, few warning/error lines in all; and the cluster's training resumes with every record trained exactly once
-(the #8 ledger).
+(the servers' batch ledger).
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ async def _produce(bootstrap: str, topic: str, records: list[str], first: int, r
 
 
 def _ledger_cluster(tmp_path, bootstrap: str, topic: str):
-    """1 server and 2 workers with checkpoints (so server 0 keeps the #8 ledger), reading ``topic``."""
+    """1 server and 2 workers with checkpoints (so server 0 keeps the batch ledger), reading ``topic``."""
     from tests.cluster_harness import Cluster
 
     return Cluster(tmp_path, servers=1, workers=2, env={
@@ -174,7 +174,7 @@ def _ledger_cluster(tmp_path, bootstrap: str, topic: str):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_cluster_trains_through_a_broker_outage_exactly_once(own_broker, tmp_path):
-    """1 server and 2 workers (with checkpoints, so server 0 keeps the #8 ledger); the broker SIGKILLed for 25 s
+    """1 server and 2 workers (with checkpoints, so server 0 keeps the batch ledger); the broker SIGKILLed for 25 s
     while the workers train, then restarted from its data directory. Training resumes, every record is trained
     exactly once, and each worker wrote one kafka_unreachable line, one kafka_reachable line and few others."""
     from online.learner.tokenizers import Tokenizer
@@ -311,7 +311,7 @@ def test_a_rolling_restart_of_three_brokers_trains_every_record_exactly_once(tmp
     """Three brokers (``KafkaCluster``: replication 3, min.insync.replicas 2), restarted one at a time as an
     upgrade does (SIGTERM, a few seconds down, back from its data) while the producer sends with acks=all and
     1 server and 2 workers train. Each restart moves partition leaderships and the group's coordinator: the
-    #8 ledger ends with every record trained exactly once, and no worker floods its log."""
+    batch ledger ends with every record trained exactly once, and no worker floods its log."""
     from online.learner.tokenizers import Tokenizer
     from tests.support.kafka_cluster import KafkaCluster
     from online.stream.producer import ensure_topic

@@ -6,7 +6,7 @@ the Mesos-DNS names, and a link that can go down while its processes keep runnin
 group's constraints (``online.deployment.lab_placement``). Kafka listens on the lab's bridge.
 
 The long test trains a planted corpus while it cuts, in turn, a server's host, a worker's host and
-the scheduler's host, and kills every process of one host; it then checks the #8 ledger: every
+the scheduler's host, and kills every process of one host; it then checks the batch ledger: every
 produced record trained exactly once relative to the restored checkpoints (0 twice, 0 skipped),
 the planted neighbours found through the front end, and no 5xx from it at any time.
 """

@@ -1,12 +1,12 @@
-"""Liveness under overlapping faults (issue 28, item 6): the soak's seed-7 deadlock, shortened.
+"""Liveness under overlapping faults: a relaunched server that takes the id of a live server cut off.
 
-``bench/soak.py --duration 600 --hosts 4 --seed 7`` stopped training for good at 134 s: a 15 s partition of
-the scheduler's host (every server declared dead), a server killed meanwhile, then the scheduler killed
-again and again while the rollback waited. Its relaunched server registered while another server, alive
-but cut off, was declared dead, and took *that* server's id; the killed server's id was never filled again,
-the displaced server kept running outside the cluster (its heartbeats kept its old id "live"), and every
-coordinator after it waited for ever (``rollback_waiting``, for the servers, then for the workers to fence
-against a server that no longer existed).
+``bench/soak.py --duration 600 --hosts 4 --seed 7`` reaches this state: a 15 s partition of the scheduler's
+host (every server declared dead), a server killed meanwhile, then the scheduler killed again and again while
+the rollback waits. The relaunched server registers while another server, alive but cut off, is declared
+dead, and could take *that* server's id: the killed server's id would never be filled again, the displaced
+server would run on outside the cluster (its heartbeats keeping its old id "live"), and every coordinator
+after it would wait for ever (``rollback_waiting``, for the servers, then for the workers to fence against a
+server that is gone).
 
 The same state, reached in about a minute with the real processes of the Marathon group (local runner,
 which relaunches killed tasks as Marathon would):
@@ -17,7 +17,7 @@ which relaunches killed tasks as Marathon would):
 3. A comes back (SIGCONT);
 4. the scheduler is killed twice while the rollback waits.
 
-Then: training resumes within 60 s of the last fault, the #8 ledger ends with every record trained exactly
+Then: training resumes within 60 s of the last fault, the batch ledger ends with every record trained exactly
 once (0 twice, 0 skipped), and the displaced server does not idle outside the cluster: it exits, saying why.
 """
 from __future__ import annotations
@@ -223,9 +223,8 @@ def test_a_worker_that_joined_while_a_server_was_dead_reaches_it_once_it_is_back
 @pytest.mark.slow
 def test_a_front_end_that_dies_during_a_checkpoints_pause_does_not_abort_it(tmp_path, kafka_bootstrap, kafka_topic):
     """The front end joins as a worker node and answers each pause as a reader (no batch to drain). Frozen,
-    then declared dead while a checkpoint waits for its answer, it used to abort that checkpoint, and so a
-    ``livevec checkpoint now`` (CI saw it after the front end was killed). A reader holds nothing a rollback
-    would have to undo: the checkpoint goes on without it."""
+    then declared dead while a checkpoint (or a ``livevec checkpoint now``) waits for its answer, it must not
+    abort it: a reader holds nothing a rollback would have to undo, so the checkpoint goes on without it."""
     from tests.cluster_harness import Cluster
 
     topic = kafka_topic(4)   # the producer writes to 4 partitions
@@ -242,7 +241,7 @@ def test_a_front_end_that_dies_during_a_checkpoints_pause_does_not_abort_it(tmp_
         cluster.start("worker0", "worker")
         producer.start()
         # The front end must join after the worker has taken the cluster's one worker place; were it first,
-        # it would hold that place's id and the worker would be the one that joins late (CI saw the race).
+        # it would hold that place's id and the worker would be the one that joins late.
         wait_until(lambda: "event=cluster_ready" in cluster.log("scheduler"), 60, message="the cluster ready")
         frontend = cluster.start("frontend", "frontend", LIVEVEC_MODEL_SOURCE="ps", LIVEVEC_HTTP_HOST="127.0.0.1",
                                  LIVEVEC_HTTP_PORT="0")

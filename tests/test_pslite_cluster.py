@@ -292,7 +292,7 @@ def test_killed_server_is_replaced_under_its_old_id(cluster_factory):
 def test_a_server_registering_while_schedulers_restart_takes_its_slot(cluster_factory):
     """(Extension) a restarted server's ADD_NODE reaches a scheduler that dies before it answers, and
     the next scheduler hears it before any running node's heartbeat: the server must still get its
-    id back (it used to wait for ever, and the cluster with it: CI, issue #28's overlapping faults)."""
+    id back, or it waits for ever, and the cluster with it (test_overlapping_faults reaches this state)."""
     c = cluster_factory(2, 1, PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="1.5")
     ids, worker = _two_servers_and_a_pushing_worker(c)
 
@@ -321,7 +321,7 @@ def test_a_server_registering_while_schedulers_restart_takes_its_slot(cluster_fa
     try:
         c.scheduler = c._spawn("scheduler2", [sys.executable, "-m", "online.cli", "scheduler",
                                               "--root-port", str(c.root_port)], "scheduler")
-        # a new scheduler process starts in seconds, and in tens of them on a loaded machine (CI once took over 20)
+        # a new scheduler process starts in seconds, and in tens of them on a loaded machine (over 20 in CI)
         replacement.wait_log(r"event=registering_again", timeout=60)
         c.scheduler.wait_log(r"event=node_registered role=server", timeout=60)
     finally:
@@ -481,7 +481,8 @@ def test_elastic_workers_join_late_leave_and_die(cluster_factory):
 def test_a_worker_admitted_before_the_start_barrier_is_not_waited_for(cluster_factory):
     """(Extension) an elastic worker admitted after cluster_ready starts as a recovering node and skips
     the start barrier; the barrier must not wait for it. (The front end joins as a worker: when it takes
-    the last initial slot, the trainer that comes next is such a worker, and every node used to hang.)"""
+    the last initial slot, the trainer that comes next is such a worker: were it waited for, every node
+    would hang.)"""
     from ps_bridge.postoffice import Postoffice
     from ps_bridge.settings import NodeSettings
 

@@ -190,7 +190,7 @@ def test_the_key_travels_in_pbnode_field_15_only_when_set():
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("secured", [True, False], ids=["curve", "plain"])
 def test_a_secured_livevec_cluster_trains_every_record_exactly_once(kafka_bootstrap, kafka_topic, tmp_path, secured):
-    """The #8 ledger check (see test_checkpoint_recovery) on a cluster whose every ps link is CurveZMQ, with
+    """The exactly-once check (``assert_trained_exactly_once``) on a cluster whose every ps link is CurveZMQ, with
     a worker and a server killed and relaunched while it trains (their replacements rejoin with their keys)."""
     from online.deployment.local_runner import LocalRunner
     from online.deployment.topology import default_topology

@@ -1,4 +1,4 @@
-"""Search processes read the front end's model from shared memory and answer as it would (issue #29).
+"""Search processes read the front end's model from shared memory and answer as it would.
 
 In process: real search processes (OS processes mapping the memfd blocks) answer ``search_rows``
 exactly as the snapshot itself does, through syncs that write rows out of place, grow the pool,

@@ -34,7 +34,8 @@ def test_a_record_longer_than_the_cap_is_a_mini_batch_of_its_own():
 
 def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
     """A sync carries whole batches, so a batch longer than LIVEVEC_SYNC_TOKENS would stretch every replica's
-    share of a round to the batch (issue #26: 16 workers synced every 5,000 tokens instead of 625)."""
+    share of a round to the batch (16 workers would sync every 5,000 tokens instead of 625:
+    docs/design/0003-sync-interval.md)."""
     sync = default_sync_tokens(16)
     assert sync == 625
     assert records_per_batch(500, 100.0, 10_000, sync) == 6          # 600 tokens, not 5,000
@@ -47,14 +48,15 @@ def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
 
 def test_many_replicas_train_at_most_half_an_interval_while_a_sync_is_in_flight():
     """A whole interval trained while a sync is in flight collapses 8 and 16 replicas in the simulation
-    (issue #26, session 19); 2 - 4 replicas keep the looser bound."""
+    (docs/design/0003-sync-interval.md); 2 - 4 replicas keep the looser bound."""
     assert unsynced_bound(1) == 8.0 and unsynced_bound(2) == unsynced_bound(4) == 2.0
     assert unsynced_bound(8) == unsynced_bound(64) == 1.5
 
 
 def test_the_interval_is_a_replicas_not_a_process_s():
     """Processes that share a host's replica train one replica: its interval is one replica's share of a round,
-    split over them (issue #30: 2 workers on one host's replica stood still a fifth of the time at 40,000 each)."""
+    split over them (with 40,000 tokens each, 2 workers on one host's replica stand still a fifth of the time:
+    docs/design/0004-host-replica.md)."""
     assert default_sync_tokens(2, sharing=2) == 80_000          # one replica: 160,000, half each
     assert default_sync_tokens(8, sharing=8) == 20_000          # one replica of 8 processes
     assert default_sync_tokens(8, sharing=2) == 5_000           # 4 replicas: 10,000 each, 2 processes each
