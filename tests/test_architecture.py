@@ -4,6 +4,7 @@ breaks one fails here instead of eroding the layout quietly."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,9 @@ RANKS = {"learner": 0, "client": 0, "stream": 1, "search": 1, "cluster": 2, "che
          "cli": 5}
 
 MAX_MODULE_LINES = 600
-# ps_bridge stays a small ps-lite: 3,500 lines until a displaced node had to be told and dropped (a server
-# declared dead that kept running held its id, issue #28: +123 lines in the scheduler's book, the postoffice
-# and the van), then until a registration lost by a restarted scheduler had to be sent again (+32 lines).
+# ps_bridge stays a small ps-lite: ps-lite's rendezvous, barriers, heartbeats and recovery, plus telling a displaced
+# node it was replaced (a node declared dead that kept running holds an id another took) and sending again a
+# registration a restarted scheduler lost.
 MAX_PS_BRIDGE_LINES = 3700
 GRAB_BAGS = {"utils", "util", "helpers", "helper", "common", "misc"}
 
@@ -147,3 +148,87 @@ def test_the_environ_check_would_catch_a_direct_read(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import os\nA = os.environ.get('LIVEVEC_DIM')\nB = os.environ['X']\nC = os.getenv('Y')\n")
     assert _environ_reads(probe) == [2, 3, 4] or sorted(_environ_reads(probe)) == [2, 3, 4]
+
+
+# The writing rules: code, comments and docs say what the code is and why, in the present tense. A run's number or
+# an issue's points at nothing a reader can open: the decisions and their figures are in docs/design/, the history
+# in git. The character classes keep this file, and its compiled form, from matching the pattern.
+JOURNAL_REFERENCE = re.compile(r"sessio[n] [0-9]|issu[e] #[0-9]", re.IGNORECASE)
+JOURNAL_TREES = ("online", "ps_bridge", "tests", "docs", "bench", "README.md")
+BINARY_SUFFIXES = {".pyc", ".so", ".o", ".png", ".jpg", ".gz", ".xz", ".npz", ".npy", ".bin"}
+MAX_MODULE_DOCSTRING_LINES = 40
+
+
+def _text_files(*trees: str) -> list[Path]:
+    found = []
+    for tree in trees:
+        root = REPO / tree
+        paths = [root] if root.is_file() else sorted(root.rglob("*"))
+        found += [p for p in paths if p.is_file() and "__pycache__" not in p.parts
+                  and ".pytest_cache" not in p.parts and p.suffix not in BINARY_SUFFIXES]
+    return found
+
+
+def _journal_references(paths: list[Path]) -> list[str]:
+    hits = []
+    for path in paths:
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        hits += [f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{number}: {line.strip()[:100]}"
+                 for number, line in enumerate(text.splitlines(), 1) if JOURNAL_REFERENCE.search(line)]
+    return hits
+
+
+def test_no_run_or_issue_numbers_in_the_code_and_docs():
+    hits = _journal_references(_text_files(*JOURNAL_TREES))
+    assert hits == [], f"{len(hits)} lines cite a run or an issue by number:\n" + "\n".join(hits[:60])
+
+
+def test_the_reference_check_would_catch_one(tmp_path):
+    probe = tmp_path / "probe.md"
+    probe.write_text("measured in " + "Session" + " 12\nsee " + "issue" + " #28\nsessions and issues, fine\n")
+    assert [h.rsplit(":", 2)[0].endswith("probe.md") for h in _journal_references([probe])] == [True, True]
+
+
+def _module_docstring_lines(path: Path) -> int:
+    doc = ast.get_docstring(ast.parse(path.read_text(), str(path)), clean=False)
+    return len(doc.splitlines()) if doc else 0
+
+
+def test_module_docstrings_say_what_the_module_is_in_at_most_40_lines():
+    long = {str(p.relative_to(REPO)): n for pkg in ("online", "ps_bridge", "bench") for p in _modules(pkg)
+            if (n := _module_docstring_lines(p)) > MAX_MODULE_DOCSTRING_LINES}
+    assert long == {}, "module docstrings over 40 lines (a design belongs in docs/design/)"
+
+
+# Cross-references into the docs name an anchor (``docs/operations.md#checkpoints``), never a section number: an
+# anchor is an explicit ``<a id="...">`` or a heading's slug, as GitHub makes it.
+DOC_LINK = re.compile(r"(docs/[\w./-]+\.md)#([\w-]+)")
+LOCAL_LINK = re.compile(r"\]\(#([\w-]+)\)")
+
+
+def _anchors(doc: Path) -> set[str]:
+    text = doc.read_text()
+    ids = set(re.findall(r'<a id="([\w-]+)"', text))
+    for heading in re.findall(r"^#+ (.+)$", text, re.MULTILINE):
+        ids.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return ids
+
+
+def test_every_link_into_the_docs_names_an_anchor_that_exists():
+    broken, anchors = [], {}
+    for path in _text_files("README.md", "docs", "online", "ps_bridge", "bench", "tests", "deploy"):
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        links = DOC_LINK.findall(text)
+        if path.suffix == ".md" and path.is_relative_to(REPO / "docs"):
+            links += [(str(path.relative_to(REPO)), slug) for slug in LOCAL_LINK.findall(text)]
+        for doc, slug in links:
+            target = REPO / doc
+            if target.is_file() and slug not in anchors.setdefault(doc, _anchors(target)):
+                broken.append(f"{path.relative_to(REPO)}: {doc}#{slug}")
+    assert broken == []
