@@ -14,48 +14,7 @@ cluster actually ends up with, so a change to the cluster learner (e.g. a worker
 periodic delta sync, whose settings ``--env`` passes to every task) is judged on quality, speed, the
 parameter-server traffic and the checkpoint pauses together.
 
-How it measures:
-
-1. A real Kafka broker. The corpus (its first ``--max-tokens`` tokens, text8-tokenised by
-   ``stream_throughput.read_prefix``, in records of ``--words-per-record`` words, about what ``livevec up``
-   sends) is produced round-robin into a fresh topic of ``--partitions`` partitions BEFORE the cluster
-   starts; the same records, one per line, are the text gensim trains on.
-2. The production Marathon group through the local Marathon-like runner (``online.cli.up.local_cluster``,
-   with ``livevec up``'s environment): scheduler with the checkpoint coordinator, ``--servers`` servers,
-   ``--workers`` workers, no front end; checkpoints ON as the group configures them (its
-   ``LIVEVEC_CHECKPOINT_DIR``; the coordinator's default interval of 60 s unless ``--checkpoint-interval``
-   or ``--env LIVEVEC_CHECKPOINT_INTERVAL=`` says otherwise). A ps-lite probe node
-   (``recovery_cluster.Probe``, joining once the group is healthy) reads server 0's batch ledger.
-3. The measuring window. The bench polls every worker's /metrics (every 0.25 s, 0.5 s above 4 workers),
-   the scheduler's (rollbacks, ``livevec_recovering``) and the ledger. The window opens at the first poll
-   that sees ``livevec_worker_tokens_total`` grow after the last rollback (every cluster starts with one,
-   and each rebalance while workers join rolls back again, so the window covers training that is kept;
-   the first acknowledged batches are left out of the count) and closes at the first poll at which the
-   ledger covers every produced record. At both ends it takes a snapshot: every task's /metrics, the CPU
-   time of every task's process tree and of the broker's JVM (/proc), the time. Pipeline words/s = tokens
-   trained between the two snapshots (server 0's ledger: exact, relative to the restored checkpoint; the
-   workers' counters where there is no ledger) / the time between them (resolution: one poll).
-   It goes on polling until the cluster has settled (every record in the ledger, the coordinator idle, the
-   ledger unchanged for 3 s): a rollback after the window closed reopens it (one to a checkpoint that holds
-   every record retrains nothing and keeps it). ``cluster_harness.assert_trained_exactly_once`` then
-   checks that every record and token was trained exactly once.
-4. ``livevec checkpoint now`` and ``livevec checkpoint export`` (the CLI, as an operator runs them) write the
-   final checkpoint as word2vec vectors; after the cluster and the broker are stopped, gensim Word2Vec
-   (sg=1, negative 5, window 5, min_count 5, sample 1e-3, dim 100, one epoch, workers=2; its ``train()``
-   call timed, vocabulary scan excluded) trains on the same lines, so the two never share the cores.
-   Both are scored by gensim's evaluators (``quality_vs_gensim.evaluate``: questions-words analogies with
-   restrict_vocab=30000, WS353, SimLex-999).
-5. Prints: words/s of both; CPU seconds per task and role (window, and since launch); analogy / WS353 /
-   SimLex of both; ps-lite payload bytes per trained token (``pslite_sent_bytes_total`` /
-   ``pslite_received_bytes_total`` of ``ps_bridge/van.py``) in each direction, workers -> servers and servers
-   -> workers, as both ends count them (the server side also counts the probe's few stats requests);
-   the training pause of every checkpoint the coordinator took while training, i.e. before the ledger last
-   became complete (its ``checkpoint_done`` /
-   ``checkpoint_aborted`` log lines in the scheduler's log: ``pause_ms`` = from asking the workers to pause,
-   through their drain and the servers' snapshot, until they were told to resume; ``training_pause_ms`` = 0
-   where the workers did not stop training, as with the replica exchange, which only holds its syncs for
-   ``pause_ms``), median and max of both; the
-   load average at start and end; and one JSON line.
+How it measures: ``run_pipeline``'s docstring.
 
 "Trained token" is a corpus token of a trained record (the ledger's ``tokens``, before subsampling), the
 count gensim's raw words/s uses; "effective" counts the tokens kept after subsampling
@@ -370,6 +329,49 @@ def checkpoint_pauses(cluster: LearningCluster, first: dict, end: dict) -> dict:
 
 
 def run_pipeline(args, records: list[str], tokens: int, work: Path, env: dict[str, str]) -> dict:
+    """One pipeline run against its own gensim run. How it measures:
+
+    1. A real Kafka broker. The corpus (its first ``--max-tokens`` tokens, text8-tokenised by
+       ``stream_throughput.read_prefix``, in records of ``--words-per-record`` words, about what ``livevec up``
+       sends) is produced round-robin into a fresh topic of ``--partitions`` partitions BEFORE the cluster
+       starts; the same records, one per line, are the text gensim trains on.
+    2. The production Marathon group through the local Marathon-like runner (``online.cli.up.local_cluster``,
+       with ``livevec up``'s environment): scheduler with the checkpoint coordinator, ``--servers`` servers,
+       ``--workers`` workers, no front end; checkpoints ON as the group configures them (its
+       ``LIVEVEC_CHECKPOINT_DIR``; the coordinator's default interval of 60 s unless ``--checkpoint-interval``
+       or ``--env LIVEVEC_CHECKPOINT_INTERVAL=`` says otherwise). A ps-lite probe node
+       (``recovery_cluster.Probe``, joining once the group is healthy) reads server 0's batch ledger.
+    3. The measuring window. The bench polls every worker's /metrics (every 0.25 s, 0.5 s above 4 workers),
+       the scheduler's (rollbacks, ``livevec_recovering``) and the ledger. The window opens at the first poll
+       that sees ``livevec_worker_tokens_total`` grow after the last rollback (every cluster starts with one,
+       and each rebalance while workers join rolls back again, so the window covers training that is kept;
+       the first acknowledged batches are left out of the count) and closes at the first poll at which the
+       ledger covers every produced record. At both ends it takes a snapshot: every task's /metrics, the CPU
+       time of every task's process tree and of the broker's JVM (/proc), the time. Pipeline words/s = tokens
+       trained between the two snapshots (server 0's ledger: exact, relative to the restored checkpoint; the
+       workers' counters where there is no ledger) / the time between them (resolution: one poll).
+       It goes on polling until the cluster has settled (every record in the ledger, the coordinator idle, the
+       ledger unchanged for 3 s): a rollback after the window closed reopens it (one to a checkpoint that holds
+       every record retrains nothing and keeps it). ``cluster_harness.assert_trained_exactly_once`` then
+       checks that every record and token was trained exactly once.
+    4. ``livevec checkpoint now`` and ``livevec checkpoint export`` (the CLI, as an operator runs them) write the
+       final checkpoint as word2vec vectors; after the cluster and the broker are stopped, gensim Word2Vec
+       (sg=1, negative 5, window 5, min_count 5, sample 1e-3, dim 100, one epoch, workers=2; its ``train()``
+       call timed, vocabulary scan excluded) trains on the same lines, so the two never share the cores.
+       Both are scored by gensim's evaluators (``quality_vs_gensim.evaluate``: questions-words analogies with
+       restrict_vocab=30000, WS353, SimLex-999).
+    5. Prints: words/s of both; CPU seconds per task and role (window, and since launch); analogy / WS353 /
+       SimLex of both; ps-lite payload bytes per trained token (``pslite_sent_bytes_total`` /
+       ``pslite_received_bytes_total`` of ``ps_bridge/van.py``) in each direction, workers -> servers and servers
+       -> workers, as both ends count them (the server side also counts the probe's few stats requests);
+       the training pause of every checkpoint the coordinator took while training, i.e. before the ledger last
+       became complete (its ``checkpoint_done`` /
+       ``checkpoint_aborted`` log lines in the scheduler's log: ``pause_ms`` = from asking the workers to pause,
+       through their drain and the servers' snapshot, until they were told to resume; ``training_pause_ms`` = 0
+       where the workers did not stop training, as with the replica exchange, which only holds its syncs for
+       ``pause_ms``), median and max of both; the
+       load average at start and end; and one JSON line.
+    """
     ends = {f"{TOPIC}/{p}": len(range(p, len(records), args.partitions)) for p in range(args.partitions)}
     env = dict(env)
     if args.checkpoint_interval is not None:

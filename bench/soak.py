@@ -23,21 +23,7 @@ every ``--malformed-every`` records. Every ``--kill-every`` seconds (randomised)
   while the master is down or a quota is set) is recorded as skipped.
 
 After ``--duration`` seconds the producer stops, the cluster drains the backlog, and the script
-reports:
-
-* records produced against records trained (server 0's ledger: trained once, twice, or skipped),
-  and the malformed records produced (counted and skipped by the workers, never lost or trained);
-* downtime: seconds during which the backlog was not empty and nothing was trained;
-* every failure injected, rollbacks, checkpoints;
-* each role's RSS at start and at end, and the largest growth of one process over its life
-  (a leak shows as growth; a relaunched process starts again);
-* final quality (planted-neighbour score of the final checkpoint) against an uninterrupted run
-  over the same records (a second consumer group on the same topic, no failures, on one host);
-* per fault kind: fired, skipped, recovered (training went on after the fault ended, and for the
-  broker and storage faults a checkpoint completed after it), with the seconds each took;
-* per role (its tasks' logs summed, and its loudest task): warning and error lines per minute of
-  the run and per minute of outage (the union of every fault's window, from its injection to 30 s
-  after it was undone), the loudest events, and the same per fault kind.
+reports what ``main``'s docstring lists.
 
     .venv/bin/python bench/soak.py --duration 600 --hosts 4 [--faults kill,kafka_restart,...] [--storage local]
 """
@@ -546,6 +532,23 @@ def uninterrupted(work: Path, bootstrap: str, topic: str, produced: int) -> floa
 
 
 def main() -> int:
+    """After ``--duration`` seconds the producer stops, the cluster drains the backlog, and the script
+    reports:
+
+    * records produced against records trained (server 0's ledger: trained once, twice, or skipped),
+      and the malformed records produced (counted and skipped by the workers, never lost or trained);
+    * downtime: seconds during which the backlog was not empty and nothing was trained;
+    * every failure injected, rollbacks, checkpoints;
+    * each role's RSS at start and at end, and the largest growth of one process over its life
+      (a leak shows as growth; a relaunched process starts again);
+    * final quality (planted-neighbour score of the final checkpoint) against an uninterrupted run
+      over the same records (a second consumer group on the same topic, no failures, on one host);
+    * per fault kind: fired, skipped, recovered (training went on after the fault ended, and for the
+      broker and storage faults a checkpoint completed after it), with the seconds each took;
+    * per role (its tasks' logs summed, and its loudest task): warning and error lines per minute of
+      the run and per minute of outage (the union of every fault's window, from its injection to 30 s
+      after it was undone), the loudest events, and the same per fault kind.
+    """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of failures (600)")
     ap.add_argument("--kill-every", type=float, default=20.0, help="mean seconds between failures (20)")
