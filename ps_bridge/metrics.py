@@ -36,16 +36,16 @@ class _Metric:
 class Counter(_Metric):
     kind = "counter"
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, fn: Callable[[], float] | None = None, **kw):   # fn: read when scraped
         super().__init__(*a, **kw)
-        self.value = 0.0
+        self.value, self._fn = 0.0, fn
 
     def inc(self, amount: float = 1.0) -> None:
         with self._lock:
             self.value += amount
 
     def samples(self):
-        yield self.name, self.labels, self.value
+        yield self.name, self.labels, (self._fn() if self._fn else self.value)
 
 
 class Gauge(_Metric):
@@ -74,8 +74,7 @@ class Histogram(_Metric):
         super().__init__(*a, **kw)
         self.buckets = tuple(sorted(buckets))
         self.counts = [0] * (len(self.buckets) + 1)
-        self.sum = 0.0
-        self.count = 0
+        self.sum, self.count = 0.0, 0
 
     def observe(self, value: float) -> None:
         i = bisect.bisect_left(self.buckets, value)
@@ -104,8 +103,8 @@ class Registry:
         self._metrics.append(metric)
         return metric
 
-    def counter(self, name: str, help_text: str, **labels: str) -> Counter:
-        return self._add(Counter(name, help_text, labels))
+    def counter(self, name: str, help_text: str, fn: Callable[[], float] | None = None, **labels: str) -> Counter:
+        return self._add(Counter(name, help_text, labels, fn=fn))
 
     def gauge(self, name: str, help_text: str, fn: Callable[[], float] | None = None, **labels: str) -> Gauge:
         return self._add(Gauge(name, help_text, labels, fn=fn))
@@ -114,14 +113,16 @@ class Registry:
                   **labels: str) -> Histogram:
         return self._add(Histogram(name, help_text, labels, buckets=buckets))
 
+    def total(self, name: str) -> float:   # a metric's samples summed over their labels (0: none)
+        return sum(v for m in self._metrics if m.name == name for s, _, v in m.samples() if s == name)
+
     def render(self) -> str:
         lines: list[str] = []
         seen: set[str] = set()
         for m in self._metrics:
             if m.name not in seen:
                 seen.add(m.name)
-                lines.append(f"# HELP {m.name} {m.help}")
-                lines.append(f"# TYPE {m.name} {m.kind}")
+                lines += [f"# HELP {m.name} {m.help}", f"# TYPE {m.name} {m.kind}"]
             for sample_name, labels, value in m.samples():
                 lines.append(f"{sample_name}{_labels_text(labels)} {float(value)!r}")
         return "\n".join(lines) + "\n"

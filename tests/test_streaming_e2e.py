@@ -68,8 +68,26 @@ def test_planted_pairs_become_neighbours_on_the_servers(tmp_path, kafka_bootstra
         assert stats["servers"] == 2
         assert planted_hits(model.words, model.vectors) >= 0.9
         _assert_cpu_by_stage_adds_up(cluster, ["worker0", "worker1"])
+        _assert_cost_per_token_shown(cluster, ["worker0", "worker1", "server0", "server1"])
     finally:
         cluster.stop()
+
+
+def _assert_cost_per_token_shown(cluster: Cluster, names: list[str]) -> None:
+    """Every worker that trained and every server shows its CPU and ps-lite bytes per trained token over the last
+    minute (``online.cluster.token_cost``), and the process CPU and token counters behind them."""
+    tokens = {"worker": "livevec_worker_tokens_total", "server": "livevec_server_tokens_total"}
+    shown = []
+    for name in names:
+        if cluster.metric(name, tokens[name.rstrip("0123456789")]) == 0:
+            continue   # a worker the group gave no partition
+        assert cluster.metric(name, "process_cpu_seconds_total") > 0, name
+        figures = {metric: cluster.metric(name, metric) for metric in (
+            "livevec_cpu_us_per_token", "livevec_pslite_sent_bytes_per_token",
+            "livevec_pslite_received_bytes_per_token")}
+        assert all(v > 0 for v in figures.values()), (name, figures)   # NaN: no token in the window
+        shown.append(name)
+    assert {"server0", "server1"} <= set(shown) and any(n.startswith("worker") for n in shown), shown
 
 
 def _assert_cpu_by_stage_adds_up(cluster: Cluster, names: list[str]) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
+from online.cluster.token_cost import process_cpu
 from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
 from ps_bridge.roles import serve_metrics
@@ -66,6 +67,7 @@ def run(settings: SchedulerSettings, extension: Callable[[Postoffice], Scheduler
     app it creates exists before the first node registers. SIGTERM (or SIGINT) stops it within
     ``LIVEVEC_STOP_TIMEOUT`` (``online.cluster.stopping``)."""
     registry = Registry({"role": "scheduler"})
+    process_cpu(registry)   # the cost of a trained token counts every role's CPU
     po = Postoffice(settings.node, registry)
     companion = extension(po) if extension is not None else SchedulerExtension()
     stop = StopDeadline(settings.stop_timeout, "scheduler")

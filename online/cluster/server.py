@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from online.cluster import ps_commands as pc
+from online.cluster import token_cost
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.replica import SYNC
 from online.cluster.training_signal import summed_reasons
@@ -136,6 +137,11 @@ class ShardService:
                 fn=lambda: float(self.shard.fresh_dropped))
         r.gauge("livevec_server_tokens_counted", "word occurrences counted by this shard",
                 fn=lambda: float(self.c.tokens_counted))
+        # the same count as a counter of this process (a checkpoint's load sets the gauge, not it): what the
+        # per-token cost divides by
+        self.m_tokens = r.counter("livevec_server_tokens_total", "word occurrences counted by this shard since "
+                                  "the process started: its share of the tokens the workers read")
+        self.cost = token_cost.export(r, lambda: self.m_tokens.value)
         self.extension = extension or ServerExtension()
         self.extension.attach(self)
 
@@ -241,7 +247,7 @@ class ShardService:
         if n and int(deltas.min()) < 0:
             raise ValueError("word counts must not be negative")
         totals = self.shard.count_words(data.keys, deltas)
-        self.c.tokens_counted += int(deltas.sum())
+        self._counted(int(deltas.sum()))
         self.m_requests["word_counts"].inc()
         return totals.astype(np.float32)
 
@@ -254,9 +260,13 @@ class ShardService:
             raise ValueError(f"counts push of {len(data.vals)} values for {n} keys")
         deltas = np.rint(data.vals).astype(np.int64)
         self.shard.add_counts(data.keys, deltas)
-        self.c.tokens_counted += int(deltas.sum())
+        self._counted(int(deltas.sum()))
         self.m_requests["counts"].inc()
         return None
+
+    def _counted(self, tokens: int) -> None:
+        self.c.tokens_counted += tokens
+        self.m_tokens.inc(tokens)
 
     def _kv_free(self, req: KVMeta, data: KVPairs) -> None:
         """Rows dropped, acknowledged."""

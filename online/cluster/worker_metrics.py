@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+from online.cluster import token_cost
 from ps_bridge.metrics import Registry
 
 
@@ -43,3 +44,5 @@ class WorkerMetrics:
         self.loop_cpu = r.gauge("livevec_worker_event_loop_cpu_seconds",
                                 "CPU seconds of the event loop's thread: Kafka fetches and decoding, batching, "
                                 "the ledger and commits", fn=lambda: time.clock_gettime(loop_clock))
+        # The process's CPU and ps-lite bytes per token it trained, over the last minute
+        self.cost = token_cost.export(r, lambda: self.tokens.value)
