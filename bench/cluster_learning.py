@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/cluster_learning.py [--corpus ../shared/data/wiki17m.txt.xz] [--max-tokens N]
         [--workers 2] [--partitions P] [--servers 1] [--checkpoint-interval S] [--env KEY=VALUE ...]
-        [--kernels pairs,hogbatch] [--rounds 3] [--record bench/results/pipeline_2_workers.json]
+        [--kernels pairs,hogbatch] [--rounds 3] [--baseline FILE] [--record bench/results/pipeline_2_workers.json]
 
 ``--kernels`` runs the pipeline once per kernel (``LIVEVEC_KERNEL``), each followed by its own gensim run, and
 ``--rounds`` repeats that with each kernel first in turn; the ratios to gensim (words/s and words per
@@ -18,7 +18,9 @@ How it measures: ``run_pipeline``'s docstring.
 
 "Trained token" is a corpus token of a trained record (the ledger's ``tokens``, before subsampling), the
 count gensim's raw words/s uses; "effective" counts the tokens kept after subsampling
-(``livevec_worker_words_trained_total``). Exit status 1 if the ledger did not settle
+(``livevec_worker_words_trained_total``). "All roles" are the workers, the servers and the scheduler; Kafka's JVM
+is shown apart. ``--baseline`` reads the JSON lines a 1-replica run printed (2 workers sharing one host replica,
+the default) and prints the ratio of all roles' CPU per token to it. Exit status 1 if the ledger did not settle
 exactly once or the export failed.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import calendar
 import concurrent.futures
+import datetime
 import json
 import shutil
 import signal
@@ -235,6 +238,7 @@ def parse_ts(ts: str) -> float:
 
 
 WORKER_STAGES = ("prepare", "kernel", "sync")   # livevec_worker_cpu_seconds_total's stages
+TRAINING_ROLES = ("worker", "server", "scheduler")   # "all roles": what the cluster spends; Kafka's JVM apart
 
 
 def role(name: str) -> str:
@@ -287,6 +291,8 @@ def figures(first: dict, end: dict, cluster: LearningCluster) -> dict:
                                                   for r in roles},
             "cpu_us_per_token": {r: round(1e6 * sum(v for n, v in cpu.items() if role(n) == r) / tokens, 2)
                                  for r in roles},
+            "cpu_us_per_token_all_roles": round(1e6 * sum(v for n, v in cpu.items() if role(n) in TRAINING_ROLES)
+                                                / tokens, 2),
             "worker_cpu_us_per_token_by_stage": {k: round(1e6 * v / tokens, 2) for k, v in stages.items()},
             # what the cores did: CPU-seconds over the window's seconds (2 cores here), and how long the workers
             # held off new batches at their unsynced bound (summed over workers)
@@ -360,7 +366,8 @@ def run_pipeline(args, records: list[str], tokens: int, work: Path, env: dict[st
        call timed, vocabulary scan excluded) trains on the same lines, so the two never share the cores.
        Both are scored by gensim's evaluators (``quality_vs_gensim.evaluate``: questions-words analogies with
        restrict_vocab=30000, WS353, SimLex-999).
-    5. Prints: words/s of both; CPU seconds per task and role (window, and since launch); analogy / WS353 /
+    5. Prints: words/s of both; CPU seconds per task and role (window, and since launch) and µs per trained token
+       by role and over all roles (against ``--baseline``'s when given); analogy / WS353 /
        SimLex of both; ps-lite payload bytes per trained token (``pslite_sent_bytes_total`` /
        ``pslite_received_bytes_total`` of ``ps_bridge/van.py``) in each direction, workers -> servers and servers
        -> workers, as both ends count them (the server side also counts the probe's few stats requests);
@@ -440,6 +447,10 @@ def main() -> int:
                          "(default: the product's kernel)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat, each kernel first in turn; medians of the per-run ratios are printed")
+    ap.add_argument("--baseline", metavar="FILE",
+                    help="the JSON lines a 1-replica run of this bench printed (e.g. --workers 2, its stdout saved): "
+                         "all roles' CPU per token is also printed as a ratio to that run's, and --record judges "
+                         "the replicas rows against it")
     ap.add_argument("--record", metavar="FILE",
                     help="write the headline rows to this result file (bench/results/): the pipeline and its bytes "
                          "per token for 2 workers, or N workers with a replica each (--env LIVEVEC_HOST_REPLICA=)")
@@ -453,6 +464,9 @@ def main() -> int:
         args.partitions = 4 if args.workers < 8 else args.workers
     if not Path(args.corpus).is_file():
         ap.error(f"no corpus at {args.corpus}")
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    if baseline and baseline["replicas"] != 1:
+        log(f"--baseline {args.baseline} ran {baseline['replicas']} replicas, not one: the ratio is to that run")
     log(f"start; reading {args.corpus}")
     records = read_prefix(Path(args.corpus), args.max_tokens or 1 << 62, words_per_line=args.words_per_record)
     tokens = sum(len(r.split()) for r in records)
@@ -470,21 +484,23 @@ def main() -> int:
         order = kernels[rnd % len(kernels):] + kernels[:rnd % len(kernels)]   # each kernel first in turn
         for kernel in order:
             load_start = loadavg()
+            started = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
             env = {**args.env, **({"LIVEVEC_KERNEL": kernel} if kernel else {})}
             run_dir = work / f"round{rnd}-{kernel or 'default'}"
             run_dir.mkdir()
             pipe = run_pipeline(args, records, tokens, run_dir, env)
+            pipe["date"] = started
             pipe["quality"] = evaluate(KeyedVectors.load_word2vec_format(pipe["vectors"], binary=True))
             log(f"pipeline done; gensim (workers=2) on the same {tokens:,} tokens")
             gensim = GensimRun(corpus_file, passes=1, workers=2, seed=args.seed + rnd)
             gensim.train_pass(0)
             gens = gensim.finish()
             runs.append((kernel, pipe, gens, load_start, loadavg()))
-            report(args, tokens, pipe, gens, load_start, runs[-1][4])
+            report(args, tokens, pipe, gens, load_start, runs[-1][4], baseline)
     if len(runs) > 1:
         summary(runs)
     if record is not None:
-        result_record.write(record, headline_rows(args, tokens, runs))
+        result_record.write(record, headline_rows(args, tokens, runs, baseline))
     ok = all(pipe["exactly_once"]["ok"] for _, pipe, *_ in runs)
     if ok and not (args.work_dir or args.keep):
         shutil.rmtree(work, ignore_errors=True)
@@ -493,10 +509,57 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def headline_rows(args, tokens: int, runs: list) -> list[dict]:
+def replicas(workers: int, env: dict[str, str]) -> int:
+    """The replicas a run trains: one per worker with ``LIVEVEC_HOST_REPLICA=`` (as on separate hosts), else one that
+    every worker shares (the local runner puts them on one host); none with the pull/push exchange."""
+    if env.get("LIVEVEC_EXCHANGE") == "pullpush":
+        return 0
+    return workers if env.get("LIVEVEC_HOST_REPLICA") == "" else 1
+
+
+def all_roles_us(pipe: dict) -> float:
+    """All roles' CPU µs per trained token: workers, servers and scheduler (from a JSON line without the field too)."""
+    return pipe.get("cpu_us_per_token_all_roles",
+                    sum(pipe["cpu_us_per_token"].get(r, 0.0) for r in TRAINING_ROLES))
+
+
+def load_baseline(path: str) -> dict:
+    """The reference figures from the JSON lines a run of this bench printed (its stdout, or any file that holds
+    them): medians over its runs of the kernel ``auto`` picks for its worker count (over all its runs if none)."""
+    from online.learner.trainer import kernel_for
+
+    runs = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            obj = json.loads(line) if line.startswith("{") else None
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("bench") == "cluster_learning":
+            runs.append(obj)
+    if not runs:
+        raise SystemExit(f"--baseline {path}: no JSON line of cluster_learning in it")
+
+    def kernel(run):
+        return kernel_for(run["livevec"].get("env", {}).get("LIVEVEC_KERNEL") or "auto", run["workers"])
+
+    mine = [r for r in runs if kernel(r) == kernel_for("auto", r["workers"])] or runs
+    first, med = mine[0], statistics.median
+    return {"file": path, "runs": len(mine), "workers": first["workers"], "kernel": kernel(first),
+            "replicas": first.get("replicas", replicas(first["workers"], first["livevec"].get("env", {}))),
+            "date": first.get("date"), "loadavg_start": first.get("loadavg_start"),
+            "cpu_us_per_token_all_roles": med(all_roles_us(r["livevec"]) for r in mine),
+            "analogy": med(r["livevec"]["quality"]["analogy"] for r in mine),
+            "ws353": med(r["livevec"]["quality"]["ws353"] for r in mine)}
+
+
+def baseline_name(baseline: dict) -> str:
+    return "the 1-replica run's" if baseline["replicas"] == 1 else f"the {baseline['replicas']}-replica baseline's"
+
+
+def headline_rows(args, tokens: int, runs: list, baseline: dict | None = None) -> list[dict]:
     """The result file's rows, from the runs of the kernel ``auto`` picks for this many workers (medians over
     rounds): the pipeline and its bytes per token for 2 workers sharing a host replica, or ``replicas_N`` for N
-    workers with a replica each. Other shapes have no headline row."""
+    workers with a replica each, judged against ``baseline`` when given. Other shapes have no headline row."""
     from online.learner.trainer import kernel_for
 
     own = args.env.get("LIVEVEC_HOST_REPLICA") == ""
@@ -517,7 +580,10 @@ def headline_rows(args, tokens: int, runs: list) -> list[dict]:
     gq = {m: med(g[m] for _, g in mine) for m in ("analogy", "ws353")}
     points = med(100 * (p["quality"]["analogy"] - g["analogy"]) for p, g in mine)
     ws = med(p["quality"]["ws353"] - g["ws353"] for p, g in mine)
-    us = {r: med(p["cpu_us_per_token"].get(r, 0.0) for p, _ in mine) for r in ("worker", "server")}
+    us = {r: med(p["cpu_us_per_token"].get(r, 0.0) for p, _ in mine) for r in (*TRAINING_ROLES, "kafka")}
+    all_us = med(all_roles_us(p) for p, _ in mine)
+    cost = (f"worker {us['worker']:.2f} + server {us['server']:.2f} + scheduler {us['scheduler']:.2f} = "
+            f"{all_us:.2f} µs per token over all roles (Kafka {us['kafka']:.2f} apart)")
     out_b = [p["ps_bytes_per_token"]["workers_to_servers"]["sent_by_workers"] for p, _ in mine]
     in_b = [p["ps_bytes_per_token"]["servers_to_workers"]["received_by_workers"] for p, _ in mine]
     once = all(p["exactly_once"]["ok"] for p, _ in mine)
@@ -537,8 +603,8 @@ def headline_rows(args, tokens: int, runs: list) -> list[dict]:
                 "pipeline_vs_gensim",
                 f"{med(words):.2f}x gensim's words/s (runs {', '.join(f'{x:.2f}' for x in words)}), {per_cpu:.2f}x "
                 f"per CPU-second; analogy {100 * q['analogy']:.2f} % / WS353 {q['ws353']:.3f} against "
-                f"{100 * gq['analogy']:.2f} % / {gq['ws353']:.3f}; worker {us['worker']:.2f} + server "
-                f"{us['server']:.2f} µs per token; {'exactly once' if once else 'NOT exactly once'}, training pause "
+                f"{100 * gq['analogy']:.2f} % / {gq['ws353']:.3f}; {cost}; "
+                f"{'exactly once' if once else 'NOT exactly once'}, training pause "
                 f"per checkpoint at most {pause:.0f} ms; {what}",
                 "≥ 2.0x words/s; analogy ≥ gensim + 5 points, WS353 ≥ gensim's; exactly once, 0 ms pause",
                 result_record.met(med(words) >= 2.0 and points >= 5 and ws >= 0 and once and pause == 0)),
@@ -548,14 +614,23 @@ def headline_rows(args, tokens: int, runs: list) -> list[dict]:
                 "≤ 292 / 285: half the pull/push exchange's 585 / 571",
                 result_record.met(max(out_b) <= 292 and max(in_b) <= 285))]
     bound = med(p["worker_bound_wait_seconds"] / max(p["seconds"] * args.workers, 1e-9) for p, _ in mine)
+    status = None
+    if baseline:
+        ratio = all_us / baseline["cpu_us_per_token_all_roles"]
+        cost += f", {ratio:.1f}x {baseline_name(baseline)} {baseline['cpu_us_per_token_all_roles']:.2f}"
+        # "within": no worse than the baseline by more than that (better is fine)
+        quality_ok = (baseline["analogy"] - q["analogy"] <= 0.01 and baseline["ws353"] - q["ws353"] <= 0.02
+                      and once)
+        cost_ok = ratio <= 1.5 and max(out_b) <= 300 and max(in_b) <= 300
+        status = f"quality {result_record.met(quality_ok)}; cost {result_record.met(cost_ok)}"
     return [result_record.row(
         keys[0],
         f"analogy {100 * q['analogy']:.2f} % / WS353 {q['ws353']:.3f} / SimLex {q['simlex']:.3f} (gensim "
-        f"{100 * gq['analogy']:.2f} %); worker {us['worker']:.2f} + server {us['server']:.2f} µs per token; "
+        f"{100 * gq['analogy']:.2f} %); {cost}; "
         f"{spread(out_b)} / {spread(in_b)} B per token out / in; workers held at their unsynced bound "
         f"{100 * bound:.0f} % of the time; {'exactly once' if once else 'NOT exactly once'}; {what}",
         "analogy within 1 point and WS353 within 0.02 of 2 workers; all roles' CPU per token ≤ 1.5x 2 workers'; "
-        "≤ 300 B per token each way")]
+        "≤ 300 B per token each way", status)]
 
 
 def per_cpu_second_ratio(pipe: dict, gens: dict) -> float:
@@ -568,7 +643,8 @@ def per_cpu_second_ratio(pipe: dict, gens: dict) -> float:
 def summary(runs: list) -> None:
     """Medians over the rounds, per kernel: the ratios are taken per run (the machine's speed drifts)."""
     print("\nmedians over the rounds (ratios to gensim in the same run):")
-    print(f"{'kernel':10}{'runs':>5}{'words/s':>10}{'per CPU-s':>11}{'worker us/tok':>15}{'analogy':>9}"
+    print(f"{'kernel':10}{'runs':>5}{'words/s':>10}{'per CPU-s':>11}{'worker us/tok':>15}{'all us/tok':>12}"
+          f"{'analogy':>9}"
           f"{'gensim':>8}{'WS353':>8}{'gensim':>8}")
     med = statistics.median
     for kernel in dict.fromkeys(k for k, *_ in runs):
@@ -577,11 +653,12 @@ def summary(runs: list) -> None:
               f"{med([p['words_per_second'] / g['raw_words_per_s'] for p, g in mine]):>9.2f}x"
               f"{med([per_cpu_second_ratio(p, g) for p, g in mine]):>10.2f}x"
               f"{med([p['cpu_us_per_token']['worker'] for p, _ in mine]):>15.2f}"
+              f"{med([all_roles_us(p) for p, _ in mine]):>12.2f}"
               f"{med([p['quality']['analogy'] for p, _ in mine]):>9.2%}{med([g['analogy'] for _, g in mine]):>8.2%}"
               f"{med([p['quality']['ws353'] for p, _ in mine]):>8.3f}{med([g['ws353'] for _, g in mine]):>8.3f}")
 
 
-def report(args, tokens: int, pipe: dict, gens: dict, load_start, load_end) -> None:
+def report(args, tokens: int, pipe: dict, gens: dict, load_start, load_end, baseline: dict | None = None) -> None:
     """One run's figures, as text and as one JSON line."""
     w = f"{args.workers} worker{'s' * (args.workers > 1)}"
     print(f"\ncluster_learning: {tokens:,} tokens, {args.servers} server, {w}, {args.partitions} partitions, "
@@ -606,6 +683,16 @@ def report(args, tokens: int, pipe: dict, gens: dict, load_start, load_end) -> N
           f"(gensim: {gens['cpu_seconds']})")
     print(f"CPU seconds since launch per role:  {pipe['cpu_seconds_since_launch_per_role']}")
     print(f"CPU us per token per role:          {pipe['cpu_us_per_token']}")
+    all_us = all_roles_us(pipe)
+    compared = None
+    if baseline:
+        compared = {**baseline, "cpu_all_roles_ratio": round(all_us / baseline["cpu_us_per_token_all_roles"], 3)}
+    print(f"CPU us per token over all roles:    {all_us:.2f} (workers + servers + scheduler; Kafka's JVM apart: "
+          f"{pipe['cpu_us_per_token'].get('kafka', 0.0):.2f})"
+          + (f"; {compared['cpu_all_roles_ratio']:.2f}x {baseline_name(baseline)} "
+             f"{baseline['cpu_us_per_token_all_roles']:.2f} ({baseline['workers']} workers, {baseline['kernel']}, "
+             f"median of {baseline['runs']} run{'s' * (baseline['runs'] > 1)} started {baseline['date']}, load "
+             f"{baseline['loadavg_start']}; --baseline {baseline['file']})" if compared else ""))
     print(f"worker CPU us per token by stage:   {pipe['worker_cpu_us_per_token_by_stage']}")
     print(f"cores busy in the window: {pipe['cores_busy']}; workers held at their unsynced bound: "
           f"{pipe['worker_bound_wait_seconds']} s (summed)")
@@ -644,9 +731,11 @@ def report(args, tokens: int, pipe: dict, gens: dict, load_start, load_end) -> N
     print(f"ledger: {'every record trained exactly once' if eo['ok'] else 'NOT settled exactly once: ' + eo['error']}")
     print(f"tokens per worker (since launch, retraining after rollbacks included): "
           f"{', '.join(f'{t:,.0f}' for t in pipe['tokens_per_worker'])}")
-    print(json.dumps({"bench": "cluster_learning", "tokens": tokens, "workers": args.workers, "servers": args.servers,
-                      "partitions": args.partitions, "loadavg_start": load_start, "loadavg_end": load_end,
-                      "livevec": pipe, "gensim": gens}, default=str), flush=True)
+    print(json.dumps({"bench": "cluster_learning", "date": pipe.get("date"), "tokens": tokens,
+                      "workers": args.workers, "replicas": replicas(args.workers, pipe["env"]),
+                      "servers": args.servers, "partitions": args.partitions, "loadavg_start": load_start,
+                      "loadavg_end": load_end, "livevec": pipe, "gensim": gens, "baseline": compared},
+                     default=str), flush=True)
 
 
 if __name__ == "__main__":
