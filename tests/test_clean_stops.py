@@ -1,4 +1,4 @@
-"""Clean stops and no leaks (issue 28, item 4), with real processes, sockets, /dev/shm and the real broker:
+"""Clean stops and no leaks, with real processes, sockets, /dev/shm and the real broker:
 
 * every role exits within 10 s of SIGTERM with its server killed (``online.cluster.stopping``);
 * a local runner killed with SIGKILL takes its tasks down with it (``online.deployment.orphans``);

@@ -1,4 +1,4 @@
-"""Worker replicas with delta sync, and the cluster's word counts on the servers (issue 13).
+"""Worker replicas with delta sync, and the cluster's word counts on the servers.
 
 The pure parts (the count table, the shard's merge, the replica's collect/apply arithmetic)
 are unit-tested; the rest runs against real scheduler and server processes, with the

@@ -1,4 +1,4 @@
-"""One replica shared by the worker processes of a host (``online.cluster.host_replica``, issue 13).
+"""One replica shared by the worker processes of a host (``online.cluster.host_replica``).
 
 Real OS processes attach to a real tmpfs file; the syncs go to a real scheduler and server.
 The cluster-level check (kill -9 of a worker sharing the replica, exactly once) is in

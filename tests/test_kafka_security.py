@@ -1,4 +1,4 @@
-"""Kafka over TLS and SASL (issue 16): the settings, the check at start, and SASL_SSL end to end.
+"""Kafka over TLS and SASL: the settings, the check at start, and SASL_SSL end to end.
 
 The session broker (``tests/conftest.py``) runs a SASL_SSL listener next to its plaintext one, with a CA and a
 broker certificate made by ``openssl`` at the start of the session (``tests/kafka_tls.py``) and a SCRAM/PLAIN

@@ -23,8 +23,9 @@ from online.learner.embedding_shard import EmbeddingShard
 from online.learner.param_store import LocalParamStore
 from online.learner.trainer import LearnerConfig, Trainer
 from online.stream.producer import produce
-from online.stream.sample_corpus import PLANTED_PAIRS, generate_lines, planted_groups
+from online.stream.sample_corpus import PLANTED_PAIRS, generate_lines
 from tests.cluster_harness import Cluster, read_model, wait_until
+from tests.support.planted import planted_hits
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -67,22 +68,6 @@ def _offsets(bootstrap: str, topic: str, group: str) -> tuple[dict[int, int], di
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
-
-
-def _planted_hits(words: list[str], vectors: np.ndarray) -> float:
-    """Share of planted group members found among each member's nearest neighbours."""
-    v = _unit(vectors)
-    index = {w: i for i, w in enumerate(words)}
-    hits = total = 0
-    for group in planted_groups():
-        for w in group:
-            total += len(group) - 1
-            if w not in index:
-                continue
-            sims = v @ v[index[w]]
-            sims[index[w]] = -np.inf
-            hits += len({words[j] for j in np.argsort(-sims)[:len(group) - 1]} & set(group))
-    return hits / total
 
 
 def _pair_cosines(words: list[str], vectors: np.ndarray) -> tuple[float, float]:
@@ -156,7 +141,7 @@ def test_pullpush_workers_train_the_servers_rows_exactly_once(tmp_path, kafka_bo
         initial = EmbeddingShard(DIM, optimizer="adagrad", seed=SEED).pull(np.asarray(model.keys, dtype=np.uint64))
         moved = np.linalg.norm(model.vectors - initial, axis=1) > 1e-3
         assert moved.mean() > 0.95, f"{moved.sum()} of {len(moved)} rows moved"
-        hits = _planted_hits(model.words, model.vectors)
+        hits = planted_hits(model.words, model.vectors)
         planted, random_pairs = _pair_cosines(model.words, model.vectors)
         assert hits >= 0.9, hits
         assert planted > random_pairs + 0.3, (planted, random_pairs)

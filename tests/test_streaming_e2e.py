@@ -1,4 +1,4 @@
-"""Kafka -> workers -> parameter servers, with real processes and the real broker (issue 5)."""
+"""Kafka -> workers -> parameter servers, with real processes and the real broker."""
 from __future__ import annotations
 
 import collections
@@ -10,27 +10,11 @@ import numpy as np
 import pytest
 
 from online.stream.producer import produce
-from online.stream.sample_corpus import generate_lines, planted_groups
+from online.stream.sample_corpus import generate_lines
 from tests.cluster_harness import Cluster, read_model, wait_until
+from tests.support.planted import planted_hits
 
 pytestmark = pytest.mark.slow
-
-
-def planted_hits(words: list[str], vectors: np.ndarray) -> float:
-    """Share of planted group members found among each member's nearest neighbours."""
-    v = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
-    index = {w: i for i, w in enumerate(words)}
-    hits = total = 0
-    for group in planted_groups():
-        for w in group:
-            total += len(group) - 1
-            if w not in index:
-                continue
-            sims = v @ v[index[w]]
-            sims[index[w]] = -np.inf
-            top = {words[j] for j in np.argsort(-sims)[:len(group) - 1]}
-            hits += len(top & set(group))
-    return hits / total
 
 
 def produced_counts(lines: list[str]) -> collections.Counter:

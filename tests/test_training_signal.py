@@ -1,4 +1,4 @@
-"""A cluster never trains garbage silently (issue 26, item 4): the workers' training signal and its alert.
+"""A cluster never trains garbage silently: the workers' training signal and its alert.
 
 In process: the signal tells a healthy trainer from one with an absurd learning rate, and an overflowed model is
 exported as +Inf (never NaN, which no alert bound catches). End to end: two real clusters read one real Kafka
