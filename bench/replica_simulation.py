@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/replica_simulation.py [--workers 8] [--max-tokens 3000000] [--sync-tokens 25000]
         [--merge contraction|align|sum] [--seeds]
-    .venv/bin/python bench/replica_simulation.py --seeds --sweep 1,2,4,8,16,32,64 [--round-tokens 80000]
+    .venv/bin/python bench/replica_simulation.py --seeds --sweep 1,2,4,8,16,32,64 [--interval round|k2|fixed]
     .venv/bin/python bench/replica_simulation.py --seeds --workers 16 --sync-tokens 625 [--lag 0.5 | --jitter 0.3]
+    .venv/bin/python bench/replica_simulation.py --seeds --workers 64 --sync-tokens 2500 [--tiers 256]
+        [--send-threshold 0.05 --max-hold 8] [--list-threshold 0.1] [--wire-out i8 --wire-in f16]
 
 Why: the real pipeline (``cluster_learning.py``) mixes the exchange's arithmetic with Kafka, scheduling
 and load on two cores, and one run takes minutes. This runs the same pieces (``Trainer`` with its in-place
@@ -17,8 +19,14 @@ the norms of the most frequent words' rows (a diverging exchange shows as norms 
 ``--lag`` and ``--jitter`` bring in two things the lockstep rounds leave out: training while a sync is in flight,
 and replicas that sync on their own clocks (the first costs quality, the second does not:
 ``docs/design/0001-replica-exchange.md``).
-``--sweep`` runs several cluster sizes on the same tokens with the same tokens per sync interval for the
-whole cluster, and prints a table against the first (1 replica: one shared model).
+``--sweep`` runs several cluster sizes on the same tokens, each replica syncing at the interval ``--interval``
+names for it, and prints a table against the first (1 replica: one shared model).
+The exchange's cost is counted per kept token: rows out (deltas, each merged by the servers), rows in (answers,
+refreshes, new rows), the keys of changed rows listed, the payload's bytes, and the time in the servers' calls.
+The candidates for a cost that does not grow with the replicas are options: tiers of rows by frequency
+(``--tiers``), deltas held back until they grow (``--send-threshold``, ``--send-contraction``, ``--top-rows``),
+changed rows listed to the others only once they moved enough (``--list-threshold``), and fewer bits on the wire
+(``--wire-out``, ``--wire-in``): docs/design/0008-scalable-exchange.md.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from online.cluster.delta_rows import take_deltas       # noqa: E402
 from online.cluster.replica import REFRESH_SHARE, ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
 from online.cluster.server import MERGE_WINDOW_SYNCS     # noqa: E402
+from online.cluster.sync_interval import default_sync_tokens  # noqa: E402
 from online.learner.concurrent_merge import CONTRACTION_SCALE  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
@@ -46,24 +55,234 @@ from stream_throughput import DEFAULT_CORPUS, read_prefix  # noqa: E402
 BATCH_TOKENS = 5_000
 
 
+class HeldBackShard(ReplicaShard):
+    """A ``ReplicaShard`` whose collect sends only the rows due at this sync. A changed row that is not due keeps
+    its base, so its delta, its accumulator increment and its contraction go on adding up until it is sent (error
+    feedback: nothing trained is lost, it only waits); a row the servers changed that is not due keeps waiting for
+    its refresh. Rows created here (fresh) and rows about to be freed always go. The rules, each optional:
+
+    * ``tiers`` (``--tiers N``): pWord2Vec's schedule. The rows of the N words the cluster counts most are due at
+      every sync, the next N at every 2nd, the next 2N at every 4th, and so on up to every ``2^tier_levels``-th;
+      rows of words not ranked are in the last tier. Deltas and refreshes alike.
+    * ``send_threshold`` (``--send-threshold X``): a changed row is due once ``|row - base| >= X |row|``.
+    * ``contraction_threshold`` (``--send-contraction X``): a changed row is due once the contraction the kernel
+      measured since it was last sent reaches X (``pairs`` only; every row's steps count alike, so the rows per
+      token are the kernel's contraction per token / X, whatever the replicas).
+    * ``max_hold``: a row held back this many syncs is due whatever its size.
+    * ``top_rows`` (``--top-rows K``): of the changed rows otherwise due, the K with the largest delta.
+    """
+
+    def __init__(self, dim: int, refresh_share: float, *, tier_levels: int = 0, tiered: str = "both",
+                 send_threshold: float = 0.0, contraction_threshold: float = 0.0, max_hold: int = 0,
+                 top_rows: int = 0, **options):
+        super().__init__(dim, refresh_share, **options)
+        self.tier_levels = int(tier_levels)
+        self.tiered_deltas = tiered in ("both", "deltas")     # the tiers hold back deltas,
+        self.tiered_refresh = tiered in ("both", "refresh")   # refreshes, or both
+        self.send_threshold = float(send_threshold)
+        self.contraction_threshold = float(contraction_threshold)
+        self.max_hold = int(max_hold)
+        self.top_rows = int(top_rows)
+        self.flushing = False                       # every row due (the end of a run: nothing stays held)
+        self.syncs = 0
+        self._tier_of: dict[int, int] = {}          # key -> tier, from the last ranking
+        self.tier = np.zeros(self.capacity, dtype=np.int8)
+        self.held = np.zeros(self.capacity, dtype=bool)       # changed here, not sent yet
+        self.held_since = np.zeros(self.capacity, dtype=np.int64)
+
+    def _grow(self, needed: int) -> None:
+        super()._grow(needed)
+        cap = self.capacity
+        if self.held.shape[0] < cap:
+            self.tier = np.concatenate([self.tier, np.full(cap - self.tier.shape[0], self.tier_levels, np.int8)])
+            self.held = np.concatenate([self.held, np.zeros(cap - self.held.shape[0], bool)])
+            self.held_since = np.concatenate([self.held_since, np.zeros(cap - self.held_since.shape[0], np.int64)])
+
+    def rank(self, keys: np.ndarray, tiers: np.ndarray) -> None:
+        """Each row key's tier (rows of other keys: the last tier)."""
+        with self._lock:
+            self.tier[:] = self.tier_levels
+            rows = self._index.lookup(np.ascontiguousarray(keys, dtype=np.uint64))
+            known = rows >= 0
+            self.tier[rows[known]] = tiers[known]
+            self._tier_of = dict(zip(keys.tolist(), tiers.tolist()))
+
+    def _tier_due(self, rows: np.ndarray, tiered: bool = True) -> np.ndarray:
+        if not self.tier_levels or self.flushing or not tiered:
+            return np.ones(len(rows), dtype=bool)
+        return self.syncs % (np.int64(1) << self.tier[rows].astype(np.int64)) == 0
+
+    def _send_due(self, rows: np.ndarray) -> np.ndarray:
+        """Which of the changed ``rows`` send their delta at this sync."""
+        due = self._tier_due(rows, self.tiered_deltas)
+        if self.flushing:
+            return due
+        if self.send_threshold or self.contraction_threshold:
+            r = rows[due]
+            big = np.zeros(len(r), dtype=bool)
+            if self.send_threshold:
+                d = self.vectors[r] - self.base[r]
+                v = self.vectors[r]
+                big |= np.einsum("ij,ij->i", d, d) >= self.send_threshold ** 2 * np.einsum("ij,ij->i", v, v)
+            if self.contraction_threshold:
+                big |= self.contraction[r] * CONTRACTION_SCALE >= self.contraction_threshold
+            if self.max_hold:
+                big |= self.syncs - self.held_since[r] >= self.max_hold
+            due[np.flatnonzero(due)[~big]] = False
+        if self.top_rows:
+            pick = np.flatnonzero(due)
+            if len(pick) > self.top_rows:
+                d = self.vectors[rows[pick]] - self.base[rows[pick]]
+                due[pick[np.argsort(-np.einsum("ij,ij->i", d, d), kind="stable")[self.top_rows:]]] = False
+        return due
+
+    def collect_parts(self):
+        """``ReplicaShard.collect_parts`` with only the rows due, in the same blocks and layout: the changed rows
+        due push their deltas (fresh ones as such), the stale rows due are pulled, a turn of the other held rows
+        is pulled. A held-back row may be pulled: the answer comes in under what it holds (``apply``), so its
+        delta still waits whole."""
+        with self._lock:
+            self.syncs += 1
+            self.collected_finished = self._finished.copy()
+            now, before = self.version, self.synced_version
+            n = self._next_row
+            stamps = self.row_version[:n]
+            changed_now = stamps > before
+            self.held_since[:n][changed_now & ~self.held[:n]] = self.syncs
+            self.held[:n] |= changed_now
+            live = lambda r: r[self._index.lookup(self.row_keys[r]) == r]   # noqa: E731
+            held = live(np.flatnonzero(self.held[:n]))
+            fresh = ~self.confirmed[held]
+            push = self._send_due(held) | fresh
+            if self.pending_free:
+                push |= np.isin(self.row_keys[held], np.fromiter(self.pending_free, np.uint64))
+            push = held[push]
+            self.held[push] = False
+            stale = np.zeros(0, dtype=np.int64)
+            if len(self._stale):
+                stale = self._index.lookup(self._stale)
+                stale = live(stale[(stale >= 0) & (stale < n)])
+                waits = ~self._tier_due(stale, self.tiered_refresh)
+                self._stale = self.row_keys[stale[waits]]
+                stale = stale[~waits]
+            budget = max(self.REFRESH_MIN, int(len(push) * self.refresh_share))
+            lo = self._refresh_at if self._refresh_at < n else 0
+            turn = np.arange(lo, lo + min(budget, n), dtype=np.int64) % max(n, 1)
+            self._refresh_at = int(turn[-1]) + 1 if len(turn) else 0
+            turn = live(turn[stamps[turn] > 0])
+            wanted = np.zeros(n, dtype=bool)
+            wanted[push] = True
+            wanted[stale] = True
+            wanted[turn] = True
+            pushing = np.zeros(n, dtype=bool)
+            pushing[push] = True
+            rows = np.flatnonzero(wanted)
+            self.synced_version = now
+            keys = self.row_keys[rows]
+            block = np.where(~self.confirmed[rows], 1, np.where(pushing[rows], 0, 2)).astype(np.int8)
+            order = np.argsort(keys)
+            order = order[np.argsort(block[order], kind="stable")]
+            rows, keys, block = rows[order], keys[order], block[order]
+            pushed, fresh_n = int(np.count_nonzero(block == 0)), int(np.count_nonzero(block == 1))
+            out = np.empty((pushed + fresh_n, self.dim + (2 if self.tracks_contraction else 1)), dtype=np.float32)
+            take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction,
+                        rows[:pushed + fresh_n], out)
+            return keys, rows, out, pushed, fresh_n
+
+
+
+class ListingShard(EmbeddingShard):
+    """The servers' shard with a thresholded list of changed rows (``--list-threshold X``): a merged delta makes a
+    row listed to the other replicas (``changed_keys_since``, which they refresh) only once the merges moved it by
+    X |row| since it was last listed, measured as the sum of the merged deltas' norms (one float a row, a bound on
+    the distance). The answers to a replica's own deltas still carry the whole merged row; a row not listed yet
+    waits for the replica's next delta of it, its tier's refresh turn, or the merges that follow."""
+
+    def __init__(self, dim: int, list_threshold: float, **options):
+        super().__init__(dim, **options)
+        self.list_threshold = float(list_threshold)
+        self.listed = np.zeros(self.capacity, dtype=np.int64)      # the version a row was last listed at
+        self.moved = np.zeros(self.capacity, dtype=np.float32)     # what the merges moved it by since
+
+    def _grow(self, needed: int) -> None:
+        super()._grow(needed)
+        cap = self.capacity
+        if self.listed.shape[0] < cap:
+            self.listed = np.concatenate([self.listed, np.zeros(cap - self.listed.shape[0], np.int64)])
+            self.moved = np.concatenate([self.moved, np.zeros(cap - self.moved.shape[0], np.float32)])
+
+    def add_deltas(self, keys, deltas, accum_deltas, fresh=False, sender=0, now=None, contraction=None):
+        with self._lock:
+            rows = self.rows_for(np.ascontiguousarray(keys, dtype=np.uint64), create=True)
+            before = self.vectors[rows].copy()
+            out = super().add_deltas(keys, deltas, accum_deltas, fresh, sender, now, contraction)
+            after = self.vectors[rows]
+            step = np.linalg.norm(after - before, axis=1)
+            moved = step > 0
+            rows, step, after = rows[moved], step[moved], after[moved]
+            np.add.at(self.moved, rows, step)
+            due = self.moved[rows] >= self.list_threshold * np.linalg.norm(after, axis=1)
+            self.listed[rows[due]] = self.version
+            self.moved[rows[due]] = 0.0
+            return out
+
+    def changed_keys_since(self, version: int, asker: int = -1) -> tuple[int, np.ndarray]:
+        with self._lock:
+            rows = np.flatnonzero(self.listed[:self._next_row] > version)
+            rows = rows[self._index.lookup(self.row_keys[rows]) == rows]
+            if asker >= 0 and len(rows):
+                writer = np.full(len(rows), -1, dtype=np.int64)
+                known = rows < len(self._last_mover)
+                writer[known] = self._last_mover[rows[known]]
+                rows = rows[writer != asker]
+            return self.version, self.row_keys[rows]
+
+
+WIRE_BYTES = {"f32": 4, "f16": 2, "i8": 1}   # bytes per value of a row on the wire (i8: and a 4-byte scale per row)
+
+
+def on_the_wire(values: np.ndarray, wire: str) -> np.ndarray:
+    """Rows of values [n, dim] as the other end reads them: float32 as they are, float16, or int8 codes with a
+    scale per row (max |value| / 127)."""
+    if wire == "f16":
+        return values.astype(np.float16).astype(np.float32)
+    if wire == "i8":
+        scale = np.abs(values).max(axis=1, keepdims=True) / 127.0
+        scale[scale == 0] = 1.0
+        return (np.clip(np.rint(values / scale), -127, 127) * scale).astype(np.float32)
+    return values
+
+
+def row_bytes(dim: int, wire: str) -> int:
+    """A row's values on the wire (its accumulator, key and contraction not counted)."""
+    return dim * WIRE_BYTES[wire] + (4 if wire == "i8" else 0)
+
+
 class SimulatedReplica:
     """The ``ParamStore`` of one simulated worker: ``online.cluster.replica.ReplicaStore`` without ps-lite."""
 
     counts_every_word = True
 
     def __init__(self, server: EmbeddingShard, dim: int, node_id: int, seed: int, shard: ReplicaShard | None = None,
-                 refresh_share: float = REFRESH_SHARE.default):
+                 refresh_share: float = REFRESH_SHARE.default, rules: dict | None = None):
         self.server, self.dim, self.node_id = server, dim, node_id
         self.shared = shard is not None     # one replica for all workers, as threads would share it: no deltas
         self.contraction = True             # send each row's contraction (the merge's contraction rule)
         self.stale_refresh = True           # refresh held rows the servers changed (``ReplicaShard.mark_stale``)
         self.fetch_new_rows = True          # the cluster's new words held, fetched before they are trained
         self.seen_version = 0
-        self.rows_sent = 0
+        self.rows_sent = 0                  # rows answered (deltas merged, refreshes, new rows fetched): in
+        self.rows_out = 0                   # rows whose delta went out (each merged on the servers): out
+        self.keys_listed = 0                # keys of changed rows the servers listed (8 bytes each)
+        self.server_seconds = 0.0           # in the servers' calls (counts, journal, changed rows, merge, reads)
+        self.wire_out = self.wire_in = "f32"  # how deltas go out and merged rows come back (``on_the_wire``)
+        self.sync_seconds = 0.0             # the replica's side of its syncs (collect, apply)
         self.lag = False                    # answers applied one interval late (``--lag``)
         self.pending: list = []
-        self.shard = shard if shard is not None else ReplicaShard(dim, refresh_share, optimizer="rowadagrad",
-                                                                  seed=seed)
+        if shard is None:
+            shard = HeldBackShard(dim, refresh_share, optimizer="rowadagrad", seed=seed, **rules) if rules else \
+                ReplicaShard(dim, refresh_share, optimizer="rowadagrad", seed=seed)
+        self.shard = shard
         self.on_totals = None
         self.on_trainable = None
         self.journal = TrainableJournal(1)
@@ -92,15 +311,17 @@ class SimulatedReplica:
         pass
 
     def sync(self, now: float) -> None:
+        t0 = time.perf_counter()
+        server_t = self.server_seconds
         if self._counts:
             uniq, summed, last = summed_counts(self._counts)
             self._counts = []
-            totals = self.server.count_words(uniq, np.rint(summed).astype(np.int64))
+            totals = self._server(self.server.count_words, uniq, np.rint(summed).astype(np.int64))
             if self.on_totals is not None:
                 self.on_totals(last, uniq, totals)
         if self.on_trainable is not None:
             generation, since = self.journal._at[0]
-            new = self.journal.answer(0, self.server.trainable_since(generation, since))
+            new = self.journal.answer(0, self._server(self.server.trainable_since, generation, since))
             if self.journal.changed:
                 self.journal.changed = False
                 self.on_trainable(self.journal.known(), new)
@@ -110,31 +331,65 @@ class SimulatedReplica:
             return
         created = self.shard.take_created()
         if self.fetch_new_rows and len(created):   # the cluster's values of rows new here, before they are trained
-            self.shard.adopt(created, self.server.read_rows(created))
+            self.shard.adopt(created, self._received(self._server(self.server.read_rows, created)))
             self.rows_sent += len(created)
         if self.stale_refresh:   # the rows the servers changed since the last sync, refreshed by this one
-            self.seen_version, changed = self.server.changed_keys_since(self.seen_version, asker=self.node_id)
+            self.seen_version, changed = self._server(self.server.changed_keys_since, self.seen_version,
+                                                      asker=self.node_id)
+            self.keys_listed += len(changed)
             self.shard.mark_stale(changed)
-        keys, deltas, fresh = self.shard.collect()
+        keys, deltas, fresh, pushed = self.collect()
         self.rows_sent += len(keys)
+        self.rows_out += pushed
         answers = []
         for pick, is_fresh in ((~fresh, False), (fresh, True)):
             dim = self.dim
-            merged = self.server.add_deltas(keys[pick], deltas[pick, :dim], deltas[pick, dim], fresh=is_fresh,
-                                            sender=self.node_id, now=now,
-                                            contraction=deltas[pick, dim + 1] if self.contraction else None)
+            merged = self._server(self.server.add_deltas, keys[pick], deltas[pick, :dim], deltas[pick, dim],
+                                  fresh=is_fresh, sender=self.node_id, now=now,
+                                  contraction=deltas[pick, dim + 1] if self.contraction else None)
             answers.append((keys[pick], merged))
         if self.lag:   # the answer arrives while the next interval trains (``simulate`` applies it)
             self.apply_pending()
             self.pending = answers
         else:
             for k, merged in answers:
-                self.shard.apply(k, merged)
+                self.shard.apply(k, self._received(merged))
         self.shard.release_freed()
+        self.sync_seconds += time.perf_counter() - t0 - (self.server_seconds - server_t)
+
+    def collect(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """``ReplicaShard.collect``'s payload (sorted keys, deltas with zeros for the rows only refreshed, fresh)
+        and how many rows carry a delta."""
+        keys, rows, deltas, pushed, fresh_n = self.shard.collect_parts()
+        if self.wire_out != "f32" and len(deltas):   # what the wire drops stays in the row: base = what was sent
+            sent = on_the_wire(deltas[:, :self.dim], self.wire_out)
+            self.shard.base[rows[:len(deltas)]] -= deltas[:, :self.dim] - sent
+            deltas[:, :self.dim] = sent
+        out = np.zeros((len(keys), deltas.shape[1]), dtype=np.float32)
+        out[:len(deltas)] = deltas
+        fresh = np.zeros(len(keys), dtype=bool)
+        fresh[pushed:pushed + fresh_n] = True
+        order = np.argsort(keys)
+        return keys[order], out[order], fresh[order], pushed + fresh_n
+
+    def _received(self, merged: np.ndarray) -> np.ndarray:
+        """The servers' answer as the wire brings it (the accumulators stay float32)."""
+        if self.wire_in == "f32" or not len(merged):
+            return merged
+        merged = merged.copy()
+        merged[:, :self.dim] = on_the_wire(merged[:, :self.dim], self.wire_in)
+        return merged
+
+    def _server(self, call, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.server_seconds += time.perf_counter() - t0
 
     def apply_pending(self) -> None:
         for k, merged in self.pending:
-            self.shard.apply(k, merged)
+            self.shard.apply(k, self._received(merged))
         self.pending = []
 
     def sync_hot(self, keys: np.ndarray, now: float) -> None:
@@ -153,8 +408,10 @@ class SimulatedReplica:
         take_deltas(shard.vectors, shard.accum, shard.base, shard.base_acc, shard.contraction, rows.astype(np.int64),
                     out)
         self.rows_sent += len(keys)
-        shard.apply(keys, self.server.add_deltas(keys, out[:, :dim], out[:, dim], fresh=False, sender=self.node_id,
-                                                 now=now, contraction=out[:, dim + 1] if self.contraction else None))
+        self.rows_out += len(keys)
+        shard.apply(keys, self._server(self.server.add_deltas, keys, out[:, :dim], out[:, dim], fresh=False,
+                                       sender=self.node_id, now=now,
+                                       contraction=out[:, dim + 1] if self.contraction else None))
 
 
 def simulate_async(args, workers, batches, per_sync: int, server: EmbeddingShard) -> int:
@@ -197,13 +454,34 @@ def hot_keys(server: EmbeddingShard, words: list[str], n: int) -> np.ndarray:
     return np.sort(word_rows(top))
 
 
+def tiers(server: EmbeddingShard, words: list[str], first: int, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row keys, tier of each): the words ranked by the cluster's counts, ranks below ``first`` in tier 0,
+    below ``2^t first`` in tier t, the rest in tier ``levels`` (pWord2Vec's ``min_sync_words`` schedule)."""
+    keys = np.array([word_key(w) for w in words], np.uint64)
+    rank = np.empty(len(keys), np.int64)
+    rank[np.argsort(-server.word_counts.totals(keys), kind="stable")] = np.arange(len(keys))
+    tier = np.minimum(np.ceil(np.log2(np.maximum(rank + 1, first) / first)), levels).astype(np.int8)
+    return word_rows(keys), np.repeat(tier, 2)
+
+
+def interval_for(args, k: int) -> int:
+    """A replica's tokens per sync in a sweep over cluster sizes (``--interval``)."""
+    if args.interval == "k2":
+        return default_sync_tokens(k)
+    if args.interval == "fixed":
+        return args.sync_tokens
+    return max(100, args.round_tokens // k)
+
+
 def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
     """One run: ``workers_n`` replicas, each training ``sync_tokens`` tokens between syncs."""
     batch_tokens = max(100, min(args.batch_tokens, sync_tokens))
     records = [" ".join(tokens[i:i + 100]) for i in range(0, len(tokens), 100)]
     per_batch = max(1, batch_tokens // 100)
     batches = [records[i:i + per_batch] for i in range(0, len(records), per_batch)]
-    server = EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=args.min_count, word_capacity=200_000)
+    server = ListingShard(100, args.list_threshold, optimizer="rowadagrad", seed=1, min_count=args.min_count,
+                          word_capacity=200_000) if args.list_threshold else \
+        EmbeddingShard(100, optimizer="rowadagrad", seed=1, min_count=args.min_count, word_capacity=200_000)
     if args.merge in ("align", "contraction"):
         server.merge_window = 0.5          # rounds are 1 "second" apart: a round ends with it at the latest
         server._merge.floor = args.floor
@@ -219,8 +497,14 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
                            kernel=kernel_for(args.kernel, 1 if args.shared_replica else workers_n))
     workers = []
     shared = ReplicaShard(100, optimizer="rowadagrad", seed=1) if args.shared_replica else None
+    rules = {name: value for name, value in (("tier_levels", args.tier_levels if args.tiers else 0),
+                                             ("tiered", args.tiered if args.tiers else None),
+                                             ("send_threshold", args.send_threshold),
+                                             ("contraction_threshold", args.send_contraction),
+                                             ("max_hold", args.max_hold), ("top_rows", args.top_rows)) if value}
     for i in range(workers_n):
-        store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared, refresh_share=args.refresh_share)
+        store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared, refresh_share=args.refresh_share,
+                                 rules=rules)
         trainer = Trainer(config, store)
         if args.seeds:
             trainer.reseed(9 + 2 * i)
@@ -231,6 +515,7 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         store.stale_refresh = not args.no_stale_refresh
         store.fetch_new_rows = not args.no_prefetch
         store.lag = args.lag > 0
+        store.wire_out, store.wire_in = args.wire_out, args.wire_in
         workers.append((trainer, store))
     t0 = time.perf_counter()
     per_sync = max(1, sync_tokens // batch_tokens)
@@ -242,6 +527,11 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         rounds += 1
         if args.hot_rows and rounds % 10 == 1:
             hot = hot_keys(server, sorted({w for trainer, _ in workers for w in trainer.export()[0]}), args.hot_rows)
+        if args.tiers and rounds % args.tier_recount == 1 and shared is None:
+            ranked = tiers(server, sorted({w for trainer, _ in workers for w in trainer.export()[0]}), args.tiers,
+                           args.tier_levels)
+            for _, store in workers:
+                store.shard.rank(*ranked)
         if not args.hot_rows:
             for trainer, store in workers:
                 records = [r for batch in batches[b:b + per_sync] for r in batch]
@@ -265,6 +555,11 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         print(f"\r{workers_n} replicas, round {rounds}: {min(b, len(batches)) * batch_tokens:,} tokens", end="",
               file=sys.stderr)
     print(file=sys.stderr)
+    if rules:   # what the replicas still hold goes, as it would within the longest hold
+        for _, store in workers:
+            store.shard.flushing = True
+        for _, store in workers:
+            store.sync(float(rounds + 1))
 
     words = sorted({w for trainer, _ in workers for w in trainer.export()[0]})
     keys = np.array([word_key(w) for w in words], np.uint64)
@@ -278,11 +573,19 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
     kv.add_vectors([w for w, h in zip(words, held) if h], model.vectors[rows[held]])
     quality = evaluate(kv)
     out_rows = model.rows_for(word_rows(keys[:10])[10:], create=False)
-    kept = sum(trainer.totals.kept for trainer, _ in workers)
-    rows_sent = sum(store.rows_sent for _, store in workers)
+    kept = max(sum(trainer.totals.kept for trainer, _ in workers), 1)
+    total = {name: sum(getattr(store, name) for _, store in workers)
+             for name in ("rows_sent", "rows_out", "keys_listed", "server_seconds", "sync_seconds")}
     return {"replicas": workers_n, "sync_tokens": sync_tokens, "rounds": rounds, "seconds": time.perf_counter() - t0,
             "kept": kept, "tokens": len(tokens), "pairs": sum(trainer.totals.pairs for trainer, _ in workers),
-            "rows_per_token": rows_sent / max(kept, 1), **quality,
+            "rows_per_token": total["rows_sent"] / kept, "rows_out_per_token": total["rows_out"] / kept,
+            "keys_per_token": total["keys_listed"] / kept, "server_us": 1e6 * total["server_seconds"] / kept,
+            # the exchange's payload: a delta row's key, values, accumulator (and contraction); a pulled row's key;
+            # an answered row's values and accumulator; a listed key (word counts and strings left out)
+            "bytes_out": (total["rows_out"] * (12 + row_bytes(100, args.wire_out) + 4 * (args.merge == "contraction"))
+                          + (total["rows_sent"] - total["rows_out"]) * 8) / kept,
+            "bytes_in": (total["rows_sent"] * (row_bytes(100, args.wire_in) + 4) + total["keys_listed"] * 8) / kept,
+            "sync_us": 1e6 * total["sync_seconds"] / kept, **quality,
             "norms_in": np.linalg.norm(model.vectors[rows[:10]], axis=1).round(1).tolist(),
             "norms_out": np.linalg.norm(model.vectors[out_rows], axis=1).round(1).tolist()}
 
@@ -295,9 +598,20 @@ def report(args, r: dict) -> None:
           + f", {'own' if args.seeds else 'shared'} sampling streams, eta {args.eta or 'default'}, refresh share "
           f"{args.refresh_share}{'' if args.no_stale_refresh else ' + the rows the servers changed'}, "
           f"{'rows new to a replica from init' if args.no_prefetch else 'new words prefetched'}, "
-          f"{r['rounds']} rounds, {r['seconds']:.0f} s")
+          + (f"{args.wire_out} deltas out, {args.wire_in} rows in, " if (args.wire_out, args.wire_in) != ("f32", "f32")
+             else "")
+          + (f"tiers of {args.tiers} words over {args.tier_levels + 1} rates ({args.tiered}), " if args.tiers else "")
+          + (f"deltas held below {args.send_threshold} of the row, " if args.send_threshold else "")
+          + (f"deltas held below a contraction of {args.send_contraction}, " if args.send_contraction else "")
+          + (f"at most {args.top_rows} deltas a sync, " if args.top_rows else "")
+          + (f"held at most {args.max_hold} syncs, " if args.max_hold else "")
+          + (f"rows listed once moved {args.list_threshold} of the row, " if args.list_threshold else "")
+          + f"{r['rounds']} rounds, {r['seconds']:.0f} s")
     print(f"trained: {r['kept']:,} tokens kept ({r['kept'] / r['tokens']:.1%} of those read), {r['pairs']:,} pairs; "
-          f"{r['rows_per_token']:.2f} rows synced per kept token (each way)")
+          f"per kept token: {r['rows_out_per_token']:.2f} rows out (deltas merged), {r['rows_per_token']:.2f} rows in "
+          f"(answered), {r['keys_per_token']:.1f} changed keys listed, about {r['bytes_out']:,.0f} / "
+          f"{r['bytes_in']:,.0f} B out / in; {r['server_us']:.1f} µs in the servers' calls, "
+          f"{r['sync_us']:.1f} µs in the replicas' collect and apply")
     print(f"analogy {r['analogy']:.2%}  WS353 {r['ws353']:.3f}  SimLex {r['simlex']:.3f}  "
           f"vocabulary {r['vocabulary']:,}")
     print("norms of the 10 most frequent words, input rows:", r["norms_in"], "output rows:", r["norms_out"],
@@ -315,7 +629,40 @@ def main() -> int:
                          "after --round-tokens / replicas tokens: the cluster trains the same tokens per sync "
                          "interval whatever its size (its throughput is fixed, as on this machine)")
     ap.add_argument("--round-tokens", type=int, default=80_000,
-                    help="with --sweep: tokens the whole cluster trains between two syncs of each replica")
+                    help="with --sweep --interval round: tokens the whole cluster trains between two syncs of each "
+                         "replica")
+    ap.add_argument("--interval", choices=("round", "k2", "fixed"), default="round",
+                    help="with --sweep, a replica's tokens per sync for k replicas: round, --round-tokens / k (at "
+                         "least 100); k2, the workers' default (online.cluster.sync_interval: 160,000 / k^2, at "
+                         "least 100); fixed, --sync-tokens whatever k (a sync on a clock, at a replica's speed)")
+    ap.add_argument("--tiers", type=int, default=0,
+                    help="rows tiered by the cluster's word counts (pWord2Vec's min_sync_words): the N most counted "
+                         "words' rows sync at every sync, the next N at every 2nd, the next 2N at every 4th, ...; a "
+                         "row not due keeps its delta and its refresh for a later sync (0: every row every sync)")
+    ap.add_argument("--tier-levels", type=int, default=4,
+                    help="with --tiers: the slowest tier syncs every 2^LEVELS syncs (rows of rarer words too)")
+    ap.add_argument("--tiered", choices=("both", "deltas", "refresh"), default="both",
+                    help="with --tiers: what the tiers hold back: the deltas and the refreshes, or only one of them")
+    ap.add_argument("--tier-recount", type=int, default=10, help="with --tiers: rounds between two rankings")
+    ap.add_argument("--send-threshold", type=float, default=0.0,
+                    help="a changed row's delta is held until |row - base| >= X |row| (error feedback: it adds up "
+                         "until sent; 0: every changed row is sent)")
+    ap.add_argument("--send-contraction", type=float, default=0.0,
+                    help="a changed row's delta is held until the contraction the kernel measured since its last "
+                         "send (times the merge's scale) reaches X (pairs kernel only)")
+    ap.add_argument("--max-hold", type=int, default=0,
+                    help="with --send-threshold / --send-contraction: a delta held this many syncs is sent whatever "
+                         "its size (0: no limit)")
+    ap.add_argument("--list-threshold", type=float, default=0.0,
+                    help="the servers list a row as changed to the other replicas (which refresh it) once the merges "
+                         "moved it by X |row| since it was last listed (0: at every change)")
+    ap.add_argument("--wire-out", choices=tuple(WIRE_BYTES), default="f32",
+                    help="deltas on the wire: float32, float16, or int8 with a scale per row; what the rounding "
+                         "drops stays in the replica's row and goes with its next delta (error feedback)")
+    ap.add_argument("--wire-in", choices=tuple(WIRE_BYTES), default="f32",
+                    help="the servers' merged rows on the wire (the replica's base is what it received)")
+    ap.add_argument("--top-rows", type=int, default=0,
+                    help="at most N deltas a sync, the largest (the rest held, as with --send-threshold)")
     ap.add_argument("--contraction-scale", type=float, default=CONTRACTION_SCALE,
                     help="contraction merge: the measured contraction's weight "
                          f"(online.learner.concurrent_merge.CONTRACTION_SCALE, {CONTRACTION_SCALE})")
@@ -370,16 +717,18 @@ def main() -> int:
         return 0
     results = []
     for k in [int(x) for x in args.sweep.split(",") if x.strip()]:
-        r = simulate(args, k, max(100, args.round_tokens // k), tokens)
+        r = simulate(args, k, interval_for(args, k), tokens)
         report(args, r)
         results.append(r)
     one = results[0]
     print(f"\n| replicas | tokens per replica per sync | analogy | vs {one['replicas']} | WS353 | vs {one['replicas']} "
-          f"| SimLex | rows synced per token |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"| SimLex | rows out per token | rows in per token | servers' µs per token |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['replicas']} | {r['sync_tokens']:,} | {r['analogy']:.2%} | {100 * (r['analogy'] - one['analogy']):+.2f} "
-              f"| {r['ws353']:.3f} | {r['ws353'] - one['ws353']:+.3f} | {r['simlex']:.3f} | {r['rows_per_token']:.2f} |")
+        print(f"| {r['replicas']} | {r['sync_tokens']:,} | {r['analogy']:.2%} "
+              f"| {100 * (r['analogy'] - one['analogy']):+.2f} | {r['ws353']:.3f} | {r['ws353'] - one['ws353']:+.3f} "
+              f"| {r['simlex']:.3f} "
+              f"| {r['rows_out_per_token']:.2f} | {r['rows_per_token']:.2f} | {r['server_us']:.1f} |")
     print(f"load average at end: {os.getloadavg()}")
     return 0
 
