@@ -262,7 +262,7 @@ class _Call(threading.Thread):
         self.done.set()
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)
 def test_a_restart_does_not_wait_on_a_read_stuck_in_the_dead_mount(mfs):
     """A read of the operator's mount that waits on a dead chunkserver holds its descriptor (the checkpoint
     store's bounded calls leave such reads behind). A process forked from here closes every descriptor before
@@ -283,7 +283,8 @@ def test_a_restart_does_not_wait_on_a_read_stuck_in_the_dead_mount(mfs):
     assert restart.done.wait(30.0), "the chunkserver's restart waits on the read stuck in this process"
     assert restart.error is None, restart.error
     # with the chunkserver back, the read gets its answer and the fork its close
-    assert reader.done.wait(60.0) and forked.done.wait(30.0), (reader.error, forked.error)
+    # (mfsmount retries a read with growing pauses, so the answer may come a minute or more after the restart)
+    assert reader.done.wait(240.0) and forked.done.wait(30.0), (reader.error, forked.error)
     assert forked.error is None, forked.error
     os.close(fd)
     probe.unlink()
