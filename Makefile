@@ -66,8 +66,10 @@ up: $(STAMP) kafka-jars
 # The markers say what a test needs beyond the venv (pyproject.toml declares them; the README lists them).
 CHECK_MARKERS := not kafka and not slow and not browser and not root
 
+# Two pytest processes (pytest-xdist), one a core: a cold numba cache compiles the kernels in both at once, and the
+# tier takes 2m22s on 2 cores from a fresh clone against 3m53s in one process.
 check: $(STAMP)
-	$(PY) -m pytest -q -ra -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -n 2 -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
 
 test: $(STAMP) kafka-jars browser ops-tools moosefs image
 	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
