@@ -63,14 +63,16 @@ class HeldBackShard(ReplicaShard):
 
     * ``tiers`` (``--tiers N``): pWord2Vec's schedule. The rows of the N words the cluster counts most are due at
       every sync, the next N at every 2nd, the next 2N at every 4th, and so on up to every ``2^tier_levels``-th;
-      rows of words not ranked are in the last tier. Deltas and refreshes alike.
+      rows of words not ranked are in the last tier. Deltas, refreshes, or both.
     * ``send_threshold`` (``--send-threshold X``): a changed row is due once ``|row - base| >= X |row|``.
     * ``contraction_threshold`` (``--send-contraction X``): a changed row is due once the contraction the kernel
       measured since it was last sent reaches X (``pairs`` only; every row's steps count alike, so the rows per
       token are the kernel's contraction per token / X, whatever the replicas).
     * ``max_hold``: a row held back this many syncs is due whatever its size.
     * ``top_rows`` (``--top-rows K``): of the changed rows otherwise due, the K with the largest delta.
-    """
+
+    The size rules are judged when a kernel wrote the row (a held row's delta changes only then: a refresh moves
+    the row and its base together)."""
 
     def __init__(self, dim: int, refresh_share: float, *, tier_levels: int = 0, tiered: str = "both",
                  send_threshold: float = 0.0, contraction_threshold: float = 0.0, max_hold: int = 0,
@@ -85,18 +87,19 @@ class HeldBackShard(ReplicaShard):
         self.top_rows = int(top_rows)
         self.flushing = False                       # every row due (the end of a run: nothing stays held)
         self.syncs = 0
-        self._tier_of: dict[int, int] = {}          # key -> tier, from the last ranking
         self.tier = np.zeros(self.capacity, dtype=np.int8)
-        self.held = np.zeros(self.capacity, dtype=bool)       # changed here, not sent yet
+        self.held = np.zeros(self.capacity, dtype=bool)        # changed here, not sent yet
+        self.big = np.zeros(self.capacity, dtype=bool)         # held, and large enough to go
         self.held_since = np.zeros(self.capacity, dtype=np.int64)
 
     def _grow(self, needed: int) -> None:
         super()._grow(needed)
-        cap = self.capacity
-        if self.held.shape[0] < cap:
-            self.tier = np.concatenate([self.tier, np.full(cap - self.tier.shape[0], self.tier_levels, np.int8)])
-            self.held = np.concatenate([self.held, np.zeros(cap - self.held.shape[0], bool)])
-            self.held_since = np.concatenate([self.held_since, np.zeros(cap - self.held_since.shape[0], np.int64)])
+        cap, old = self.capacity, self.held.shape[0]
+        if old < cap:
+            self.tier = np.concatenate([self.tier, np.full(cap - old, self.tier_levels, np.int8)])
+            self.held = np.concatenate([self.held, np.zeros(cap - old, bool)])
+            self.big = np.concatenate([self.big, np.zeros(cap - old, bool)])
+            self.held_since = np.concatenate([self.held_since, np.zeros(cap - old, np.int64)])
 
     def rank(self, keys: np.ndarray, tiers: np.ndarray) -> None:
         """Each row key's tier (rows of other keys: the last tier)."""
@@ -105,36 +108,39 @@ class HeldBackShard(ReplicaShard):
             rows = self._index.lookup(np.ascontiguousarray(keys, dtype=np.uint64))
             known = rows >= 0
             self.tier[rows[known]] = tiers[known]
-            self._tier_of = dict(zip(keys.tolist(), tiers.tolist()))
 
-    def _tier_due(self, rows: np.ndarray, tiered: bool = True) -> np.ndarray:
+    def _tier_due(self, rows: np.ndarray, tiered: bool) -> np.ndarray:
         if not self.tier_levels or self.flushing or not tiered:
             return np.ones(len(rows), dtype=bool)
         return self.syncs % (np.int64(1) << self.tier[rows].astype(np.int64)) == 0
 
-    def _send_due(self, rows: np.ndarray) -> np.ndarray:
-        """Which of the changed ``rows`` send their delta at this sync."""
-        due = self._tier_due(rows, self.tiered_deltas)
-        if self.flushing:
-            return due
-        if self.send_threshold or self.contraction_threshold:
-            r = rows[due]
-            big = np.zeros(len(r), dtype=bool)
-            if self.send_threshold:
-                d = self.vectors[r] - self.base[r]
-                v = self.vectors[r]
-                big |= np.einsum("ij,ij->i", d, d) >= self.send_threshold ** 2 * np.einsum("ij,ij->i", v, v)
-            if self.contraction_threshold:
-                big |= self.contraction[r] * CONTRACTION_SCALE >= self.contraction_threshold
-            if self.max_hold:
-                big |= self.syncs - self.held_since[r] >= self.max_hold
-            due[np.flatnonzero(due)[~big]] = False
-        if self.top_rows:
-            pick = np.flatnonzero(due)
-            if len(pick) > self.top_rows:
-                d = self.vectors[rows[pick]] - self.base[rows[pick]]
-                due[pick[np.argsort(-np.einsum("ij,ij->i", d, d), kind="stable")[self.top_rows:]]] = False
-        return due
+    def _large(self, rows: np.ndarray) -> np.ndarray:
+        """Which of the rows a kernel just wrote are large enough to go (the size rules)."""
+        if not (self.send_threshold or self.contraction_threshold):
+            return np.ones(len(rows), dtype=bool)
+        large = np.zeros(len(rows), dtype=bool)
+        if self.send_threshold:
+            d = self.vectors[rows] - self.base[rows]
+            v = self.vectors[rows]
+            large |= np.einsum("ij,ij->i", d, d) >= self.send_threshold ** 2 * np.einsum("ij,ij->i", v, v)
+        if self.contraction_threshold:
+            large |= self.contraction[rows] * CONTRACTION_SCALE >= self.contraction_threshold
+        return large
+
+    def _push(self, n: int) -> np.ndarray:
+        """The held rows whose deltas go at this sync."""
+        held = np.flatnonzero(self.held[:n])
+        due = self.big[held] | ~self.confirmed[held] | self.flushing
+        if self.max_hold:
+            due |= self.syncs - self.held_since[held] >= self.max_hold
+        if self.pending_free:
+            due |= np.isin(self.row_keys[held], np.fromiter(self.pending_free, np.uint64))
+        due &= self._tier_due(held, self.tiered_deltas) | ~self.confirmed[held]
+        push = held[due]
+        if self.top_rows and len(push) > self.top_rows and not self.flushing:
+            d = self.vectors[push] - self.base[push]
+            push = push[np.argsort(-np.einsum("ij,ij->i", d, d), kind="stable")[:self.top_rows]]
+        return push[self._index.lookup(self.row_keys[push]) == push]     # live rows only
 
     def collect_parts(self):
         """``ReplicaShard.collect_parts`` with only the rows due, in the same blocks and layout: the changed rows
@@ -147,21 +153,18 @@ class HeldBackShard(ReplicaShard):
             now, before = self.version, self.synced_version
             n = self._next_row
             stamps = self.row_version[:n]
-            changed_now = stamps > before
-            self.held_since[:n][changed_now & ~self.held[:n]] = self.syncs
-            self.held[:n] |= changed_now
-            live = lambda r: r[self._index.lookup(self.row_keys[r]) == r]   # noqa: E731
-            held = live(np.flatnonzero(self.held[:n]))
-            fresh = ~self.confirmed[held]
-            push = self._send_due(held) | fresh
-            if self.pending_free:
-                push |= np.isin(self.row_keys[held], np.fromiter(self.pending_free, np.uint64))
-            push = held[push]
+            written = np.flatnonzero(stamps > before)
+            self.held_since[written[~self.held[written]]] = self.syncs
+            self.held[written] = True
+            self.big[written] = self._large(written)
+            push = self._push(n)
             self.held[push] = False
+            self.big[push] = False
             stale = np.zeros(0, dtype=np.int64)
             if len(self._stale):
                 stale = self._index.lookup(self._stale)
-                stale = live(stale[(stale >= 0) & (stale < n)])
+                stale = stale[(stale >= 0) & (stale < n)]
+                stale = stale[self._index.lookup(self.row_keys[stale]) == stale]
                 waits = ~self._tier_due(stale, self.tiered_refresh)
                 self._stale = self.row_keys[stale[waits]]
                 stale = stale[~waits]
@@ -169,7 +172,8 @@ class HeldBackShard(ReplicaShard):
             lo = self._refresh_at if self._refresh_at < n else 0
             turn = np.arange(lo, lo + min(budget, n), dtype=np.int64) % max(n, 1)
             self._refresh_at = int(turn[-1]) + 1 if len(turn) else 0
-            turn = live(turn[stamps[turn] > 0])
+            turn = turn[stamps[turn] > 0]
+            turn = turn[self._index.lookup(self.row_keys[turn]) == turn]
             wanted = np.zeros(n, dtype=bool)
             wanted[push] = True
             wanted[stale] = True
@@ -188,7 +192,6 @@ class HeldBackShard(ReplicaShard):
             take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction,
                         rows[:pushed + fresh_n], out)
             return keys, rows, out, pushed, fresh_n
-
 
 
 class ListingShard(EmbeddingShard):
@@ -275,6 +278,7 @@ class SimulatedReplica:
         self.rows_out = 0                   # rows whose delta went out (each merged on the servers): out
         self.keys_listed = 0                # keys of changed rows the servers listed (8 bytes each)
         self.server_seconds = 0.0           # in the servers' calls (counts, journal, changed rows, merge, reads)
+        self.merge_seconds = 0.0            # of which in add_deltas: the merge and the answers to the deltas
         self.wire_out = self.wire_in = "f32"  # how deltas go out and merged rows come back (``on_the_wire``)
         self.sync_seconds = 0.0             # the replica's side of its syncs (collect, apply)
         self.lag = False                    # answers applied one interval late (``--lag``)
@@ -385,7 +389,10 @@ class SimulatedReplica:
         try:
             return call(*args, **kwargs)
         finally:
-            self.server_seconds += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self.server_seconds += spent
+            if call.__name__ == "add_deltas":
+                self.merge_seconds += spent
 
     def apply_pending(self) -> None:
         for k, merged in self.pending:
@@ -575,11 +582,12 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
     out_rows = model.rows_for(word_rows(keys[:10])[10:], create=False)
     kept = max(sum(trainer.totals.kept for trainer, _ in workers), 1)
     total = {name: sum(getattr(store, name) for _, store in workers)
-             for name in ("rows_sent", "rows_out", "keys_listed", "server_seconds", "sync_seconds")}
+             for name in ("rows_sent", "rows_out", "keys_listed", "server_seconds", "merge_seconds", "sync_seconds")}
     return {"replicas": workers_n, "sync_tokens": sync_tokens, "rounds": rounds, "seconds": time.perf_counter() - t0,
             "kept": kept, "tokens": len(tokens), "pairs": sum(trainer.totals.pairs for trainer, _ in workers),
             "rows_per_token": total["rows_sent"] / kept, "rows_out_per_token": total["rows_out"] / kept,
             "keys_per_token": total["keys_listed"] / kept, "server_us": 1e6 * total["server_seconds"] / kept,
+            "merge_us": 1e6 * total["merge_seconds"] / kept,
             # the exchange's payload: a delta row's key, values, accumulator (and contraction); a pulled row's key;
             # an answered row's values and accumulator; a listed key (word counts and strings left out)
             "bytes_out": (total["rows_out"] * (12 + row_bytes(100, args.wire_out) + 4 * (args.merge == "contraction"))
@@ -610,7 +618,8 @@ def report(args, r: dict) -> None:
     print(f"trained: {r['kept']:,} tokens kept ({r['kept'] / r['tokens']:.1%} of those read), {r['pairs']:,} pairs; "
           f"per kept token: {r['rows_out_per_token']:.2f} rows out (deltas merged), {r['rows_per_token']:.2f} rows in "
           f"(answered), {r['keys_per_token']:.1f} changed keys listed, about {r['bytes_out']:,.0f} / "
-          f"{r['bytes_in']:,.0f} B out / in; {r['server_us']:.1f} µs in the servers' calls, "
+          f"{r['bytes_in']:,.0f} B out / in; {r['server_us']:.1f} µs in the servers' calls ({r['merge_us']:.1f} in "
+          f"add_deltas), "
           f"{r['sync_us']:.1f} µs in the replicas' collect and apply")
     print(f"analogy {r['analogy']:.2%}  WS353 {r['ws353']:.3f}  SimLex {r['simlex']:.3f}  "
           f"vocabulary {r['vocabulary']:,}")
