@@ -486,3 +486,23 @@ def test_a_checkpoint_in_the_making_blocks_neither_the_stats_nor_the_answers(mon
         looking.join(30)
     assert [c["id"] for c in wn.history()["checkpoints"]] == [1, 2]
     assert wn.drift("d", 2, "2")["in_checkpoint"] is True
+
+
+def test_drift_checkpoints_go_to_the_temporary_directory_unless_kept_in_memory(tmp_path, monkeypatch):
+    """A 10M-word checkpoint is 2 GB: by default it goes to local disk (the temporary directory), not into
+    the front end's memory; ``LIVEVEC_DRIFT_DIR=memory`` keeps it in memory, a directory puts it there."""
+    import tempfile
+
+    model = tmp_path / "m.txt"
+    model.write_text("1 2\na 1 2\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    base = {"LIVEVEC_MODEL_FILE": str(model)}
+    assert settings_from(None, base).drift_directory() == str(tmp_path)
+    assert settings_from(None, {**base, "LIVEVEC_DRIFT_DIR": "memory"}).drift_directory() is None
+    other = tmp_path / "drift"
+    other.mkdir()
+    assert settings_from(None, {**base, "LIVEVEC_DRIFT_DIR": str(other)}).drift_directory() == str(other)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    with pytest.raises(SettingError) as err:
+        settings_from(None, base)
+    assert str(err.value).startswith("LIVEVEC_DRIFT_DIR") and "'memory'" in str(err.value)

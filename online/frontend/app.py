@@ -121,7 +121,7 @@ def create_app(settings: FrontendSettings, source: ModelSource, registry: Regist
                           registry=registry, freeze=settings.gc_freeze)
     app[WHATS_NEW] = WhatsNew(holder, new_words_keep=settings.new_words_keep, rising_interval=settings.rising_interval,
                               rising_samples=settings.rising_samples, drift_interval=settings.drift_interval,
-                              drift_keep=settings.drift_keep, drift_dir=settings.drift_dir or None)
+                              drift_keep=settings.drift_keep, drift_dir=settings.drift_directory())
     app[OPENAPI] = {None: orjson.dumps(build_openapi(settings))}
     app.cleanup_ctx.append(_background)
     setup_routes(app)

@@ -11,11 +11,14 @@ import argparse
 import os
 from collections.abc import Mapping
 import ssl
+import tempfile
 from dataclasses import dataclass, field
 
 from online.cluster.node_settings import ELASTIC_WORKERS
 from online.learner.word2vec_format import FORMATS
 from ps_bridge.settings import NODE, NodeSettings, Setting, SettingError, SettingGroup
+
+DRIFT_IN_MEMORY = "memory"      # LIVEVEC_DRIFT_DIR's value for checkpoints kept in the process's memory
 
 FRONTEND = SettingGroup("front end", (
     Setting("host", "LIVEVEC_HTTP_HOST", default="127.0.0.1", help="address to listen on (0.0.0.0 in containers)"),
@@ -92,8 +95,9 @@ FRONTEND = SettingGroup("front end", (
                  "(2 x dim + 20 bytes per word; 0 = none)"),
     Setting("drift_dir", "LIVEVEC_DRIFT_DIR", default="", metavar="DIR",
             help="a local disk directory for the /v1/drift checkpoints' float16 vectors (files unlinked as soon as "
-                 "they are open, so nothing is left after a crash); empty: in memory. A 10M x 100 model's "
-                 "checkpoint is 2 GB: on disk it costs no RAM but the page cache's"),
+                 "they are open, so nothing is left after a crash); empty: the system's temporary directory "
+                 "(TMPDIR, else /tmp); 'memory': in the process's memory. A 10M x 100 model's checkpoint is 2 GB: "
+                 "on disk it costs no RAM but the page cache's"),
     # under abuse (README "Security", docs/operations.md#front-end-security)
     Setting("max_body_bytes", "LIVEVEC_MAX_BODY_BYTES", int, 4 * 1024 * 1024, minimum=1024, maximum=1 << 30,
             help="largest request body; larger is answered 413 without reading it all"),
@@ -188,8 +192,7 @@ class FrontendSettings:
                 raise SettingError("LIVEVEC_MODEL_FILE", f"no such file: {self.model_file}")
             if not os.access(self.model_file, os.R_OK):
                 raise SettingError("LIVEVEC_MODEL_FILE", f"not readable: {self.model_file}")
-        if self.drift_dir and not (os.path.isdir(self.drift_dir) and os.access(self.drift_dir, os.W_OK | os.X_OK)):
-            raise SettingError("LIVEVEC_DRIFT_DIR", f"not a writable directory: {self.drift_dir}")
+        self.drift_directory()
         if self.vocab_counts_file and not os.path.isfile(self.vocab_counts_file):
             raise SettingError("LIVEVEC_VOCAB_COUNTS_FILE", f"no such file: {self.vocab_counts_file}")
         if self.search_processes and not self.query_thread:
@@ -198,6 +201,20 @@ class FrontendSettings:
         self.token()
         self.ssl_context()
         return self
+
+    def drift_directory(self) -> str | None:
+        """Where the drift checkpoints' vectors go: a writable directory, or None for memory
+        (``LIVEVEC_DRIFT_DIR=memory``). A 10M-word checkpoint is 2 GB, so by default it goes to the
+        temporary directory (the deploy files mount a local ``emptyDir`` there), not into the memory
+        budget."""
+        if self.drift_dir == DRIFT_IN_MEMORY:
+            return None
+        directory = self.drift_dir or tempfile.gettempdir()
+        if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+            raise SettingError("LIVEVEC_DRIFT_DIR", f"not a writable directory: {directory} (give a directory on "
+                                                    f"local disk, or '{DRIFT_IN_MEMORY}' to keep the checkpoints "
+                                                    f"in memory)")
+        return directory
 
     def token(self) -> str | None:
         """The API token (file over variable), or None when the API is open."""

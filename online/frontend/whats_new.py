@@ -23,9 +23,9 @@ checkpoints (``/v1/drift``)
     snapshot (none while the model is unchanged): its words and keys by reference and its unit vectors in
     float16, so a checkpoint costs 2 dim + 20 bytes per word, not the 5 dim + 40 of a ``ModelIndex`` with
     its int8 search copy (a 1M x 100 model: 220 MB, not 540). At most ``LIVEVEC_DRIFT_KEEP`` are kept,
-    numbered 1, 2, ... from the front end's start: the front end's own, in memory, not the cluster's
-    coordinated checkpoints. A word's drift is its k nearest neighbours now against those in a checkpoint:
-    overlap@k and the words that entered and left. Neighbours now are exact (as ``/v1/similar``), then
+    numbered 1, 2, ... from the front end's start: the front end's own, not the cluster's coordinated
+    checkpoints; their rows on local disk (``LIVEVEC_DRIFT_DIR``), or in memory. A word's drift is its k
+    nearest neighbours now against those in a checkpoint: overlap@k and the words that entered and left. Neighbours now are exact (as ``/v1/similar``), then
     exact over the float16 vectors (scores within about 1e-3). ``oldest`` is the oldest kept, ``previous``
     the newest that differs from the served model. A word that arrived after the checkpoint has no
     neighbours there: all of them entered (``in_checkpoint`` false).
@@ -33,7 +33,7 @@ checkpoints (``/v1/drift``)
 Cost bounds. Memory, all of it fixed by the settings: arrivals 8 bytes per remembered key; samples 16
 bytes per row that changed before the next sample (the newest is the served counts array itself);
 checkpoints ``2 dim + 20`` bytes per word each: about 420 bytes per word at dim 100 with the default 2
-(``LIVEVEC_DRIFT_KEEP=0`` keeps none). Time per observation with a change: one comparison of the key
+(``LIVEVEC_DRIFT_KEEP=0`` keeps none), of which the ``2 dim`` of the vectors on disk unless kept in memory. Time per observation with a change: one comparison of the key
 arrays (about 1 ms per million words), O(n log n) only after a removal or a full reload (as
 ``ModelIndex.apply`` pays anyway), and per sample or checkpoint one pass over the counts or vectors.
 Requests: ``new`` O(a log n) for a arrivals; ``rising`` one vectorised pass over the vocabulary; ``drift``
