@@ -69,6 +69,8 @@ class HeldBackShard(ReplicaShard):
       measured since it was last sent reaches X (``pairs`` only; every row's steps count alike, so the rows per
       token are the kernel's contraction per token / X, whatever the replicas).
     * ``max_hold``: a row held back this many syncs is due whatever its size.
+    * ``flush_every`` (``--flush-every M``): every M-th sync sends every held row (the workers' rule,
+      ``online.cluster.replica_shard``: no per-row age is kept).
     * ``top_rows`` (``--top-rows K``): of the changed rows otherwise due, the K with the largest delta.
 
     The size rules are judged when a kernel wrote the row (a held row's delta changes only then: a refresh moves
@@ -76,6 +78,7 @@ class HeldBackShard(ReplicaShard):
 
     def __init__(self, dim: int, refresh_share: float, *, tier_levels: int = 0, tiered: str = "both",
                  send_threshold: float = 0.0, contraction_threshold: float = 0.0, max_hold: int = 0,
+                 flush_every: int = 0,
                  top_rows: int = 0, **options):
         super().__init__(dim, refresh_share, **options)
         self.tier_levels = int(tier_levels)
@@ -84,6 +87,7 @@ class HeldBackShard(ReplicaShard):
         self.send_threshold = float(send_threshold)
         self.contraction_threshold = float(contraction_threshold)
         self.max_hold = int(max_hold)
+        self.flush_every = int(flush_every)
         self.top_rows = int(top_rows)
         self.flushing = False                       # every row due (the end of a run: nothing stays held)
         self.syncs = 0
@@ -133,6 +137,8 @@ class HeldBackShard(ReplicaShard):
         due = self.big[held] | ~self.confirmed[held] | self.flushing
         if self.max_hold:
             due |= self.syncs - self.held_since[held] >= self.max_hold
+        if self.flush_every and self.syncs % self.flush_every == 0:
+            due[:] = True
         if self.pending_free:
             due |= np.isin(self.row_keys[held], np.fromiter(self.pending_free, np.uint64))
         due &= self._tier_due(held, self.tiered_deltas) | ~self.confirmed[held]
@@ -197,8 +203,8 @@ class HeldBackShard(ReplicaShard):
 class ListingShard(EmbeddingShard):
     """The servers' shard with a thresholded list of changed rows (``--list-threshold X``): a merged delta makes a
     row listed to the other replicas (``changed_keys_since``, which they refresh) only once the merges moved it by
-    X |row| since it was last listed, measured as the sum of the merged deltas' norms (one float a row, a bound on
-    the distance). The answers to a replica's own deltas still carry the whole merged row; a row not listed yet
+    X |row| since it was last listed, measured as the sum of the norms of the deltas sent (one float a row, a bound on
+    the distance the merges moved it: ``online.cluster.change_listing``). The answers to a replica's own deltas still carry the whole merged row; a row not listed yet
     waits for the replica's next delta of it, its tier's refresh turn, or the merges that follow."""
 
     def __init__(self, dim: int, list_threshold: float, **options):
@@ -217,10 +223,9 @@ class ListingShard(EmbeddingShard):
     def add_deltas(self, keys, deltas, accum_deltas, fresh=False, sender=0, now=None, contraction=None):
         with self._lock:
             rows = self.rows_for(np.ascontiguousarray(keys, dtype=np.uint64), create=True)
-            before = self.vectors[rows].copy()
             out = super().add_deltas(keys, deltas, accum_deltas, fresh, sender, now, contraction)
             after = self.vectors[rows]
-            step = np.linalg.norm(after - before, axis=1)
+            step = np.linalg.norm(deltas, axis=1)   # the delta sent, a bound on the merged step (the servers' rule)
             moved = step > 0
             rows, step, after = rows[moved], step[moved], after[moved]
             np.add.at(self.moved, rows, step)
@@ -508,7 +513,8 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
                                              ("tiered", args.tiered if args.tiers else None),
                                              ("send_threshold", args.send_threshold),
                                              ("contraction_threshold", args.send_contraction),
-                                             ("max_hold", args.max_hold), ("top_rows", args.top_rows)) if value}
+                                             ("max_hold", args.max_hold),
+                                             ("flush_every", args.flush_every), ("top_rows", args.top_rows)) if value}
     for i in range(workers_n):
         store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared, refresh_share=args.refresh_share,
                                  rules=rules)
@@ -613,6 +619,7 @@ def report(args, r: dict) -> None:
           + (f"deltas held below a contraction of {args.send_contraction}, " if args.send_contraction else "")
           + (f"at most {args.top_rows} deltas a sync, " if args.top_rows else "")
           + (f"held at most {args.max_hold} syncs, " if args.max_hold else "")
+          + (f"every held row sent every {args.flush_every} syncs, " if args.flush_every else "")
           + (f"rows listed once moved {args.list_threshold} of the row, " if args.list_threshold else "")
           + f"{r['rounds']} rounds, {r['seconds']:.0f} s")
     print(f"trained: {r['kept']:,} tokens kept ({r['kept'] / r['tokens']:.1%} of those read), {r['pairs']:,} pairs; "
@@ -662,6 +669,8 @@ def main() -> int:
     ap.add_argument("--max-hold", type=int, default=0,
                     help="with --send-threshold / --send-contraction: a delta held this many syncs is sent whatever "
                          "its size (0: no limit)")
+    ap.add_argument("--flush-every", type=int, default=0,
+                    help="with --send-threshold: every M-th sync sends every held delta (the workers' rule)")
     ap.add_argument("--list-threshold", type=float, default=0.0,
                     help="the servers list a row as changed to the other replicas (which refresh it) once the merges "
                          "moved it by X |row| since it was last listed (0: at every change)")

@@ -272,11 +272,11 @@ def _batches(n_lines: int, seed: int, per_batch: int = 40) -> list[list[str]]:
 
 def test_one_worker_through_delta_sync_learns_the_same_vectors_as_the_in_process_kernel(ps_cluster):
     """Tolerance 1e-4 absolute: the server holds init + sum of deltas, the replica the same sum
-    taken in another order, so only float32 rounding may differ."""
+    taken in another order, so only float32 rounding may differ (float32 rows both ways, every delta sent)."""
     _, join = ps_cluster
     batches = _batches(1200, seed=3)
     local = Trainer(_config(), LocalParamStore(dim=16, seed=1))
-    store = ReplicaStore(join(), 16, seed=1, timeout=20)
+    store = ReplicaStore(join(), 16, seed=1, timeout=20, delta_wire="float32", send_threshold=0.0)
     remote = Trainer(_config(), store)
     store.on_totals = remote.apply_cluster_counts
     for i, batch in enumerate(batches):
@@ -295,6 +295,34 @@ def test_one_worker_through_delta_sync_learns_the_same_vectors_as_the_in_process
     out = np.sort(output_rows(keys))
     np.testing.assert_allclose(kv.pull_sync(out, timeout=20).reshape(len(keys), 16),
                                local.shard.pull(out), atol=1e-4)
+
+
+def test_packed_deltas_held_back_lose_nothing_once_flushed(ps_cluster):
+    """The default wire: int8 deltas (error feedback), float16 rows back, small deltas waiting to grow. After a
+    flush (float32 both ways) the servers hold exactly what the replica has, and the model is the in-process
+    kernel's within the drift of training from float16 answers in between."""
+    _, join = ps_cluster
+    batches = _batches(1200, seed=3)
+    local = Trainer(_config(), LocalParamStore(dim=16, seed=1))
+    store = ReplicaStore(join(), 16, seed=1, timeout=20)
+    remote = Trainer(_config(), store)
+    store.on_totals = remote.apply_cluster_counts
+    for i, batch in enumerate(batches):
+        local.train_records(batch)
+        remote.train_records(batch)
+        if i % 3 == 2:
+            store.sync()
+    assert store.exchange == 2 and store.shard.waiting > 0, "int8 deltas, some waiting to grow"
+    store.sync(flush=True)   # every waiting delta and every int8 remainder, in float32
+    assert store.shard.waiting == 0
+    words, vectors, _ = local.export()
+    keys = np.sort(np.array([word_key(w) for w in words], dtype=np.uint64))
+    both = np.unique(np.concatenate([keys, output_rows(keys)]))
+    pulled = store.worker.pull_sync(both, timeout=20).reshape(len(both), 16)
+    replica = store.shard.pull(both)
+    np.testing.assert_allclose(pulled, replica, atol=1e-6)   # the flush's float32 answer: the replica is the servers'
+    reference = local.shard.pull(both)
+    assert np.abs(pulled - reference).mean() < 5e-3
 
 
 def test_a_word_evicted_from_one_workers_table_keeps_its_rows_while_the_cluster_counts_it(ps_cluster):
@@ -385,7 +413,7 @@ def test_a_worker_holds_the_clusters_row_of_a_new_word_before_it_meets_it(ps_clu
     for _ in range(4):
         ta.train_records(["zebra lion tiger"] * 5)
         a.sync()
-    a.sync()                                    # A's copy is now the servers' value (nothing trained since)
+    a.sync(flush=True)                          # A's copy is now the servers' value (nothing trained since)
     keys = word_rows(np.array([word_key("zebra")], dtype=np.uint64))
     rows_a = a.shard.rows_for(keys, create=False)
     assert b.shard.rows_for(keys, create=False).tolist() == [-1, -1]

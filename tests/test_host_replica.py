@@ -20,6 +20,9 @@ from online.learner.trainer import LearnerConfig, Trainer
 from online.stream.sample_corpus import generate_lines
 from tests.test_delta_sync import ps_cluster  # noqa: F401  (the fixture)
 
+# float32 rows both ways and every delta sent at once: these tests compare values exactly
+EXACT_WIRE = {"delta_wire": "float32", "send_threshold": 0.0}
+
 DIM = 8
 
 
@@ -99,9 +102,9 @@ def test_a_segment_nobody_is_attached_to_starts_afresh(segment_path):
 
 def test_workers_with_other_settings_are_refused_and_told_which(segment_path):
     _shard(segment_path, rows=256)
-    with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA.*must agree|LIVEVEC_HOST_REPLICA.*layout"):
+    with pytest.raises(HostReplicaError, match="^LIVEVEC_HOST_REPLICA_ROWS: .* rows 256, this worker has 512"):
         _shard(segment_path, rows=512)
-    with pytest.raises(HostReplicaError, match="LIVEVEC_HOST_REPLICA: .* other settings"):
+    with pytest.raises(HostReplicaError, match="^LIVEVEC_SEED: .* seed 3, this worker has 4"):
         _shard(segment_path, rows=256, seed=4)
 
 
@@ -169,7 +172,8 @@ def test_workers_sharing_a_replica_send_each_change_once(ps_cluster, segment_pat
     rows: merged as concurrent deltas of three workers they would be scaled down)."""
     _, join = ps_cluster
     config = LearnerConfig(dim=16, min_count=3, window=3, negative=3, seed=1)
-    stores = [ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=4096)
+    stores = [ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=4096,
+                         **EXACT_WIRE)
               for _ in range(3)]
     trainers = [Trainer(config, store) for store in stores]
     for store, trainer in zip(stores, trainers):
@@ -197,7 +201,8 @@ def test_the_servers_merge_a_hosts_successive_syncs_as_one_workers(ps_cluster, s
     merge window. In one model the row moved three times; merged as three workers' concurrent deltas
     (equal ones count once, never less than two: ``concurrent_merge``) it would move twice."""
     _, join = ps_cluster
-    stores = [ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64)
+    stores = [ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64,
+                         **EXACT_WIRE)
               for _ in range(3)]
     shard = stores[0].shard
     key = np.array([12345], dtype=np.uint64)
@@ -226,7 +231,8 @@ def _hold_and_die(path, queue):
 def test_a_sync_carries_other_processes_batches_and_a_checkpoint_hold_stops_the_hosts_syncs(
         ps_cluster, segment_path):  # noqa: F811
     _, join = ps_cluster
-    a, b = (ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64) for _ in range(2))
+    a, b = (ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64,
+                         **EXACT_WIRE) for _ in range(2))
     assert a.shard.member != b.shard.member
     a.add_counts(np.array([5], np.uint64), np.array([3], np.int64))   # a's two batches counted a word
     a.shard.batch_finished()
@@ -265,7 +271,8 @@ def test_a_paced_out_process_still_sends_its_new_words_and_counts(
     of the words that became trainable in it: without them on the servers, the front end cannot show the
     word (the freshness bench's p99 went from 0.5 to 1.0 s). So a paced-out process still sends its words."""
     _, join = ps_cluster
-    a, b = (ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64) for _ in range(2))
+    a, b = (ReplicaStore(join(), 16, seed=1, timeout=20, host_replica=segment_path, host_rows=64,
+                         **EXACT_WIRE) for _ in range(2))
     key = np.array([4242], dtype=np.uint64)
     with a.shard.training():
         row = a.shard.rows_for(key)

@@ -75,6 +75,7 @@ def components() -> tuple[Component, ...]:
     from online.cli.up import UP
     from online.cluster.node_settings import LIVEVEC_NODE
     from online.cluster.replica import REPLICA, SYNC
+    from online.cluster.server import EXCHANGE
     from online.cluster.stopping import STOPPING
     from online.cluster.worker import WORKER
     from online.deployment.healthcheck import HEALTHCHECK
@@ -93,7 +94,7 @@ def components() -> tuple[Component, ...]:
         Component("Model and learner", "The model must be the same on every role that holds it (a worker and a "
                                        "server with different `dim` cannot talk).", (MODEL, LEARNER)),
         Component("Workers and the replica exchange", "How a worker trains and how its replica syncs with the "
-                                                      "servers.", (WORKER, SYNC, REPLICA)),
+                                                      "servers.", (WORKER, SYNC, REPLICA, EXCHANGE)),
         Component("Kafka stream", "How the workers (and `livevec produce`) reach Kafka, and how a record becomes "
                                   "text.", (KAFKA, CONSUMER, KAFKA_SECURITY, KAFKA_CLIENT_LOGS, RECORDS)),
         Component("Checkpoints", "Coordinated checkpoints and rollback: the scheduler coordinates, the servers "

@@ -59,3 +59,39 @@ def merge_answer(vectors, accum, base, base_acc, rows, merged):
             for c in range(width):
                 accum[r, c] += inc
         base_acc[r, 0] = m
+
+
+@njit(nogil=True, cache=True)
+def large_deltas(vectors, base, rows, share, out):
+    """out[i] = |row - base| >= share * |row| for ``rows[i]``: a delta large enough to send now (the rest wait
+    and grow: ``ReplicaShard.collect_parts``)."""
+    dim = vectors.shape[1]
+    s2 = share * share
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        dd = 0.0
+        vv = 0.0
+        for d in range(dim):
+            v = vectors[r, d]
+            x = v - base[r, d]
+            dd += x * x
+            vv += v * v
+        out[i] = dd >= s2 * vv
+
+
+@njit(nogil=True, cache=True)
+def unsent_rows(vectors, base, confirmed, n):
+    """The rows among the first ``n`` whose value differs from their base though confirmed: what a flush must
+    send besides the stamped rows (the remainders of int8 deltas, ``online.cluster.delta_wire``)."""
+    dim = vectors.shape[1]
+    out = np.empty(n, dtype=np.int64)
+    k = 0
+    for r in range(n):
+        if not confirmed[r]:
+            continue
+        for d in range(dim):
+            if vectors[r, d] != base[r, d]:
+                out[k] = r
+                k += 1
+                break
+    return out[:k]

@@ -19,6 +19,7 @@ KV commands (``cmd``), keys sorted and unique as ps-lite requires:
 * ``CMD_DELTA_FRESH``: as ``CMD_DELTA``, for rows the worker created from the initial value
   since its last sync: the server adds them only to rows still at that value (a word new to
   the cluster) and otherwise just answers with its row, which the worker adopts.
+* ``CMD_DELTA_PACKED``: ``CMD_DELTA`` with int8 deltas out, float16 rows back (``online.cluster.delta_wire``).
 * ``CMD_WORD_COUNTS``: pushpull, one float per key (an input key): occurrences of every word
   read since the last sync; the answer is the cluster's total of each (``online.learner.word_counts``).
 
@@ -30,6 +31,8 @@ SimpleApp heads:
   ``epoch`` is a random number a server draws at start (and on every reload), so a
   caller that asks a restarted server with an old version gets everything.
 * ``HEAD_STATS``: answer = orjson dict of the server's counters.
+* ``HEAD_EXCHANGE``: answer = orjson ``{"exchange": EXCHANGE_VERSION}``, the replica exchange this server speaks
+  (a server that predates the head answers ``{"error": ...}``: exchange 1, float32 ``CMD_DELTA`` only).
 * ``HEAD_WORKER_REPORT``: a worker's Kafka lag, words/s and training signal (orjson;
   ``online.cluster.training_signal``), kept by server 0 for ``HEAD_STATS`` so the front end
   can show the whole pipeline's figures.
@@ -49,6 +52,12 @@ CMD_FREE = 2
 CMD_DELTA = 3
 CMD_WORD_COUNTS = 4
 CMD_DELTA_FRESH = 5
+CMD_DELTA_PACKED = 6
+
+# The replica exchange's version: 1, float32 deltas (``CMD_DELTA``) and every changed row listed; 2, packed deltas
+# (``CMD_DELTA_PACKED``) and rows listed once moved (``online.cluster.change_listing``). A worker speaks the
+# highest version every server answers ``HEAD_EXCHANGE`` with. Design: docs/design/0008-scalable-exchange.md
+EXCHANGE_VERSION = 2
 
 HEAD_SET_WORDS = 100
 HEAD_CHANGES = 101
@@ -56,6 +65,7 @@ HEAD_STATS = 102
 HEAD_WORKER_REPORT = 103     # worker -> server 0: its lag, rate and training signal (orjson), for the front end's stats
 HEAD_TRAINABLE_SINCE = 104   # worker -> server: the keys that became trainable since a position of its journal
 HEAD_CHANGED_ROWS = 105      # worker -> server: the keys of the rows changed since a version (its replica refreshes them)
+HEAD_EXCHANGE = 106          # worker -> server: the replica exchange's version the server speaks
 HEAD_CHECKPOINT_PAUSE = 110     # to workers: finish in-flight batches, pause, report offsets
 HEAD_CHECKPOINT_SAVE = 111      # to servers: write your shard for checkpoint id
 HEAD_CHECKPOINT_RESUME = 112    # to workers: go on

@@ -42,9 +42,10 @@ import time
 import numpy as np
 import orjson
 
+from online.cluster import delta_wire
 from online.cluster import ps_commands as pc
 from online.cluster.host_replica import SharedReplicaShard
-from online.cluster.replica_shard import ReplicaShard
+from online.cluster.replica_shard import FLUSH_EVERY_DEFAULT, SEND_SHARE_DEFAULT, ReplicaShard
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import word_rows
 from ps_bridge.kv_app import KVWorker
@@ -66,7 +67,17 @@ HOST_REPLICA = Setting("host_replica", "LIVEVEC_HOST_REPLICA", str, "",
 HOST_REPLICA_ROWS = Setting("host_replica_rows", "LIVEVEC_HOST_REPLICA_ROWS", int, 0, minimum=0,
                             help="replica: rows the shared replica reserves, two per word "
                                  "(0: twice LIVEVEC_VOCAB_CAPACITY)")
-REPLICA = SettingGroup("replica (workers)", (REFRESH_SHARE, HOST_REPLICA, HOST_REPLICA_ROWS))
+SEND_THRESHOLD = Setting("send_threshold", "LIVEVEC_SEND_THRESHOLD", float, SEND_SHARE_DEFAULT, minimum=0.0,
+                         maximum=10.0,
+                         help="replica: a changed row's delta waits (and grows) until it reaches this share of the "
+                              "row's norm (0: every changed row goes at every sync)")
+FLUSH_SYNCS = Setting("flush_syncs", "LIVEVEC_FLUSH_SYNCS", int, FLUSH_EVERY_DEFAULT, minimum=1, maximum=1000,
+                      help="replica: every this many syncs every waiting delta goes, whatever its size")
+DELTA_WIRE = Setting("delta_wire", "LIVEVEC_DELTA_WIRE", str, "auto", choices=("auto", "float32"),
+                     help="replica: auto, int8 deltas out and float16 rows back when every server speaks exchange "
+                          "version 2; float32, the full rows both ways")
+REPLICA = SettingGroup("replica (workers)", (REFRESH_SHARE, HOST_REPLICA, HOST_REPLICA_ROWS, SEND_THRESHOLD,
+                                             FLUSH_SYNCS, DELTA_WIRE))
 
 _SYNC_CHUNK = 1 << 16   # keys per pushpull message: bounds a message at ~26 MB at dim 100
 
@@ -148,7 +159,9 @@ class ReplicaStore:
     def __init__(self, worker: KVWorker, dim: int, *, optimizer: str = "rowadagrad", eta: float | None = None,
                  seed: int = 1, timeout: float = 30.0, registry: Registry | None = None,
                  refresh_share: float = REFRESH_SHARE.default, host_replica: str = "", host_rows: int = 0,
-                 prefetch_rows: int = 1_000_000, kernel: str = "pairs"):
+                 prefetch_rows: int = 1_000_000, kernel: str = "pairs",
+                 send_threshold: float = SEND_THRESHOLD.default, flush_syncs: int = FLUSH_SYNCS.default,
+                 delta_wire: str = DELTA_WIRE.default):
         registry = registry or Registry()
         self.worker = worker
         self.dim = int(dim)
@@ -159,6 +172,10 @@ class ReplicaStore:
         else:
             self.shard = ReplicaShard(dim, refresh_share, optimizer=optimizer, eta=eta, seed=seed)
         self.shard.tracks_contraction = MERGE_BY_CONTRACTION[kernel]
+        self.shard.send_share = float(send_threshold)
+        self.shard.flush_every = int(flush_syncs)
+        self.delta_wire = delta_wire
+        self.exchange: int | None = None   # the version every server speaks (asked at the first sync)
         self.on_totals = None
         self.on_trainable = None   # (every key the cluster trains, sorted; the ones new here)
         self.prefetch_rows = int(prefetch_rows)   # rows held at most when the cluster's new words are taken in
@@ -179,6 +196,10 @@ class ReplicaStore:
                                              "trains fetched before this worker met them (new words' rows)")
         self.m_seconds = registry.histogram("livevec_worker_sync_seconds", "collect + pushpull + apply of a sync")
         registry.gauge("livevec_worker_replica_rows", "rows held by the replica", fn=lambda: float(len(self.shard)))
+        registry.gauge("livevec_worker_rows_waiting", "changed rows whose delta waits to grow "
+                       "(LIVEVEC_SEND_THRESHOLD), as of the last collect", fn=lambda: float(self.shard.waiting))
+        registry.gauge("livevec_worker_exchange_version", "the replica exchange's version this worker speaks "
+                       "(0: not asked yet)", fn=lambda: float(self.exchange or 0))
         registry.gauge("livevec_worker_replica_rows_refused", "rows a full shared replica had no room for "
                        "(LIVEVEC_HOST_REPLICA_ROWS; their words are not trained here)",
                        fn=lambda: float(self.shard.rows_refused))
@@ -213,9 +234,9 @@ class ReplicaStore:
     # ---------------------------------------------------------------- sync
     def has_pending(self) -> bool:
         """Counts or words wait to be sent (e.g. the words named again after a rollback)."""
-        return bool(self._counts or self._words or self._unsent is not None)
+        return bool(self._counts or self._words or self._unsent is not None or self.shard.waiting)
 
-    def sync(self, min_gap: float = 0.0) -> int | None:
+    def sync(self, min_gap: float = 0.0, flush: bool = False) -> int | None:
         """One sync (see the module docstring); returns the rows sent (None: skipped, because a checkpoint
         holds another process's syncs on a replica the host shares, or because another process of the host
         began one less than ``min_gap`` seconds ago: the host then syncs about as often as one worker would,
@@ -225,7 +246,8 @@ class ReplicaStore:
         chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
         what was not acknowledged is kept and sent again by the next call (the caller asks for a
-        rollback, which makes a partly applied sync exact)."""
+        rollback, which makes a partly applied sync exact). ``flush``: every waiting delta goes (a checkpoint's
+        snapshot and a drain must hold everything the batches they count trained)."""
         with self._sync_lock, self.shard.host_sync():
             if self.shard.held_elsewhere():   # a checkpoint is snapshotting the servers
                 return None
@@ -245,9 +267,17 @@ class ReplicaStore:
             self.shard.sync_began()
             t0 = time.perf_counter()
             vocabulary = self._send_vocabulary(group)
+            if self.exchange is None:
+                self.exchange = self._ask_exchange()
             if self._unsent is None:
                 self._read_changed_rows()
-                self._unsent = self._parts(*self.shard.collect_parts())
+                flushing, self.shard.flush = self.shard.flush, self.shard.flush or flush
+                try:
+                    collected = self.shard.collect_parts()
+                finally:
+                    self.shard.flush = flushing
+                # a flush goes in float32: the snapshot it precedes then holds exactly what was trained
+                self._unsent = self._parts(*collected, packed=self._packed() and not self.shard.flush and not flush)
                 self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
             sent = [(kv.pull(k, cmd=cmd) if d is None else kv.pushpull(k, d.reshape(-1), cmd=cmd), k, r)
@@ -256,7 +286,10 @@ class ReplicaStore:
             rows_sent = 0
             for i, (ts, k, r) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
-                merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
+                if parts[i][0] == pc.CMD_DELTA_PACKED:
+                    merged = delta_wire.unpack_answer(res.vals, len(k), self.dim)
+                else:
+                    merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
                 # Fresh rows too: what was trained on them while this sync was in flight stays on top of the
                 # servers' answer (adopting the answer would lose a burst trained whole during a slow first sync).
                 self.shard.apply(k, merged, rows=r)
@@ -286,16 +319,40 @@ class ReplicaStore:
                 self.shard.mark_stale(keys)
                 self.m_stale.inc(len(keys))
 
-    @staticmethod
-    def _parts(keys, rows, deltas, pushed, fresh) -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
+    def _packed(self) -> bool:
+        return self.delta_wire == "auto" and (self.exchange or 1) >= 2
+
+    def _ask_exchange(self) -> int:
+        """The replica exchange's version every server speaks (``HEAD_EXCHANGE``; a server that predates it
+        answers an error: version 1)."""
+        kv = self.worker
+        pending = [kv.request(pc.HEAD_EXCHANGE, b"", sid) for sid in self._server_ids]
+        versions = []
+        for ts in pending:
+            try:
+                answer = orjson.loads(kv.wait(ts, self.timeout)[0].body or b"{}")
+            except orjson.JSONDecodeError:
+                answer = {}
+            versions.append(int(answer.get("exchange", 1)) if isinstance(answer, dict) else 1)
+        return max(1, min(min(versions, default=1), pc.EXCHANGE_VERSION))
+
+    def _parts(self, keys, rows, deltas, pushed, fresh, packed: bool = False) \
+            -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
         """``collect_parts``' payload as requests of at most ``_SYNC_CHUNK`` keys, each (command, keys, deltas or
         None, rows), all slices of it: the rows changed here as ``CMD_DELTA`` pushpulls, the rows created here as
         ``CMD_DELTA_FRESH`` pushpulls, and the rows only refreshed as ``CMD_DELTA`` pulls (data None), which carry
-        no zeros out."""
+        no zeros out. ``packed``: the changed rows' deltas go as ``CMD_DELTA_PACKED`` (int8 with error feedback:
+        ``online.cluster.delta_wire``) and the refreshes come back in float16; fresh rows stay float32."""
         parts = []
         ends = (pushed, pushed + fresh, len(keys))
-        for (cmd, pull), lo, hi in zip(((pc.CMD_DELTA, False), (pc.CMD_DELTA_FRESH, False), (pc.CMD_DELTA, True)),
+        delta = pc.CMD_DELTA_PACKED if packed else pc.CMD_DELTA
+        packed_rows = self.shard.pack(deltas[:pushed], rows[:pushed]) if packed else None   # the first block's
+        for (cmd, pull), lo, hi in zip(((delta, False), (pc.CMD_DELTA_FRESH, False), (delta, True)),
                                        (0,) + ends[:2], ends):
+            if packed and cmd == pc.CMD_DELTA_PACKED and not pull:
+                parts += [(cmd, keys[a:min(a + _SYNC_CHUNK, hi)], packed_rows[a:min(a + _SYNC_CHUNK, hi)],
+                           rows[a:min(a + _SYNC_CHUNK, hi)]) for a in range(lo, hi, _SYNC_CHUNK)]
+                continue
             parts += [(cmd, keys[a:min(a + _SYNC_CHUNK, hi)], None if pull else deltas[a:min(a + _SYNC_CHUNK, hi)],
                        rows[a:min(a + _SYNC_CHUNK, hi)]) for a in range(lo, hi, _SYNC_CHUNK)]
         return parts

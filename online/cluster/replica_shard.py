@@ -23,10 +23,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from online.cluster.delta_rows import merge_answer, take_deltas
+from online.cluster.delta_rows import large_deltas, merge_answer, take_deltas, unsent_rows
+from online.cluster.delta_wire import pack_deltas, packed_buffer
 from online.learner.embedding_shard import EmbeddingShard
 
 REFRESH_SHARE_DEFAULT = 0.1   # ``online.cluster.replica.REFRESH_SHARE``'s default
+SEND_SHARE_DEFAULT = 0.05     # ``online.cluster.replica.SEND_SHARE``'s default
+FLUSH_EVERY_DEFAULT = 8       # ``online.cluster.replica.FLUSH_EVERY``'s default
 
 
 class ReplicaShard(EmbeddingShard):
@@ -38,6 +41,10 @@ class ReplicaShard(EmbeddingShard):
     shared = False        # one replica for several processes (``online.cluster.host_replica``)
     group = 0             # the id servers merge this replica's deltas under (0: the sending node's)
     rows_refused = 0      # keys a full replica had no room for (only a shared one cannot grow)
+    send_share = 0.0      # a changed row's delta waits until |row - base| >= send_share |row| (0: sent at once)
+    flush_every = FLUSH_EVERY_DEFAULT   # every this many collects, every waiting delta goes
+    flush = False         # every waiting delta and every remainder goes at the next collects (checkpoints, drains)
+    waiting = 0           # rows whose delta waited at the last collect
 
     def __init__(self, dim: int, refresh_share: float = REFRESH_SHARE_DEFAULT, **options):
         super().__init__(dim, **options)
@@ -49,6 +56,7 @@ class ReplicaShard(EmbeddingShard):
         self.confirmed = np.zeros(self.capacity, dtype=bool)   # the servers' value has been applied
         self.synced_version = 0
         self._refresh_at = 0
+        self._collects = 0
         self._stale = np.zeros(0, dtype=np.uint64)   # keys the servers changed since this replica last read them
         self.pending_free: set[int] = set()
         # Batches finished, batches whose word counts the servers acknowledged, and batches carried, per member
@@ -196,7 +204,10 @@ class ReplicaShard(EmbeddingShard):
         """A sync's payload: (keys, rows, deltas, pushed, fresh), the keys ascending within three blocks:
 
         * the first ``pushed``: rows changed here since the last collect (stamped) that the servers answered for
-          before: their deltas go out (``CMD_DELTA``);
+          before: their deltas go out (``CMD_DELTA``). With ``send_share`` set, only the rows whose delta reached
+          that share of the row's norm, or all of them at every ``flush_every``-th collect or while ``flush`` is
+          set; the others keep their base, so their delta grows until it goes (error feedback: nothing trained
+          is lost), and are stamped again so the next collect weighs them anew;
         * the next ``fresh``: rows created here that no answer of the servers has reached yet: their deltas go
           out as such (``CMD_DELTA_FRESH``);
         * the rest: rows only refreshed, so that a row trained here next starts from the cluster's value: the
@@ -212,6 +223,12 @@ class ReplicaShard(EmbeddingShard):
             now, before = self.version, self.synced_version
             stamps = self.row_version[:self._next_row]
             changed = np.flatnonzero(stamps > before)
+            if self.flush:   # and the int8 deltas' remainders, so that the servers get all of it
+                changed = np.union1d(changed, unsent_rows(self.vectors, self.base, self.confirmed, self._next_row))
+            self._collects += 1
+            waiting = self._waiting(changed)
+            if len(waiting):
+                changed = np.setdiff1d(changed, waiting, assume_unique=True)
             budget = max(self.REFRESH_MIN, int(len(changed) * self.refresh_share))
             lo = self._refresh_at if self._refresh_at < self._next_row else 0
             turn = np.arange(lo, lo + min(budget, self._next_row), dtype=np.int64) % max(self._next_row, 1)
@@ -227,9 +244,16 @@ class ReplicaShard(EmbeddingShard):
             rows = np.flatnonzero(wanted)
             rows = rows[self._index.lookup(self.row_keys[rows]) == rows]   # live rows only
             self.synced_version = now
+            self.waiting = len(waiting)
+            if len(waiting):   # stamped past this collect: the next one weighs them again
+                stamp = self.version + 1
+                self.row_version[waiting] = stamp
+                self.version = max(self.version, stamp)
             keys = self.row_keys[rows]
             fresh = ~self.confirmed[rows]
-            block = np.where(fresh, 1, np.where(stamps[rows] > before, 0, 2)).astype(np.int8)
+            pushing = np.zeros(self._next_row, dtype=bool)   # a waiting row may be refreshed, never pushed
+            pushing[changed] = True
+            block = np.where(fresh, 1, np.where(pushing[rows], 0, 2)).astype(np.int8)
             order = np.argsort(keys)
             order = order[np.argsort(block[order], kind="stable")]
             rows, keys, block = rows[order], keys[order], block[order]
@@ -238,6 +262,28 @@ class ReplicaShard(EmbeddingShard):
             take_deltas(self.vectors, self.accum, self.base, self.base_acc, self.contraction,
                         rows[:pushed + fresh_n], out)
             return keys, rows, out, pushed, fresh_n
+
+    def _waiting(self, changed: np.ndarray) -> np.ndarray:
+        """The rows of ``changed`` whose delta waits: too small for ``send_share``, confirmed by the servers, not
+        about to be freed, and neither a flush nor the ``flush_every``-th collect."""
+        if not self.send_share or self.flush or not len(changed) or self._collects % max(self.flush_every, 1) == 0:
+            return np.zeros(0, dtype=np.int64)
+        large = np.empty(len(changed), dtype=np.bool_)
+        large_deltas(self.vectors, self.base, changed.astype(np.int64), np.float32(self.send_share), large)
+        wait = ~large & self.confirmed[changed]
+        if self.pending_free and wait.any():
+            freeing = np.fromiter(self.pending_free, dtype=np.uint64, count=len(self.pending_free))
+            wait &= ~np.isin(self.row_keys[changed], freeing)
+        return changed[wait]
+
+    def pack(self, deltas: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``deltas`` [n, dim + 1 (+ 1)] that ``collect_parts`` took for ``rows`` as packed wire rows [n, width]
+        (``online.cluster.delta_wire``); each base moves back by what the int8 codes cannot say, which the next
+        collect sends (error feedback)."""
+        wire, head, codes = packed_buffer(len(rows), self.dim, deltas.shape[1] > self.dim + 1)
+        with self._lock:
+            pack_deltas(deltas, self.base, np.ascontiguousarray(rows, dtype=np.int64), head, codes)
+        return wire
 
     def collect(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``collect_parts`` as one payload by key: (sorted keys, deltas [n, width], fresh), the rows only

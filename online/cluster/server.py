@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from online.cluster import delta_wire
 from online.cluster import ps_commands as pc
 from online.cluster import token_cost
+from online.cluster.change_listing import LIST_THRESHOLD, ChangeListing
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.replica import SYNC
 from online.cluster.training_signal import summed_reasons
@@ -31,7 +33,7 @@ from ps_bridge.kv_app import KVMeta, KVServer
 from ps_bridge.message import KVPairs
 from ps_bridge.metrics import Registry
 from ps_bridge.postoffice import Postoffice
-from ps_bridge.settings import NodeSettings
+from ps_bridge.settings import NodeSettings, SettingGroup
 from ps_bridge.simple_app import SimpleApp, SimpleData
 from ps_bridge.structured_logging import log_event
 
@@ -45,7 +47,8 @@ log = logging.getLogger("livevec.server")
 MERGE_WINDOW_SYNCS = 4
 
 # What a server reads: its node (ps-lite's and livevec's) and the part of the model a shard needs.
-SERVER_GROUPS = (*node_groups(), SERVER_MODEL, SYNC)
+EXCHANGE = SettingGroup("replica exchange (servers)", (LIST_THRESHOLD,))
+SERVER_GROUPS = (*node_groups(), SERVER_MODEL, SYNC, EXCHANGE)
 
 
 # The extension point (checkpointing plugs in here; this package never imports it).
@@ -88,13 +91,14 @@ class ServerSettings:
     min_count: int = 5
     vocab_capacity: int = 1_000_000
     sync_ms: int = 250
+    list_threshold: float = LIST_THRESHOLD.default
     metrics_port: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> "ServerSettings":
         env = os.environ if env is None else env
         return cls(node=node_settings(args, env, "server"), metrics_port=METRICS_PORT.read(args, env),
-                   **SERVER_MODEL.read(args, env), **SYNC.read(args, env))
+                   **SERVER_MODEL.read(args, env), **SYNC.read(args, env), **EXCHANGE.read(args, env))
 
 
 @dataclass
@@ -112,8 +116,11 @@ class _Counters:
 class ShardService:
     """Answers the KV and SimpleApp requests of one server node from an ``EmbeddingShard``."""
 
-    def __init__(self, shard: EmbeddingShard, registry: Registry, extension: ServerExtension | None = None):
+    def __init__(self, shard: EmbeddingShard, registry: Registry, extension: ServerExtension | None = None,
+                 list_threshold: float = LIST_THRESHOLD.default):
         self.shard = shard
+        self.list_threshold = float(list_threshold)
+        self._listing, self._listed_shard = ChangeListing(self.list_threshold), shard
         self.epoch = secrets.randbits(62)
         self.c = _Counters()
         self.worker_reports: dict[int, tuple[float, dict]] = {}   # node id -> (received, report)
@@ -167,7 +174,8 @@ class ShardService:
             self.m_rejected.inc()
             log_event(log, "request_rejected", logging.WARNING, sender=req.sender, cmd=req.cmd, error=str(exc))
             if req.pull:
-                width = {pc.CMD_DELTA: dim + 1, pc.CMD_DELTA_FRESH: dim + 1, pc.CMD_WORD_COUNTS: 1}.get(req.cmd, dim)
+                width = {pc.CMD_DELTA: dim + 1, pc.CMD_DELTA_FRESH: dim + 1, pc.CMD_WORD_COUNTS: 1,
+                         pc.CMD_DELTA_PACKED: delta_wire.answer_width(dim)}.get(req.cmd, dim)
                 server.response(req, KVPairs(keys, np.zeros(n * width, np.float32)))
                 return
         finally:
@@ -206,35 +214,52 @@ class ShardService:
         return self._kv_deltas(req, data)
 
     def _kv_refresh(self, req: KVMeta, data: KVPairs) -> np.ndarray:
-        """A replica refreshing rows it did not change: the rows and their accumulators, nothing applied."""
+        """A replica refreshing rows it did not change: the rows and their accumulators, nothing applied
+        (packed in float16 for ``CMD_DELTA_PACKED``)."""
         n = len(data.keys)
         rows = self.shard.read_rows(data.keys)
         self.c.pulls += 1
         self.c.keys_pulled += n
         self.m_requests["refresh"].inc()
         self.m_keys_pulled.inc(n)
+        if req.cmd == pc.CMD_DELTA_PACKED:
+            return delta_wire.pack_answer(rows.reshape(n, self.shard.dim + 1), self.shard.dim)
         return rows.reshape(-1)
 
     def _kv_deltas(self, req: KVMeta, data: KVPairs) -> np.ndarray:
-        """A replica's deltas merged; per key the answer is its values and its accumulator."""
+        """A replica's deltas merged; per key the answer is its values and its accumulator. ``CMD_DELTA_PACKED``:
+        int8 deltas in, float16 rows out (``online.cluster.delta_wire``)."""
         if not (req.push and req.pull):
             return self._kv_unknown(req, data)
         keys, n, dim = data.keys, len(data.keys), self.shard.dim
-        # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
-        width = dim + 2 if n and len(data.vals) == n * (dim + 2) else dim + 1
-        if len(data.vals) != n * width:
-            raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} "
-                             f"(expected {dim} + 1 or {dim} + 2 per key)")
-        vals = data.vals.reshape(n, width)
-        rows = self.shard.add_deltas(keys, vals[:, :dim], vals[:, dim],
-                                     fresh=req.cmd == pc.CMD_DELTA_FRESH,
-                                     sender=self.merge_groups.get(req.sender, req.sender),
-                                     contraction=vals[:, dim + 1] if width == dim + 2 else None)
+        if req.cmd == pc.CMD_DELTA_PACKED:
+            deltas, acc, contraction = delta_wire.unpack_deltas(data.vals, n, dim)
+        else:
+            # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
+            width = dim + 2 if n and len(data.vals) == n * (dim + 2) else dim + 1
+            if len(data.vals) != n * width:
+                raise ValueError(f"delta push of {len(data.vals)} floats for {n} keys of dim {dim} "
+                                 f"(expected {dim} + 1 or {dim} + 2 per key)")
+            vals = data.vals.reshape(n, width)
+            deltas, acc = vals[:, :dim], vals[:, dim]
+            contraction = vals[:, dim + 1] if width == dim + 2 else None
+        answer = self.shard.add_deltas(keys, deltas, acc, fresh=req.cmd == pc.CMD_DELTA_FRESH,
+                                       sender=self.merge_groups.get(req.sender, req.sender), contraction=contraction)
+        self._list(keys, deltas, answer)
         self.c.pushes += 1
         self.c.keys_pushed += n
         self.m_requests["deltas"].inc()
         self.m_keys_pushed.inc(n)
-        return rows.reshape(-1)
+        if req.cmd == pc.CMD_DELTA_PACKED:
+            return delta_wire.pack_answer(answer, dim)
+        return answer.reshape(-1)
+
+    def _list(self, keys: np.ndarray, deltas: np.ndarray, answer: np.ndarray) -> None:
+        """The merged rows the replicas are told of (``online.cluster.change_listing``); a shard a checkpoint's
+        load put in place starts a new listing."""
+        if self._listed_shard is not self.shard:
+            self._listing, self._listed_shard = ChangeListing(self.list_threshold), self.shard
+        self._listing.merged(self.shard.rows_for(keys, create=False), deltas, answer, self.shard.version)
 
     def _kv_word_counts(self, req: KVMeta, data: KVPairs) -> np.ndarray:
         """Word counts added; the answer is each word's total."""
@@ -276,7 +301,7 @@ class ShardService:
         self.m_requests["free"].inc()
         return None
 
-    _KV_COMMANDS: dict[int, Callable] = {pc.CMD_ROWS: _kv_rows, pc.CMD_DELTA: _kv_delta,
+    _KV_COMMANDS: dict[int, Callable] = {pc.CMD_ROWS: _kv_rows, pc.CMD_DELTA: _kv_delta, pc.CMD_DELTA_PACKED: _kv_delta,
                                          pc.CMD_DELTA_FRESH: _kv_deltas, pc.CMD_WORD_COUNTS: _kv_word_counts,
                                          pc.CMD_COUNTS: _kv_counts, pc.CMD_FREE: _kv_free}
 
@@ -302,7 +327,8 @@ class ShardService:
                     raise ValueError("changed-rows request must be a JSON object")
                 if ask.get("epoch") == self.epoch:
                     version, keys = self.shard.changed_keys_since(
-                        int(ask.get("since", 0)), asker=self.merge_groups.get(req.sender, req.sender))
+                        int(ask.get("since", 0)), asker=self.merge_groups.get(req.sender, req.sender),
+                        listing=self._listing if self._listed_shard is self.shard else None)
                 else:   # a new shard for this worker (restart, rollback): from now on
                     version, keys = self.shard.version, np.zeros(0, dtype=np.uint64)
                 self.m_requests["changed_rows"].inc()
@@ -323,6 +349,8 @@ class ShardService:
                     raise ValueError("worker report must be a JSON object")
                 self.worker_reports[req.sender] = (time.monotonic(), report)
                 app.response(req)
+            elif req.head == pc.HEAD_EXCHANGE:
+                app.response(req, orjson.dumps({"exchange": pc.EXCHANGE_VERSION}))
             elif req.head == pc.HEAD_STATS:
                 self.m_requests["stats"].inc()
                 app.response(req, orjson.dumps(self.stats()))
@@ -385,7 +413,8 @@ def build(settings: ServerSettings, registry: Registry | None = None,
     if settings.node.num_worker > 2 or settings.node.elastic_workers:
         # two workers' deltas are summed anyway (the merge's floor), so only larger clusters pay its memory
         shard.merge_window = MERGE_WINDOW_SYNCS * settings.sync_ms / 1000.0
-    service = ShardService(shard, registry, extension(po) if extension is not None else None)
+    service = ShardService(shard, registry, extension(po) if extension is not None else None,
+                           list_threshold=settings.list_threshold)
     server = KVServer(po, 0, service.handle_kv)
     server.set_simple_request_handle(service.handle_simple)
     return po, server, service

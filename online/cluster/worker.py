@@ -141,6 +141,9 @@ class WorkerSettings:
     refresh_share: float = 0.1
     host_replica: str = ""
     host_replica_rows: int = 0
+    send_threshold: float = 0.05
+    flush_syncs: int = 8
+    delta_wire: str = "auto"
     report_interval: float = 2.0
     metrics_port: int | None = None
 
@@ -160,6 +163,11 @@ class WorkerSettings:
         return cls(node=node, stream=stream, learner=learner_config(learner), batch_words=learner["batch_words"],
                    metrics_port=METRICS_PORT.read(args, env), **worker,
                    **SYNC.read(args, env), **REPLICA.read(args, env))
+
+
+def host_replica_rows(settings: WorkerSettings) -> int:
+    """The rows of the host's replica (``LIVEVEC_HOST_REPLICA_ROWS``; 0: twice the vocabulary's capacity)."""
+    return settings.host_replica_rows or 2 * settings.learner.vocab_capacity
 
 
 def mini_batches(texts: list[str], max_words: int):
@@ -201,9 +209,11 @@ class StreamingWorker:
             self.replica = ReplicaStore(kv, cfg.dim, optimizer=cfg.optimizer, eta=cfg.eta, seed=cfg.seed,
                                         timeout=settings.request_timeout, registry=registry,
                                         refresh_share=settings.refresh_share,
-                                        host_replica=self._host_replica_path(settings),
-                                        host_rows=settings.host_replica_rows or 2 * cfg.vocab_capacity,
-                                        prefetch_rows=cfg.vocab_capacity, kernel=cfg.kernel)
+                                        host_replica=self.host_replica_path(settings),
+                                        host_rows=host_replica_rows(settings),
+                                        prefetch_rows=cfg.vocab_capacity, kernel=cfg.kernel,
+                                        send_threshold=settings.send_threshold, flush_syncs=settings.flush_syncs,
+                                        delta_wire=settings.delta_wire)
             self.trainer = Trainer(cfg, self.replica)
             self.replica.on_totals = self.trainer.apply_cluster_counts
             self.replica.on_trainable = self.trainer.learn_cluster_trainable
@@ -231,7 +241,7 @@ class StreamingWorker:
         self.extension.attach(self)
 
     @staticmethod
-    def _host_replica_path(settings: WorkerSettings) -> str:
+    def host_replica_path(settings: WorkerSettings) -> str:
         if not settings.host_replica:
             return ""
         from online.cluster.host_replica import segment_path
@@ -344,15 +354,15 @@ class StreamingWorker:
 
     async def hold_syncs(self, timeout: float) -> bool:
         """Start no sync until ``release_syncs``: a checkpoint snapshots the servers meanwhile. Waits for
-        a sync in progress and for the completion of the batches it carried (False, and nothing held,
-        if that takes over ``timeout`` s or a rollback begins). Training goes on, into the replica,
+        a sync in progress, then runs one that sends every waiting delta (``flush``: the snapshot must hold all
+        that the batches it counts trained), and completes the batches it carried (False, and nothing held,
+        if that takes over ``timeout`` s, fails, or a rollback begins). Training goes on, into the replica,
         and its batches stay uncommitted until the next sync.
 
         With a replica the host's processes share, the hold is the host's: no process of it starts a
         sync meanwhile, this one waits for a sync another is running, and commits the batches of its
         own that such syncs carried, so what this worker reports is exactly what the servers have."""
-        self._syncs_held = True
-        self.replica.shard.hold(True)
+        self.replica.shard.hold(True)   # the host's other processes start no sync from now on
         deadline = time.monotonic() + timeout
         while self._sync_lock.locked():
             if time.monotonic() > deadline or self.abandon.is_set():
@@ -363,14 +373,32 @@ class StreamingWorker:
             if not await asyncio.to_thread(self.replica.shard.wait_host_idle, max(0.0, deadline - time.monotonic())):
                 self.release_syncs()
                 return False
+            if not await asyncio.to_thread(self._flush_once):
+                self.release_syncs()
+                return False
+            self._syncs_held = True
             await self._complete_covered()
         return True
 
+    def _flush_once(self) -> bool:
+        """One sync that sends every waiting delta; False when a server did not answer (the next sync sends
+        what was not acknowledged)."""
+        c0 = time.thread_time()
+        try:
+            self.replica.sync(flush=True)
+            return True
+        except (RequestTimeout, SendError) as exc:
+            self.metrics.errors.inc()
+            log_event(log, "flush_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+            return False
+        finally:
+            self.metrics.cpu["sync"].inc(time.thread_time() - c0)
+
     def release_syncs(self) -> None:
+        if self.replica is not None:
+            self.replica.shard.hold(False)
         if self._syncs_held:
             self._syncs_held = False
-            if self.replica is not None:
-                self.replica.shard.hold(False)
             self._sync_soon.set()
 
     async def drain(self) -> None:
@@ -378,9 +406,9 @@ class StreamingWorker:
         while self._inflight:
             await self._finish_oldest()
         if self.replica is not None:
-            await self.sync()
+            await self.sync(flush=True)
 
-    async def sync(self, paced: bool = False) -> None:
+    async def sync(self, paced: bool = False, flush: bool = False) -> None:
         """Send the replica's deltas (and counts and words) to the servers, then complete the batches
         trained before it. A sync the servers do not acknowledge is retried (a rollback is asked
         for: part of it may have been applied); one a rollback abandons drops its batches uncommitted."""
@@ -390,7 +418,7 @@ class StreamingWorker:
             await self._complete_covered()   # what another process's sync of a shared replica carried
             if not self._awaiting and not self.replica.has_pending():
                 return
-            if not await asyncio.to_thread(self._sync_with_retry, paced):
+            if not await asyncio.to_thread(self._sync_with_retry, paced, flush):
                 return
             await self._complete_covered()
 
@@ -405,7 +433,7 @@ class StreamingWorker:
         self.metrics.unsynced.set(self._awaiting_tokens)
         await self._complete_all(done)
 
-    def _sync_with_retry(self, paced: bool = False) -> bool:
+    def _sync_with_retry(self, paced: bool = False, flush: bool = False) -> bool:
         """``paced``: the sync loop's, which a replica shared by the host skips when another process of
         the host began one within the interval (drains and checkpoints always sync)."""
         backoff = 0.2
@@ -415,7 +443,7 @@ class StreamingWorker:
                 return False
             c0 = time.thread_time()
             try:
-                self.replica.sync(min_gap=gap)
+                self.replica.sync(min_gap=gap, flush=flush)
                 return True
             except (RequestTimeout, SendError) as exc:
                 if self.abandon.is_set():

@@ -537,12 +537,17 @@ class EmbeddingShard:
             self._last_mover = grown
         self._last_mover[rows] = sender
 
-    def changed_keys_since(self, version: int, asker: int = -1) -> tuple[int, np.ndarray]:
+    def changed_keys_since(self, version: int, asker: int = -1, listing=None) -> tuple[int, np.ndarray]:
         """(the version now, the keys of the live rows changed after ``version``): what a worker's replica
         refreshes (``online.cluster.replica``); one pass over the stamps, no removal log. Rows ``asker`` moved
-        last are left out: the answer to its own sync already brought what others did before it."""
+        last are left out: the answer to its own sync already brought what others did before it. ``listing``
+        (``online.cluster.change_listing.ChangeListing``): only the rows it listed after ``version``."""
         with self._lock:
-            rows = np.flatnonzero(self.row_version[:self._next_row] > version)
+            if listing is None:
+                rows = np.flatnonzero(self.row_version[:self._next_row] > version)
+            else:
+                rows = listing.listed_since(version, self._next_row)
+                rows = rows[self._index.lookup(self.row_keys[rows]) == rows]   # live rows only
             if asker >= 0 and len(rows):
                 writer = np.full(len(rows), -1, dtype=np.int64)
                 known = rows < len(self._last_mover)

@@ -1,0 +1,117 @@
+"""The packed layouts of the replica exchange (``CMD_DELTA_PACKED``): int8 deltas out, float16 rows back.
+
+ps-lite's KV frames carry float32 values; a packed row is bytes laid in float32 words, so it crosses the Van
+unchanged (the values are never read as floats on the way) and a stock ps-lite node never sees the command.
+
+* **Out** (worker -> server), per key, ``packed_width(dim, contraction)`` words: the row's scale (float32), the
+  accumulator's increment (float32), the contraction (float32, when the kernel tracks it), then ``dim`` int8
+  codes padded to a whole word. The delta is ``codes * scale`` with ``scale = max |delta| / 127``.
+  **Error feedback**: the replica's base moves by the decoded delta, not by the row's change, so what the
+  rounding dropped stays in ``row - base`` and goes with the row's next delta (nothing trained is lost).
+* **Back** (server -> worker), per key, ``answer_width(dim)`` words: the row's accumulator (float32), then
+  ``dim`` float16 values padded to a whole word. The replica takes the float16 row as its base: the servers keep
+  float32, so the rounding never accumulates, and the replica's next delta is measured from what it received.
+
+At dim 100 a row goes out in 112 bytes instead of 404 and comes back in 204 instead of 404 (keys apart).
+Design: docs/design/0008-scalable-exchange.md
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+
+def code_words(dim: int) -> int:
+    """float32 words that hold ``dim`` int8 codes."""
+    return -(-int(dim) // 4)
+
+
+def packed_width(dim: int, contraction: bool) -> int:
+    """float32 words per key of a packed delta."""
+    return (3 if contraction else 2) + code_words(dim)
+
+
+def answer_width(dim: int) -> int:
+    """float32 words per key of a packed answer."""
+    return 1 + -(-int(dim) // 2)
+
+
+@njit(nogil=True, cache=True)
+def pack_deltas(deltas, base, rows, head, codes):
+    """Pack the float32 deltas a collect took (``delta_rows.take_deltas``: [n, dim + 1 (+ 1)], which set each
+    base to the row it read): ``head[i]`` = (scale, accumulator increment[, contraction]), ``codes[i]`` the int8
+    codes of the delta; then ``base -= delta - codes * scale``, so the base moved by the decoded delta only and
+    the rounding's remainder stays in ``row - base`` for the next collect (error feedback)."""
+    dim = base.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        top = 0.0
+        for d in range(dim):
+            x = abs(deltas[i, d])
+            if x > top:
+                top = x
+        scale = np.float32(top / 127.0) if top > 0.0 else np.float32(1.0)
+        inv = 1.0 / scale
+        for d in range(dim):
+            q = round(deltas[i, d] * inv)
+            codes[i, d] = q
+            base[r, d] -= deltas[i, d] - np.float32(q) * scale
+        head[i, 0] = scale
+        head[i, 1] = deltas[i, dim]
+        if head.shape[1] > 2:
+            head[i, 2] = deltas[i, dim + 1]
+
+
+def packed_buffer(n: int, dim: int, contraction: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(wire [n, width] float32, head [n, 2 or 3] float32 view, codes [n, dim] int8 view) over one buffer."""
+    width = packed_width(dim, contraction)
+    wire = np.zeros((n, width), dtype=np.float32)
+    nhead = width - code_words(dim)
+    head = wire[:, :nhead]
+    codes = wire.view(np.int8)[:, 4 * nhead:4 * nhead + dim]
+    return wire, head, codes
+
+
+def unpack_deltas(vals: np.ndarray, n: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A packed request's float32 words as (deltas [n, dim] float32, accumulator increments [n], contraction or
+    None). Raises ValueError when the length fits neither width."""
+    vals = np.ascontiguousarray(vals, dtype=np.float32)
+    for contraction in (False, True):
+        width = packed_width(dim, contraction)
+        if len(vals) == n * width:
+            break
+    else:
+        raise ValueError(f"packed delta of {len(vals)} words for {n} keys of dim {dim} (expected "
+                         f"{packed_width(dim, False)} or {packed_width(dim, True)} per key)")
+    wire = vals.reshape(n, width)
+    nhead = width - code_words(dim)
+    codes = wire.view(np.int8)[:, 4 * nhead:4 * nhead + dim]
+    scale = wire[:, 0:1]
+    if n and not np.isfinite(scale).all():
+        raise ValueError("packed delta with a scale that is not a finite number")
+    deltas = codes.astype(np.float32) * scale
+    return deltas, wire[:, 1].copy(), (wire[:, 2].copy() if contraction else None)
+
+
+def pack_answer(rows: np.ndarray, dim: int) -> np.ndarray:
+    """The servers' merged rows [n, dim + 1] (values, accumulator) as packed answer words [n * answer_width]."""
+    n = len(rows)
+    width = answer_width(dim)
+    wire = np.zeros((n, width), dtype=np.float32)
+    wire[:, 0] = rows[:, dim]
+    wire.view(np.float16)[:, 2:2 + dim] = rows[:, :dim]
+    return wire.reshape(-1)
+
+
+def unpack_answer(vals: np.ndarray, n: int, dim: int) -> np.ndarray:
+    """Packed answer words as merged rows [n, dim + 1] float32 (what ``ReplicaShard.apply`` takes)."""
+    width = answer_width(dim)
+    vals = np.ascontiguousarray(vals, dtype=np.float32)
+    if len(vals) != n * width:
+        raise ValueError(f"packed answer of {len(vals)} words for {n} keys of dim {dim} (expected {width} per key)")
+    wire = vals.reshape(n, width)
+    out = np.empty((n, dim + 1), dtype=np.float32)
+    out[:, :dim] = wire.view(np.float16)[:, 2:2 + dim]
+    out[:, dim] = wire[:, 0]
+    return out
