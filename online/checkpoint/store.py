@@ -19,6 +19,13 @@ word strings, and a JSON ``meta`` entry (shape, optimizer, key range, the server
 and its batch ledger). Loading filters rows to the loading server's key range, so a
 checkpoint written by N servers can be loaded by M.
 
+Versions: the manifest's ``format`` (``FORMAT``) and each shard's ``meta.format`` (``SHARD_FORMAT``, also in
+the manifest's entry for the file) are raised by any change that a reader of the previous version would
+misread; the manifest and each shard also name the ``release`` that wrote them. A reader refuses a version newer
+than it knows, with both versions and the writing release named (a shard without ``format`` is format 1).
+Fields added without such a change are ignored by older readers. Which releases read which:
+``docs/operations.md#compatibility``.
+
 Why storage errors are not checkpoint errors: on a shared file system the directory can
 hang (a FUSE mount whose master or chunkserver is gone), vanish (the mount died: ENOTCONN,
 or the mount point is an empty local directory), turn read-only or fill up. A store given
@@ -47,6 +54,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from online import __version__
 from ps_bridge.structured_logging import log_event
 
 if TYPE_CHECKING:   # imported lazily: the scheduler and the CLI need no numba
@@ -54,7 +62,8 @@ if TYPE_CHECKING:   # imported lazily: the scheduler and the CLI need no numba
 
 log = logging.getLogger("livevec.checkpoint")
 
-FORMAT = 1
+FORMAT = 1         # manifest.json's "format"
+SHARD_FORMAT = 1   # server-N.npz's meta "format" (and the manifest entry's)
 MANIFEST = "manifest.json"
 _DIR_RE = re.compile(r"^ckpt-(\d{8,})$")
 _SEP = b"\x00"
@@ -149,9 +158,10 @@ def snapshot_shard(shard: "EmbeddingShard", meta: dict | None = None) -> ShardSt
 
 
 def write_shard_file(path: Path, state: ShardState) -> dict:
-    """Write ``state`` atomically; returns the manifest entry ``{"bytes", "sha256", "rows", "words"}``."""
+    """Write ``state`` atomically; returns the manifest entry ``{"bytes", "sha256", "rows", "words", "format"}``."""
     blob = np.frombuffer(_SEP.join(w.encode("utf-8") for w in state.words), dtype=np.uint8)
-    meta = np.frombuffer(json.dumps(state.meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+    meta = np.frombuffer(json.dumps({**state.meta, "format": SHARD_FORMAT, "release": __version__},
+                                    sort_keys=True).encode("utf-8"), dtype=np.uint8)
 
     def write(fh):
         np.savez(fh, keys=state.keys, vectors=state.vectors, accum=state.accum, counts=state.counts,
@@ -160,13 +170,29 @@ def write_shard_file(path: Path, state: ShardState) -> dict:
 
     atomic_write(path, write)
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path), "rows": int(len(state.keys)),
-            "words": len(state.words)}
+            "words": len(state.words), "format": SHARD_FORMAT}
+
+
+def newer_format(what: str, found, reads: int, written_by=None) -> str | None:
+    """Why a ``found`` version of ``what`` cannot be read by this release, which reads up to ``reads``; None if it
+    can. Names both versions, the release that wrote it when known, and what to do."""
+    if isinstance(found, int) and not isinstance(found, bool) and 1 <= found <= reads:
+        return None
+    if not isinstance(found, int) or isinstance(found, bool) or found < 1:
+        return f"{what} format {found!r} is not a format any livevec release writes (damaged?)"
+    by = f", written by livevec {written_by}," if written_by else ""
+    return (f"{what} format {found}{by} is newer than this release reads: livevec {__version__} reads {what} "
+            f"format {reads}. Run the release that wrote it (or a later one), or restore a checkpoint this "
+            "release wrote")
 
 
 def read_shard_file(path: Path) -> ShardState:
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+            problem = newer_format("checkpoint shard", meta.get("format", 1), SHARD_FORMAT, meta.get("release"))
+            if problem:
+                raise CheckpointError(f"{path}: {problem}")
             blob = bytes(z["words"])
             word_keys = z["word_keys"].astype(np.uint64, copy=False)
             words = [w.decode("utf-8") for w in blob.split(_SEP)] if len(word_keys) else []
@@ -400,7 +426,7 @@ class CheckpointStore:
         return self._bounded("read shard", read_shard_file, ckpt.shard_path(rank))
 
     def write_manifest(self, ckpt_id: int, manifest: dict) -> StoredCheckpoint:
-        body = {"format": FORMAT, "id": ckpt_id, **manifest}
+        body = {"format": FORMAT, "release": __version__, "id": ckpt_id, **manifest}
         body["sha256"] = _manifest_digest(body)
         path = self.path_of(ckpt_id)
         data = json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
@@ -425,11 +451,21 @@ class CheckpointStore:
             body = json.loads(raw)
         except ValueError as exc:
             raise CheckpointError(f"{path.name}: unreadable manifest ({exc})") from None
-        if not isinstance(body, dict) or body.get("sha256") != _manifest_digest(body):
+        if not isinstance(body, dict):
+            raise CheckpointError(f"{path.name}: unreadable manifest (not an object)")
+        # the version first: a later format may compute its checksum otherwise
+        problem = newer_format("checkpoint manifest", body.get("format"), FORMAT, body.get("release"))
+        if problem:
+            raise CheckpointError(f"{path.name}: {problem}")
+        if body.get("sha256") != _manifest_digest(body):
             raise CheckpointError(f"{path.name}: manifest checksum mismatch (corrupt manifest)")
-        if body.get("format") != FORMAT or body.get("id") != ckpt_id:
-            raise CheckpointError(f"{path.name}: manifest format {body.get('format')} id {body.get('id')} unexpected")
+        if body.get("id") != ckpt_id:
+            raise CheckpointError(f"{path.name}: manifest id {body.get('id')} unexpected")
         files = body.get("files") or {}
+        for name, entry in files.items():
+            problem = newer_format("checkpoint shard", entry.get("format", 1), SHARD_FORMAT, body.get("release"))
+            if problem:
+                raise CheckpointError(f"{path.name}: {name}: {problem}")
         if len(files) != int(body.get("num_servers", -1)):
             raise CheckpointError(f"{path.name}: manifest lists {len(files)} files for {body.get('num_servers')} servers")
         for name, entry in files.items():

@@ -3,7 +3,8 @@
 Each sub-command is one module of ``online.cli``; this file only maps names to modules,
 so that ``livevec kafka`` never imports numba and ``livevec frontend`` never imports the
 Kafka client. A command module exposes ``configure(parser)`` and ``run(args) -> int``;
-the log level is the one setting every command reads, so it is added here.
+the log level is the one setting every command reads, so it is added here. ``livevec --version``
+prints the release and the versions of the formats it writes (``version_text``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import importlib
 import os
 import sys
 
+from online import __version__
 from ps_bridge.settings import Setting, SettingError, SettingGroup
 from ps_bridge.structured_logging import configure_logging
 
@@ -45,8 +47,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def formats() -> dict[str, int]:
+    """Each format's name -> the version this release writes (``online``'s docstring lists them)."""
+    from online.checkpoint.store import FORMAT, SHARD_FORMAT
+    from online.cluster.segment_layout import LAYOUT
+    from online.frontend.export import EXPORT_FORMAT
+
+    return {"checkpoint manifest": FORMAT, "checkpoint shard": SHARD_FORMAT, "host replica layout": LAYOUT,
+            "export": EXPORT_FORMAT}
+
+
+def version_text() -> str:
+    """``livevec --version``: the release on the first line, the versions of the formats it writes on the second."""
+    return f"livevec {__version__}\n" + ", ".join(f"{name} {v}" for name, v in formats().items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="livevec", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="store_true",
+                        help="print the release and the versions of the formats it writes, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (_module, help_text) in COMMANDS.items():
@@ -56,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--version"]:
+        print(version_text())
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         build_parser().parse_args(argv)  # prints help or the "invalid choice" error
         return 2

@@ -17,13 +17,14 @@ import time
 
 from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
-from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings
+from online.cluster.segment_check import HostReplicaError, check_before_joining
+from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings, host_replica_rows
 from online.learner.trainer import warm_up
 from online.stream.reader import KafkaStream
 from online.stream.security import KafkaUnreachable
 from ps_bridge.metrics import Registry
 from ps_bridge.roles import serve_metrics, start_worker
-from ps_bridge.settings import add_groups
+from ps_bridge.settings import SettingError, add_groups
 from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.worker")
@@ -46,8 +47,25 @@ def read_settings(args: argparse.Namespace, env=None) -> tuple[WorkerSettings, s
     return settings, directory, deadline
 
 
+def check_host_replica(settings: WorkerSettings) -> None:
+    """Before the worker joins ps-lite or Kafka (and before it compiles): a ``SettingError`` naming the cause when
+    the workers already on this host hold the segment it would attach to with another layout or other settings
+    (``segment_check``), instead of a failure after it has joined both."""
+    path = StreamingWorker.host_replica_path(settings)
+    if not path or settings.exchange != "replica":
+        return
+    cfg = settings.learner
+    try:
+        check_before_joining(path, dim=cfg.dim, rows=host_replica_rows(settings), optimizer=cfg.optimizer,
+                             seed=cfg.seed)
+    except HostReplicaError as exc:
+        raise SettingError(exc.setting, exc.problem) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_main(*read_settings(args)))
+    settings, directory, deadline = read_settings(args)
+    check_host_replica(settings)   # a host replica this worker cannot share stops it here, before it joins anything
+    return asyncio.run(_main(settings, directory, deadline))
 
 
 def _extension(directory: str | None) -> WorkerExtension | None:

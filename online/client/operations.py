@@ -32,7 +32,7 @@ import orjson
 
 from online.client.errors import LiveVecError
 from online.client.protocol import Call, Operation, Reply
-from online.client.word2vec_stream import BinaryReader, Snapshot
+from online.client.word2vec_stream import BinaryReader, Snapshot, check_export_format
 
 log = logging.getLogger("livevec.client")
 
@@ -322,6 +322,7 @@ def vocabulary(cached: Vocabulary | None) -> Operation[Vocabulary]:
     if cached is not None and cached.version == version:
         return cached
     reply = yield Call("GET", "/v1/export?format=words")     # the words exactly (vocab escapes whitespace)
+    check_export_format(reply.headers)
     lines = reply.body.rstrip(b"\n")
     words = [w for w, _ in orjson.loads(b"[" + lines.replace(b"\n", b",") + b"]")] if lines else []
     return Vocabulary(int(reply.headers.get("x-model-version", version)), words,

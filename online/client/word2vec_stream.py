@@ -24,10 +24,22 @@ class Snapshot:
     vectors: np.ndarray          # float32 [len(words), dim]
 
 
+EXPORT_FORMAT = 1   # the newest X-Export-Format this client reads (``online.frontend.export.EXPORT_FORMAT``)
+
+
+def check_export_format(headers: Mapping[str, str]) -> None:
+    """Refuse an export whose format (``X-Export-Format``; absent: 1) is newer than this client reads."""
+    found = headers.get("x-export-format", "1")
+    if not found.isdigit() or int(found) > EXPORT_FORMAT:
+        raise LiveVecError(f"the export is in format {found} (X-Export-Format); this client reads format "
+                           f"{EXPORT_FORMAT}: upgrade the livevec client to the front end's release")
+
+
 class BinaryReader:
     """A ``protocol.Sink`` for ``GET /v1/export?format=binary``."""
 
     def __init__(self, headers: Mapping[str, str]):
+        check_export_format(headers)
         self.version = int(headers.get("x-model-version", 0))
         self.promised = int(headers["x-model-rows"]) if "x-model-rows" in headers else None
         self._buf = bytearray()

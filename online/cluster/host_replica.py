@@ -1,12 +1,11 @@
 """One replica for all the worker processes of a host, in shared memory (``LIVEVEC_HOST_REPLICA``).
 
-Why. A frequent word's output row is drawn as a negative hundreds of times per replica
-between two syncs, so k replicas take k sets of hundreds of steps from one value, and their
-deltas must be merged (``online.learner.concurrent_merge``); the more replicas, the shorter
-their syncs and the more bytes per token. The worker processes of one host need no merge
-among themselves: they train a single replica in place, hogwild, exactly as the threads of
-one process do, and only hosts exchange deltas. It also keeps one copy of the rows per host
-instead of one per process. Design: docs/design/0004-host-replica.md
+Why. A frequent word's output row is drawn as a negative hundreds of times per replica between two syncs, so k
+replicas take k sets of hundreds of steps from one value, and their deltas must be merged
+(``online.learner.concurrent_merge``); the more replicas, the shorter their syncs and the more bytes per token.
+The worker processes of one host need no merge among themselves: they train a single replica in place, hogwild,
+exactly as the threads of one process do, and only hosts exchange deltas. It also keeps one copy of the rows per
+host instead of one per process. Design: docs/design/0004-host-replica.md
 
 What is shared, in one file in a tmpfs (``/dev/shm``, or a memory-backed volume in a container): the
 replica's rows, their base copies, accumulators, keys, version stamps and confirmed flags, the key index
@@ -20,6 +19,8 @@ Locks, all ``flock`` on files beside the segment, so a process that dies release
 * ``<path>.sync``: one sync at a time per host (two interleaved would add one delta twice);
 * the segment itself, held shared by every attached process: one that gets it exclusively at
   start knows nobody is attached and initialises it.
+
+Versions: the layout is in the header and the file name; a worker checks both at start (``segment_check``).
 
 Reclaiming the memory (a segment is hundreds of MB of RAM until its file is removed): the last
 member removes it at a clean exit (``HostSegment.detach``); when every member was killed, the
@@ -53,44 +54,30 @@ from pathlib import Path
 import numpy as np
 
 from online.cluster.replica_shard import ReplicaShard
-from online.cluster.segment_layout import PAGE, segment_layout
+from online.cluster.segment_check import (HostReplicaError, _read_header, _still_named, header_problem,
+                                          release_number, wanted_header)
+from online.cluster.segment_layout import (H_ACCUM, H_COUNTED, H_COVERED, H_FINISHED, H_GROUP, H_HELD,
+                                           H_LAST_SYNC, H_NEXT_ROW, H_REFRESH, H_RELEASE, H_SIZE, H_SYNCED,
+                                           H_VERSION, LAYOUT, MAX_MEMBERS, PAGE, segment_layout)
 from ps_bridge.structured_logging import log_event
 from online.learner.key_index import EMPTY, KeyIndex, _insert
-from online.learner.embedding_shard import OPTIMIZERS
 
 log = logging.getLogger("livevec.worker")
 
-_MAGIC = 0x6C69766576656331    # "livevec1"
-_LAYOUT = 2
-# Header slots (int64).
-(H_MAGIC, H_LAYOUT, H_DIM, H_ROWS, H_SLOTS, H_ACCUM, H_SEED, H_OPT, H_VERSION, H_NEXT_ROW, H_SYNCED, H_REFRESH,
- H_SIZE, H_GROUP, H_LAST_SYNC) = range(15)
-MAX_MEMBERS = 64
-# Per member process (its slot): batches finished, batches an acknowledged sync carried, syncs held, batches
-# whose word counts the servers acknowledged.
-H_FINISHED, H_COVERED, H_HELD, H_COUNTED = (64 + i * MAX_MEMBERS for i in range(4))
+def _segment_stem(root_uri: str, root_port: int, node_host: str | None) -> str:
+    name = f"livevec-{root_uri}-{root_port}-{node_host or socket.gethostname()}"
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
 
 
 def segment_path(directory: str | Path, root_uri: str, root_port: int, node_host: str | None) -> Path:
     """The file the workers of one cluster (its scheduler's address) on one host (the address they advertise,
-    ``DMLC_NODE_HOST``, else the host name) share. So hosts that share a tmpfs without being one host (network
-    namespaces on one machine, or a pod's containers, which do share their address) each get their own."""
-    host = node_host or socket.gethostname()
-    name = f"livevec-{root_uri}-{root_port}-{host}.replica"
-    return Path(directory) / "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
+    ``DMLC_NODE_HOST``, else the host name) and of one layout share. So hosts that share a tmpfs without being
+    one host (network namespaces on one machine, or a pod's containers, which do share their address) each get
+    their own, and so do the workers of two releases with different layouts on one host during an upgrade."""
+    return Path(directory) / f"{_segment_stem(root_uri, root_port, node_host)}-layout{LAYOUT}.replica"
 
 
 SIDE_LOCKS = (".lock", ".sync")
-
-
-def _still_named(fd: int, path: str) -> bool:
-    """Whether ``path`` still names the file open as ``fd`` (not removed, nor replaced, meanwhile)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _remove_segment_files(path: Path) -> None:
@@ -163,10 +150,6 @@ def _reclaim(path: Path) -> int | None:
         os.close(lock_fd)
 
 
-class HostReplicaError(RuntimeError):
-    """The segment cannot be used (its file, its size, or another cluster's layout); names the setting."""
-
-
 class _HostLock:
     """Re-entrant across a process's threads, exclusive across processes (``flock``)."""
 
@@ -216,10 +199,8 @@ class HostSegment:
 
     def __init__(self, path: str | Path, *, dim: int, rows: int, optimizer: str, seed: int):
         self.path = Path(path)
-        accum_width = {"adagrad": dim, "rowadagrad": 1, "sgd": 0}[optimizer]
-        self.arrays, self.slots, size = segment_layout(dim, rows, accum_width)
-        want = {H_MAGIC: _MAGIC, H_LAYOUT: _LAYOUT, H_DIM: dim, H_ROWS: rows, H_SLOTS: self.slots,
-                H_ACCUM: accum_width, H_SEED: seed & 0x7FFFFFFFFFFFFFFF, H_OPT: OPTIMIZERS.index(optimizer)}
+        want, size = wanted_header(dim, rows, optimizer, seed)
+        self.arrays, self.slots, _size = segment_layout(dim, rows, want[H_ACCUM])
         fds = []
         try:
             reclaim_dead_segments(self.path.parent, keep=self.path)
@@ -235,7 +216,7 @@ class HostSegment:
             for fd in fds:
                 os.close(fd)
             if isinstance(exc, OSError):
-                raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: cannot open {self.path}: {exc.strerror}") from exc
+                raise HostReplicaError("LIVEVEC_HOST_REPLICA", f"cannot open {self.path}: {exc.strerror}") from exc
             raise
 
     def _open_locked(self) -> list[int]:
@@ -273,8 +254,8 @@ class HostSegment:
             for base in (H_FINISHED, H_COVERED, H_HELD, H_COUNTED):
                 self.header[base + m] = 0
             return m, fd
-        raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: more than {MAX_MEMBERS} workers of one cluster share "
-                               f"{self.path}")
+        raise HostReplicaError("LIVEVEC_HOST_REPLICA", f"more than {MAX_MEMBERS} workers of one cluster share "
+                                                       f"{self.path}")
 
     def alive(self, m: int) -> bool:
         """Member ``m``'s process still holds its slot."""
@@ -324,19 +305,11 @@ class HostSegment:
         if alone:
             self._initialise(size, want)
         fcntl.flock(self._fd, fcntl.LOCK_SH)   # attached until this process exits
-        if os.fstat(self._fd).st_size != size:
-            raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use with another layout "
-                                   f"({os.fstat(self._fd).st_size} bytes, this worker needs {size}): "
-                                   "every worker of a host must share dim, optimizer, seed and "
-                                   "LIVEVEC_HOST_REPLICA_ROWS")
+        problem = header_problem(self.path, _read_header(self._fd), os.fstat(self._fd).st_size, want, size)
+        if problem is not None:
+            raise problem
         self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.header = np.frombuffer(self._map, dtype=np.int64, count=PAGE // 8)
-        for slot, value in want.items():
-            if int(self.header[slot]) != value:
-                raise HostReplicaError(f"LIVEVEC_HOST_REPLICA: {self.path} is in use by workers with "
-                                       f"other settings (header slot {slot}: {int(self.header[slot])}, "
-                                       f"here {value}): dim, optimizer, seed and LIVEVEC_HOST_REPLICA_ROWS "
-                                       "must agree")
         return alone
 
     def _initialise(self, size: int, want: dict[int, int]) -> None:
@@ -346,9 +319,9 @@ class HostSegment:
             os.posix_fallocate(self._fd, 0, size)
         except OSError as exc:
             os.ftruncate(self._fd, 0)
-            raise HostReplicaError(f"LIVEVEC_HOST_REPLICA_ROWS: {size / 2**20:.0f} MiB do not fit in "
-                                   f"{self.path.parent} ({exc.strerror}); give the tmpfs more room or "
-                                   "lower the rows") from exc
+            raise HostReplicaError("LIVEVEC_HOST_REPLICA_ROWS", f"{size / 2**20:.0f} MiB do not fit in "
+                                                                f"{self.path.parent} ({exc.strerror}); give the tmpfs "
+                                                                "more room or lower the rows") from exc
         m = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
             header = np.frombuffer(m, dtype=np.int64, count=PAGE // 8)
@@ -356,6 +329,7 @@ class HostSegment:
             np.frombuffer(m, dtype=dtype, count=int(np.prod(shape)), offset=at)[:] = EMPTY
             for slot, value in want.items():
                 header[slot] = value
+            header[H_RELEASE] = release_number()
             del header
         finally:
             m.close()
@@ -505,7 +479,7 @@ class SharedReplicaShard(ReplicaShard):
             return out
 
     def _grow(self, needed: int) -> None:
-        raise HostReplicaError(f"LIVEVEC_HOST_REPLICA_ROWS: the host's replica is full ({self.capacity} rows)")
+        raise HostReplicaError("LIVEVEC_HOST_REPLICA_ROWS", f"the host's replica is full ({self.capacity} rows)")
 
     def free(self, keys: np.ndarray) -> int:
         """Never: another process of the host may still train the word."""

@@ -35,6 +35,8 @@ the snapshot itself, the whitespace word is left out and counted in ``X-Model-Sk
 makes one; a plug-in source might). ``words`` is for clients that need the words exactly:
 one JSON array ``["two words", count]`` per line, every row, in the same order; the
 Python clients' ``index_to_key`` comes from it.
+
+Version: ``X-Export-Format`` (``EXPORT_FORMAT``), a header, since the bodies are other programs' formats.
 """
 from __future__ import annotations
 
@@ -53,6 +55,9 @@ from ps_bridge.structured_logging import log_event
 log = logging.getLogger("livevec.frontend")
 
 FORMATS = ("binary", "text", "vocab", "words")
+# The X-Export-Format header: raised by any change a reader of the previous version would misread (the escape, the
+# row order, the words lines); the Python client refuses a newer one (``online.client.word2vec_stream``).
+EXPORT_FORMAT = 1
 CHUNK_BYTES = 1 << 20
 _CONTENT_TYPES = {"binary": "application/octet-stream", "text": "text/plain", "vocab": "text/plain",
                   "words": "application/x-ndjson"}
@@ -131,7 +136,8 @@ class Export:
         suffix = {"binary": "bin", "words": "jsonl"}.get(fmt, "txt")
         response = web.StreamResponse(headers={
             "X-Model-Version": str(index.version), "X-Model-Rows": str(len(rows)), "X-Model-Dim": str(dim),
-            "X-Model-Skipped": str(index.n - len(rows)), "Cache-Control": "no-store",
+            "X-Model-Skipped": str(index.n - len(rows)), "X-Export-Format": str(EXPORT_FORMAT),
+            "Cache-Control": "no-store",
             "Content-Disposition": f'attachment; filename="livevec-v{index.version}-{fmt}.{suffix}"'})
         response.content_type = _CONTENT_TYPES[fmt]
         if fmt != "binary":
