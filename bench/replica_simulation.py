@@ -31,6 +31,7 @@ changed rows listed to the others only once they moved enough (``--list-threshol
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import time
@@ -69,6 +70,8 @@ class HeldBackShard(ReplicaShard):
       measured since it was last sent reaches X (``pairs`` only; every row's steps count alike, so the rows per
       token are the kernel's contraction per token / X, whatever the replicas).
     * ``max_hold``: a row held back this many syncs is due whatever its size.
+    * ``refresh_recent`` (``--refresh-recent M``): of the rows the servers list as changed, only those trained
+      here within the last M syncs are refreshed (the workers' rule, ``online.cluster.replica_shard``).
     * ``flush_every`` (``--flush-every M``): every M-th sync sends every held row (the workers' rule,
       ``online.cluster.replica_shard``: no per-row age is kept).
     * ``top_rows`` (``--top-rows K``): of the changed rows otherwise due, the K with the largest delta.
@@ -78,7 +81,7 @@ class HeldBackShard(ReplicaShard):
 
     def __init__(self, dim: int, refresh_share: float, *, tier_levels: int = 0, tiered: str = "both",
                  send_threshold: float = 0.0, contraction_threshold: float = 0.0, max_hold: int = 0,
-                 flush_every: int = 0,
+                 flush_every: int = 0, refresh_recent: int = 0,
                  top_rows: int = 0, **options):
         super().__init__(dim, refresh_share, **options)
         self.tier_levels = int(tier_levels)
@@ -88,6 +91,8 @@ class HeldBackShard(ReplicaShard):
         self.contraction_threshold = float(contraction_threshold)
         self.max_hold = int(max_hold)
         self.flush_every = int(flush_every)
+        self.refresh_recent = int(refresh_recent)
+        self._past_versions = collections.deque([0], maxlen=max(self.refresh_recent, 1))
         self.top_rows = int(top_rows)
         self.flushing = False                       # every row due (the end of a run: nothing stays held)
         self.syncs = 0
@@ -174,6 +179,9 @@ class HeldBackShard(ReplicaShard):
                 waits = ~self._tier_due(stale, self.tiered_refresh)
                 self._stale = self.row_keys[stale[waits]]
                 stale = stale[~waits]
+                if self.refresh_recent:   # only the rows trained here lately (the others catch up when next sent)
+                    stale = stale[stamps[stale] > self._past_versions[0]]
+            self._past_versions.append(now)
             budget = max(self.REFRESH_MIN, int(len(push) * self.refresh_share))
             lo = self._refresh_at if self._refresh_at < n else 0
             turn = np.arange(lo, lo + min(budget, n), dtype=np.int64) % max(n, 1)
@@ -514,7 +522,8 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
                                              ("send_threshold", args.send_threshold),
                                              ("contraction_threshold", args.send_contraction),
                                              ("max_hold", args.max_hold),
-                                             ("flush_every", args.flush_every), ("top_rows", args.top_rows)) if value}
+                                             ("flush_every", args.flush_every),
+                                             ("refresh_recent", args.refresh_recent), ("top_rows", args.top_rows)) if value}
     for i in range(workers_n):
         store = SimulatedReplica(server, 100, 9 + 2 * i, seed=1, shard=shared, refresh_share=args.refresh_share,
                                  rules=rules)
@@ -620,6 +629,7 @@ def report(args, r: dict) -> None:
           + (f"at most {args.top_rows} deltas a sync, " if args.top_rows else "")
           + (f"held at most {args.max_hold} syncs, " if args.max_hold else "")
           + (f"every held row sent every {args.flush_every} syncs, " if args.flush_every else "")
+          + (f"listed rows refreshed if trained in the last {args.refresh_recent} syncs, " if args.refresh_recent else "")
           + (f"rows listed once moved {args.list_threshold} of the row, " if args.list_threshold else "")
           + f"{r['rounds']} rounds, {r['seconds']:.0f} s")
     print(f"trained: {r['kept']:,} tokens kept ({r['kept'] / r['tokens']:.1%} of those read), {r['pairs']:,} pairs; "
@@ -671,6 +681,8 @@ def main() -> int:
                          "its size (0: no limit)")
     ap.add_argument("--flush-every", type=int, default=0,
                     help="with --send-threshold: every M-th sync sends every held delta (the workers' rule)")
+    ap.add_argument("--refresh-recent", type=int, default=0,
+                    help="only the listed rows trained here within the last M syncs are refreshed (0: every held one)")
     ap.add_argument("--list-threshold", type=float, default=0.0,
                     help="the servers list a row as changed to the other replicas (which refresh it) once the merges "
                          "moved it by X |row| since it was last listed (0: at every change)")

@@ -112,3 +112,18 @@ def test_a_small_delta_waits_and_grows_until_it_goes_and_a_flush_sends_it():
     k, r, out, pushed, fresh = shard.collect_parts()
     assert k[:pushed].tolist() == [20]
     np.testing.assert_allclose(out[0, :8], 0.001, rtol=1e-3)
+
+
+def test_rows_the_sender_moved_last_come_back_as_their_accumulator_alone():
+    rng = np.random.default_rng(2)
+    rows = rng.normal(size=(6, DIM + 1)).astype(np.float32)
+    full = np.array([True, False, True, False, False, True])
+    vals, lens = delta_wire.pack_answer_sparse(rows, full, DIM)
+    assert len(vals) == 3 * delta_wire.answer_width(DIM) + 3
+    base = rng.normal(size=(6, DIM)).astype(np.float32)
+    out = delta_wire.unpack_answer_sparse(vals, lens, 6, DIM, base)
+    np.testing.assert_array_equal(out[:, DIM], rows[:, DIM])
+    np.testing.assert_array_equal(out[~full, :DIM], base[~full])          # apply() leaves those rows as they are
+    np.testing.assert_allclose(out[full, :DIM], rows[full, :DIM], rtol=1e-3, atol=1e-4)
+    with pytest.raises(ValueError, match="lengths"):
+        delta_wire.unpack_answer_sparse(vals, np.full(6, 7, np.int32), 6, DIM, base)

@@ -11,6 +11,9 @@ unchanged (the values are never read as floats on the way) and a stock ps-lite n
 * **Back** (server -> worker), per key, ``answer_width(dim)`` words: the row's accumulator (float32), then
   ``dim`` float16 values padded to a whole word. The replica takes the float16 row as its base: the servers keep
   float32, so the rounding never accumulates, and the replica's next delta is measured from what it received.
+  A row this sender moved last before this delta (no other replica's delta reached it since) is what the replica
+  already holds plus what it sent, so its answer is the accumulator alone: one word (ps-lite's ``lens`` give
+  each key's length).
 
 At dim 100 a row goes out in 112 bytes instead of 404 and comes back in 204 instead of 404 (keys apart).
 Design: docs/design/0008-scalable-exchange.md
@@ -114,4 +117,43 @@ def unpack_answer(vals: np.ndarray, n: int, dim: int) -> np.ndarray:
     out = np.empty((n, dim + 1), dtype=np.float32)
     out[:, :dim] = wire.view(np.float16)[:, 2:2 + dim]
     out[:, dim] = wire[:, 0]
+    return out
+
+
+def pack_answer_sparse(rows: np.ndarray, full: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merged rows [n, dim + 1] as packed answer words and ps-lite lens: the rows ``full`` marks with their
+    float16 values, the others with their accumulator alone (the sender holds their value)."""
+    n = len(rows)
+    width = answer_width(dim)
+    lens = np.where(full, width, 1).astype(np.int32)
+    wire = np.zeros((n, width), dtype=np.float32)
+    wire[:, 0] = rows[:, dim]
+    wire.view(np.float16)[:, 2:2 + dim] = rows[:, :dim]
+    if full.all():
+        return wire.reshape(-1), lens
+    keep = np.ones((n, width), dtype=bool)
+    keep[~full, 1:] = False
+    return wire[keep], lens
+
+
+def unpack_answer_sparse(vals: np.ndarray, lens: np.ndarray | None, n: int, dim: int,
+                         base: np.ndarray) -> np.ndarray:
+    """Packed answer words (with ``lens``, or all full without) as merged rows [n, dim + 1]; a key answered with
+    its accumulator alone gets ``base`` (the replica's base of that row, [n, dim]) as its value, which
+    ``ReplicaShard.apply`` then leaves as it is."""
+    if lens is None or not len(lens):
+        return unpack_answer(vals, n, dim)
+    width = answer_width(dim)
+    vals = np.ascontiguousarray(vals, dtype=np.float32)
+    lens = np.asarray(lens)
+    if len(lens) != n or not np.isin(lens, (1, width)).all() or int(lens.sum()) != len(vals):
+        raise ValueError(f"packed answer of {len(vals)} words and {len(lens)} lengths for {n} keys of dim {dim}")
+    full = lens == width
+    starts = np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.int64)
+    out = np.empty((n, dim + 1), dtype=np.float32)
+    out[:, dim] = vals[starts]
+    out[~full, :dim] = base[~full]
+    if full.any():
+        idx = starts[full][:, None] + np.arange(width)[None, :]
+        out[full, :dim] = vals[idx].view(np.float16)[:, 2:2 + dim]
     return out

@@ -287,7 +287,7 @@ class ReplicaStore:
             for i, (ts, k, r) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
                 if parts[i][0] == pc.CMD_DELTA_PACKED:
-                    merged = delta_wire.unpack_answer(res.vals, len(k), self.dim)
+                    merged = delta_wire.unpack_answer_sparse(res.vals, res.lens, len(k), self.dim, self.shard.base[r])
                 else:
                     merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
                 # Fresh rows too: what was trained on them while this sync was in flight stays on top of the

@@ -165,7 +165,7 @@ class ShardService:
             handler = self._KV_COMMANDS.get(req.cmd, ShardService._kv_unknown)
             vals = handler(self, req, data)
             if vals is not None:
-                server.response(req, KVPairs(keys, vals))
+                server.response(req, KVPairs(keys, *vals) if isinstance(vals, tuple) else KVPairs(keys, vals))
                 return
         except ValueError as exc:
             # Answer anyway (an empty response) so the sender does not hang; the error is
@@ -182,7 +182,8 @@ class ShardService:
             self.m_latency.observe(time.perf_counter() - t0)
         server.response(req)
 
-    # Each KV command's handler: the flat values a pull is answered with, or None (acknowledged empty).
+    # Each KV command's handler: the flat values a pull is answered with (or values and ps-lite lens), or None
+    # (acknowledged empty).
     # A malformed request raises ValueError, which ``handle_kv`` counts, logs and answers empty.
     def _kv_unknown(self, req: KVMeta, data: KVPairs) -> None:
         raise ValueError(f"unknown command {req.cmd} (push={req.push}, pull={req.pull})")
@@ -243,15 +244,17 @@ class ShardService:
             vals = data.vals.reshape(n, width)
             deltas, acc = vals[:, :dim], vals[:, dim]
             contraction = vals[:, dim + 1] if width == dim + 2 else None
-        answer = self.shard.add_deltas(keys, deltas, acc, fresh=req.cmd == pc.CMD_DELTA_FRESH,
-                                       sender=self.merge_groups.get(req.sender, req.sender), contraction=contraction)
+        sender = self.merge_groups.get(req.sender, req.sender)
+        held = self.shard.last_movers(keys) == sender if req.cmd == pc.CMD_DELTA_PACKED else None
+        answer = self.shard.add_deltas(keys, deltas, acc, fresh=req.cmd == pc.CMD_DELTA_FRESH, sender=sender,
+                                       contraction=contraction)
         self._list(keys, deltas, answer)
         self.c.pushes += 1
         self.c.keys_pushed += n
         self.m_requests["deltas"].inc()
         self.m_keys_pushed.inc(n)
-        if req.cmd == pc.CMD_DELTA_PACKED:
-            return delta_wire.pack_answer(answer, dim)
+        if held is not None:   # rows this sender moved last hold what it has plus what it sent: their accumulator
+            return delta_wire.pack_answer_sparse(answer, ~held, dim)
         return answer.reshape(-1)
 
     def _list(self, keys: np.ndarray, deltas: np.ndarray, answer: np.ndarray) -> None:

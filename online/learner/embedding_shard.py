@@ -537,6 +537,17 @@ class EmbeddingShard:
             self._last_mover = grown
         self._last_mover[rows] = sender
 
+    def last_movers(self, keys: np.ndarray) -> np.ndarray:
+        """The sender whose delta last moved each key's row (-1: none, or no row): a sender that moved a row last
+        holds its value, so the answer to its next delta of it may leave the row out
+        (``online.cluster.delta_wire``)."""
+        with self._lock:
+            rows = self._index.lookup(np.ascontiguousarray(keys, dtype=np.uint64))
+            out = np.full(len(rows), -1, dtype=np.int64)
+            known = (rows >= 0) & (rows < len(self._last_mover))
+            out[known] = self._last_mover[rows[known]]
+            return out
+
     def changed_keys_since(self, version: int, asker: int = -1, listing=None) -> tuple[int, np.ndarray]:
         """(the version now, the keys of the live rows changed after ``version``): what a worker's replica
         refreshes (``online.cluster.replica``); one pass over the stamps, no removal log. Rows ``asker`` moved
