@@ -7,6 +7,7 @@ the Marathon group on this machine.
                              [--containers IMAGE]     # each task a container of IMAGE (podman)
     livevec deploy image [--tag T] [--engine auto|podman|docker] [--base auto|debootstrap|default|IMAGE]
     livevec deploy healthcheck                        # the container image's HEALTHCHECK
+    livevec deploy kernels                            # compile the kernels into NUMBA_CACHE_DIR (image build)
 """
 from __future__ import annotations
 
@@ -89,6 +90,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     image.add_argument("--force", action="store_true", help="build even when the inputs are unchanged")
 
     sub.add_parser("healthcheck", help="probe this container's role (the image's HEALTHCHECK); exit 0 if healthy")
+    sub.add_parser("kernels", help="compile the roles' numba kernels into NUMBA_CACHE_DIR: the image's kernel cache, "
+                                   "made when it is built (online/cli/kernel_warm.py)")
 
 
 def _topology(args):
@@ -148,6 +151,9 @@ def run(args) -> int:
         return _check(args)
     if args.action == "image":
         return _image(args)
+    if args.action == "kernels":
+        from online.cli import kernel_warm
+        return kernel_warm.run(args)
     if args.action == "healthcheck":
         import os
 

@@ -13,6 +13,7 @@ from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from online.frontend.allocator import give_freed_memory_back
 from online.frontend.app import build_source, create_app, serve
 from online.frontend.settings import add_arguments, settings_from
+from online.learner import kernel_cache
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,7 @@ def read_settings(args: argparse.Namespace, env=None):
 
 def run(args: argparse.Namespace) -> int:
     settings, deadline = read_settings(args)
+    kernel_cache.prepare("frontend")   # the image's compiled search kernels, for it and its search processes
     give_freed_memory_back()           # before any thread starts (a sync's temporaries: see the module)
     source = build_source(settings, os.environ)
     app = create_app(settings, source)

@@ -16,6 +16,7 @@ import threading
 from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.server import SERVER_GROUPS, ServerSettings, build
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
+from online.learner import kernel_cache
 from ps_bridge.roles import serve_metrics
 from ps_bridge.settings import add_groups
 from ps_bridge.structured_logging import log_event
@@ -37,6 +38,7 @@ def read_settings(args: argparse.Namespace, env=None) -> tuple[ServerSettings, s
 
 def run(args: argparse.Namespace) -> int:
     settings, directory, directory_timeout, deadline = read_settings(args)
+    kernel_cache.prepare("server")   # the image's compiled kernels: the first merges compile nothing
     extension = None
     if directory:
         from online.checkpoint.participants import ServerCheckpointing

@@ -19,6 +19,7 @@ from online.checkpoint.settings import CHECKPOINTS, checkpoint_dir, io_timeout
 from online.cluster.stopping import STOP_TIMEOUT, STOPPING, StopDeadline
 from online.cluster.segment_check import HostReplicaError, check_before_joining
 from online.cluster.worker import WORKER_GROUPS, StreamingWorker, WorkerExtension, WorkerSettings, host_replica_rows
+from online.learner import kernel_cache
 from online.learner.trainer import warm_up
 from online.stream.reader import KafkaStream
 from online.stream.security import KafkaUnreachable
@@ -65,6 +66,7 @@ def check_host_replica(settings: WorkerSettings) -> None:
 def run(args: argparse.Namespace) -> int:
     settings, directory, deadline = read_settings(args)
     check_host_replica(settings)   # a host replica this worker cannot share stops it here, before it joins anything
+    kernel_cache.prepare("worker")   # the image's compiled kernels into NUMBA_CACHE_DIR, before the first one runs
     return asyncio.run(_main(settings, directory, deadline))
 
 
@@ -117,8 +119,9 @@ async def _main(settings: WorkerSettings, directory: str | None, stop: StopDeadl
         return 0
     if settings.exchange == "replica":   # before joining Kafka's group and the cluster: a cold compile holds the GIL
         took = await asyncio.to_thread(warm_up, settings.learner)
+        compiles, compile_s = kernel_cache.WATCH.totals()   # 0: every kernel came from the cache
         log_event(log, "kernel_compiled", kernel=settings.learner.kernel, dim=settings.learner.dim,
-                  seconds=round(took, 2))
+                  seconds=round(took, 2), compiles=compiles, compile_s=round(compile_s, 2))
     kv = await asyncio.to_thread(start_worker, settings.node, registry=registry)
     serve_metrics(kv.po, settings.metrics_port)
     await stream.start()

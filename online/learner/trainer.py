@@ -477,4 +477,5 @@ def warm_up(config: LearnerConfig) -> float:
     toy = replace(config, min_count=1, sample=0.0, vocab_capacity=64, kernel=kernel_for(config.kernel, 1))
     trainer = Trainer(toy, inplace=True)
     trainer.train_sentences([["warm", "up", "the", "window", "of", "words"]] * 4)
+    trainer.train_records(["warm up the window of words"] * 4)   # a stream's path: the records' own buffers
     return time.perf_counter() - t0
