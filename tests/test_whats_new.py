@@ -506,3 +506,38 @@ def test_drift_checkpoints_go_to_the_temporary_directory_unless_kept_in_memory(t
     with pytest.raises(SettingError) as err:
         settings_from(None, base)
     assert str(err.value).startswith("LIVEVEC_DRIFT_DIR") and "'memory'" in str(err.value)
+
+
+def test_a_checkpoint_copy_holds_no_snapshot_and_gives_up_on_a_reload(tmp_path, monkeypatch):
+    """A checkpoint of 10M rows takes half a minute to copy; a snapshot held that long keeps every row the
+    syncs retire meanwhile (the pool grew by half, 5 GB, at 10M words). So the copy reads the served
+    snapshot block by block and lets each go; a reload in between (rows renumbered) skips the checkpoint."""
+    from online.frontend import whats_new
+
+    monkeypatch.setattr(whats_new, "_BLOCK", 2)
+    holder, clock, wn = recorder(drift_interval=1.0, drift_dir=tmp_path)
+    holder.swap(holder.current.apply(delta(1, ["a", "b", "c", "d", "e"], full=True)))
+    first = weakref.ref(holder.current)
+    seen = []
+
+    def served():
+        seen.append(holder.current.version)
+        if len(seen) == 2:           # a sync while the copy runs: the first snapshot must be free to go
+            holder.swap(holder.current.apply(delta(2, ["a"])))
+            gc.collect()
+            assert first() is None
+        return holder.current
+
+    past = whats_new.PastModel(served, tmp_path)
+    assert seen == [1, 1, 2, 2] and past.version == 1 and past.n == 5
+    assert np.allclose(past.vector(0), holder.current.unit_row(0), atol=1e-3)     # read after the sync
+    assert np.allclose(past.vector(4), holder.current.unit_row(4), atol=1e-3)
+
+    def reloaded():
+        seen.append(0)
+        if len(seen) > 6:
+            holder.swap(holder.current.apply(delta(3, ["e", "d", "c", "b", "a"], full=True)))
+        return holder.current
+
+    with pytest.raises(whats_new.Stale):
+        whats_new.PastModel(reloaded, tmp_path)

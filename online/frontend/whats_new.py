@@ -75,6 +75,10 @@ class HistoryLookupError(LookupError):
         self.code, self.message, self.extra = code, message, extra
 
 
+class Stale(RuntimeError):
+    """The served model's rows were renumbered while a checkpoint was copied from it."""
+
+
 class PastModel:
     """What ``drift`` needs of a past snapshot: words and keys (by reference), float16 unit vectors and
     their norms after the rounding (so that scores are cosines of the stored vectors).
@@ -84,11 +88,21 @@ class PastModel:
     ``pread`` a block at a time: no mapping, so a drift query's scan adds nothing to the process's
     resident memory. Without, they are an array in memory."""
 
-    def __init__(self, index: ModelIndex, directory: str | os.PathLike | None = None):
+    def __init__(self, index: ModelIndex | Callable[[], ModelIndex], directory: str | os.PathLike | None = None):
+        """From ``index``, or block by block from the snapshot ``index()`` serves at that moment: a copy of
+        10M rows takes half a minute, and a snapshot held that long keeps its rows and buffer from the
+        syncs' reuse (``row_store``: rows retired meanwhile pile up, until the pool grows by half). Read so,
+        the vectors are the served model's over the copy's duration. ``Stale`` if the rows were renumbered
+        meanwhile (a full reload, a removal)."""
+        current = index if callable(index) else (lambda held=index: held)
+        index = current()
         self.version = index.version
         self.words = index.words
         self.keys = index.keys
         self._dim = index.dim
+        self.served = weakref.ref(index)
+        store = index.store
+        del index
         self._fd: int | None = None
         self.unit: np.ndarray | None = None
         norms = np.empty(self.n, np.float32)
@@ -100,7 +114,11 @@ class PastModel:
             self._fd = fd
             self._finalizer = weakref.finalize(self, os.close, fd)
         for start in range(0, self.n, _BLOCK):      # in blocks: no float32 copy of the whole model
+            index = current()
+            if index.store is not store:
+                raise Stale("the model was reloaded while its drift checkpoint was copied")
             block = index.unit_rows(np.arange(start, min(self.n, start + _BLOCK))).astype(np.float16)
+            del index
             norms[start:start + len(block)] = np.linalg.norm(block.astype(np.float32), axis=1)
             if self.unit is not None:
                 self.unit[start:start + len(block)] = block
@@ -243,23 +261,26 @@ class WhatsNew:
         """Record what changed since the last look at the served snapshot (keeping no reference to it).
 
         A drift checkpoint copies every row (about 27 s at 10M words in a background thread), so it
-        is made outside the lock: ``/v1/stats`` reads the history's size on the event loop, and
-        waiting for the lock stalled every request for that long."""
+        is made outside the lock (``/v1/stats`` reads the history's size on the event loop, and
+        waiting for the lock stalled every request for that long) and holds no snapshot meanwhile."""
         with self._lock:
             index = self._observe(self.clock() if now is None else now, checkpoint=False)
             now = self._last_at
             due = index is not None and self._checkpoint_due(index, now)
             self._checkpointing |= due
+        del index                       # the copy reads the served snapshot block by block (``PastModel``)
         if not due:
             return
         past = None
         try:
-            past = PastModel(index, self.drift_dir)
+            past = PastModel(lambda: self.holder.current, self.drift_dir)
+        except Stale as exc:            # taken at the next look
+            log_event(log, "drift_checkpoint_skipped", reason=str(exc))
         finally:
             with self._lock:            # one step: no other look sees the flag down before it is filed
                 self._checkpointing = False
                 if past is not None:
-                    self._checkpoints.append(DriftCheckpoint(self._next_id, now, past, weakref.ref(index)))
+                    self._checkpoints.append(DriftCheckpoint(self._next_id, now, past, past.served))
                     self._next_id += 1
 
     def _checkpoint_due(self, index: ModelIndex, now: float) -> bool:

@@ -64,6 +64,9 @@ class IvfLists:
     # of 2), and recall@10 the same (0.9910 / 0.9915 at nprobe 32). The codes' error (about 0.01)
     # only reorders lists whose scores are that close, at the edge of the nprobe best
     centroid_codes: tuple | None = None
+    # whole tiles below ``n_tiles`` filed in no list (``tile_list`` -1): tiles an install emptied, taken
+    # before the tiles beyond ``n_tiles``
+    spare: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self):
         if self.centroid_codes is None and len(self.centroids):
@@ -81,6 +84,7 @@ class IvfLists:
         return {"lists": self.lists, "tiles": self.n_tiles, "built_version": self.built_version,
                 "built_rows": self.built_rows, "built_at": round(self.built_at, 3),
                 "build_seconds": round(self.build_seconds, 2), "rows_placed_since_build": self.drift,
+                "spare_tiles": len(self.spare),
                 "largest_list_tiles": int(sizes.max(initial=0))}
 
 
@@ -192,13 +196,20 @@ def _take_free(targets, list_ptr, list_tiles, free, slot_row, rows, freed, freed
 
 
 def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.ndarray, freed_slots: np.ndarray,
-          cap_tiles: int, drift: int | None = None) -> tuple[IvfLists, np.ndarray, np.ndarray]:
+          cap_tiles: int, drift: int | None = None,
+          freed_tiles: np.ndarray | None = None) -> tuple[IvfLists, np.ndarray, np.ndarray]:
     """Slots in lists ``targets`` for ``rows`` (every row a sync writes), marked in ``slot_row``
-    (the buffer being written); ``freed_slots`` are free again (reclaimed), one more in each one's list;
-    ``drift``: how many of the rows are new or changed list (default all).
-    Returns the next lists, the slots, and the tiles taken from the spare ones."""
+    (the buffer being written); ``freed_slots`` are free again (reclaimed), one more in each one's list
+    (slots of tiles filed in no list are not counted); ``freed_tiles``: whole tiles free again (their
+    slots already -1), spare from now on; ``drift``: how many of the rows are new or changed list
+    (default all). A list that needs tiles takes spare ones first, then those beyond ``n_tiles``.
+    Returns the next lists, the slots, and the tiles taken."""
     drift = len(rows) if drift is None else drift
     freed_slots = np.asarray(freed_slots, np.int64)
+    if len(freed_slots):
+        freed_slots = freed_slots[ivf.tile_list[freed_slots // TILE_ROWS] >= 0]
+    spare = ivf.spare if freed_tiles is None or not len(freed_tiles) else \
+        np.concatenate([ivf.spare, np.asarray(freed_tiles, np.int64)])
     freed_lists = ivf.list_of_slots(freed_slots)
     free = ivf.free.copy()
     np.add.at(free, freed_lists, 1)
@@ -210,21 +221,23 @@ def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.nda
                np.ascontiguousarray(freed_slots[by_list], dtype=np.int64), freed_ptr, slots)
     full = np.flatnonzero(slots < 0)
     if not len(full):
-        return replace(ivf, free=free, drift=ivf.drift + drift), slots, np.zeros(0, np.int64)
+        return replace(ivf, free=free, drift=ivf.drift + drift, spare=spare), slots, np.zeros(0, np.int64)
     by_list = np.argsort(targets[full], kind="stable")
     full = full[by_list]
     lists, first, counts = np.unique(targets[full], return_index=True, return_counts=True)
     need = -(-counts // TILE_ROWS)
     total = int(need.sum())
-    if ivf.n_tiles + total > cap_tiles:
-        raise OverflowError(f"the inverted file needs {ivf.n_tiles + total} tiles, the buffer has {cap_tiles}")
-    new_tiles = np.arange(ivf.n_tiles, ivf.n_tiles + total, dtype=np.int64)
-    owner = np.repeat(lists, need)
+    reused = min(total, len(spare))
+    n_tiles = ivf.n_tiles + total - reused
+    if n_tiles > cap_tiles:
+        raise OverflowError(f"the inverted file needs {n_tiles} tiles, the buffer has {cap_tiles}")
+    new_tiles = np.concatenate([spare[len(spare) - reused:], np.arange(ivf.n_tiles, n_tiles, dtype=np.int64)])
+    spare = spare[:len(spare) - reused]
     tile_start = np.concatenate([[0], np.cumsum(need)[:-1]])          # first new tile of each list
-    for lst, f, c, t0 in zip(lists.tolist(), first.tolist(), counts.tolist(), tile_start.tolist()):
-        idx = full[f:f + c]
-        slots[idx] = (ivf.n_tiles + t0) * TILE_ROWS + np.arange(c)
-        free[lst] += need[np.searchsorted(lists, lst)] * TILE_ROWS - c
+    at = np.empty(len(full), np.int64)                                # each row's rank among its list's new rows
+    at[:] = np.arange(len(full)) - np.repeat(first, counts)
+    slots[full] = new_tiles[np.repeat(tile_start, counts) + at // TILE_ROWS] * TILE_ROWS + at % TILE_ROWS
+    np.add.at(free, lists, need * TILE_ROWS - counts)
     slot_row[slots[full]] = rows[full]
     # the CSR gains the new tiles at the end of each list
     tiles_per = np.diff(ivf.list_ptr)
@@ -238,9 +251,37 @@ def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.nda
     list_tiles[keep_pos] = ivf.list_tiles
     new_pos = np.repeat(list_ptr[:-1] + tiles_per, add) + (np.arange(total) - np.repeat(np.cumsum(add) - add, add))
     list_tiles[new_pos] = new_tiles
-    tile_list = np.concatenate([ivf.tile_list[:ivf.n_tiles], owner])
+    tile_list = np.full(n_tiles, -1, np.int64)
+    tile_list[:ivf.n_tiles] = ivf.tile_list[:ivf.n_tiles]
+    tile_list[new_tiles] = np.repeat(lists, need)
     return (replace(ivf, list_ptr=list_ptr, list_tiles=list_tiles, tile_list=tile_list, free=free,
-                    n_tiles=ivf.n_tiles + total, drift=ivf.drift + drift), slots, new_tiles)
+                    n_tiles=n_tiles, drift=ivf.drift + drift, spare=spare), slots, new_tiles)
+
+
+def without_tiles(ivf: IvfLists, below: int) -> IvfLists:
+    """``ivf`` with every tile below ``below`` taken out of its lists (tiles an install has emptied)."""
+    keep = ivf.list_tiles >= below
+    owner = np.repeat(np.arange(ivf.lists, dtype=np.int64), np.diff(ivf.list_ptr))
+    list_ptr = np.zeros(ivf.lists + 1, np.int64)
+    np.cumsum(np.bincount(owner[keep], minlength=ivf.lists), out=list_ptr[1:])
+    return replace(ivf, list_ptr=list_ptr, list_tiles=ivf.list_tiles[keep])
+
+
+@njit(nogil=True, cache=True)
+def merge_probes(tiles_a, ptr_a, tiles_b, ptr_b):
+    """Per query, the tiles of one probe then those of another (an install's two sets of lists)."""
+    b = len(ptr_a) - 1
+    ptr = ptr_a + ptr_b
+    out = np.empty(ptr[b], np.int64)
+    for i in range(b):
+        at = ptr[i]
+        for j in range(ptr_a[i], ptr_a[i + 1]):
+            out[at] = tiles_a[j]
+            at += 1
+        for j in range(ptr_b[i], ptr_b[i + 1]):
+            out[at] = tiles_b[j]
+            at += 1
+    return out, ptr
 
 
 def probe(ivf: IvfLists, queries: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:

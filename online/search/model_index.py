@@ -108,6 +108,8 @@ def warm_up() -> None:
     ivf_lists.nearest_among(rows, np.arange(4), np.zeros(4, np.int64), np.zeros((1, 1), np.int64), rows[:1])
     ivf_lists.moved_far(rows, np.arange(4), rows, np.arange(4), 0.9)
     ivf_lists._probe(rows, 2, np.arange(5, dtype=np.int64), np.arange(4, dtype=np.int64))
+    ivf_lists.merge_probes(np.zeros(1, np.int64), np.array([0, 1], np.int64), np.zeros(1, np.int64),
+                           np.array([0, 1], np.int64))
     from online.search import row_store
     row_store.scatter_rows(rows.copy(), np.arange(4), rows, np.arange(4))
     for a in (np.zeros(4, np.float32), np.zeros(4, np.int64)):
@@ -145,19 +147,19 @@ class ModelIndex(Snapshot):
 
     @classmethod
     def for_search(cls, n: int, dim: int, n_tiles: int, config: SearchConfig, arrays: dict,
-                   ivf: ivf_lists.IvfLists | None) -> "ModelIndex":
+                   ivf: ivf_lists.IvfLists | None, ivf_next: ivf_lists.IvfLists | None = None) -> "ModelIndex":
         """A snapshot that can only ``search_rows``: the arrays ``SEARCHED`` of one held elsewhere (a search
         process's view of the front end's snapshot, mapped from shared memory)."""
         self = cls.__new__(cls)
         self.version, self.store, self._buffer, self.config = -1, None, None, config
-        self._n, self._dim, self.n_tiles, self.ivf = int(n), int(dim), int(n_tiles), ivf
+        self._n, self._dim, self.n_tiles, self.ivf, self.ivf_next = int(n), int(dim), int(n_tiles), ivf, ivf_next
         for name in cls.SEARCHED:
             setattr(self, name, arrays[name])
         return self
 
     def needs_apply(self) -> bool:
         """Whether a sync should call ``apply`` even without changes: new lists wait to be installed."""
-        return self.store is not None and self.store.pending_ivf is not None
+        return self.store is not None and (self.store.pending_ivf is not None or self.store.relayout is not None)
 
     # ------------------------------------------------------------------ search
     def query_vector(self, positive_rows: list[int], negative_rows: list[int]) -> np.ndarray:
@@ -205,6 +207,9 @@ class ModelIndex(Snapshot):
         ptr, flat = _exclusions(exclude)
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         tile_ids, tile_ptr = ivf_lists.probe(self.ivf, queries, nprobe or self.config.nprobe)
+        if self.ivf_next is not None:          # an install under way: its lists hold the rows moved so far
+            tile_ids, tile_ptr = ivf_lists.merge_probes(
+                tile_ids, tile_ptr, *ivf_lists.probe(self.ivf_next, queries, nprobe or self.config.nprobe))
         top, top_scores, _ = int8_prefilter.probed_top_k(self._pool, self.row_phys, self._code_arrays,
                                                          self.slot_row, queries, tile_ids, tile_ptr, ptr, flat, kk)
         valid = (top >= 0) & (top_scores != -np.inf)

@@ -33,9 +33,8 @@ two copies and writing the one no reader holds avoids the copy but doubles the m
      the last sync wrote (``Change``), O(changed rows).
   3. write this sync's changes into it, publish the new snapshot on it.
 
-So no array element anyone can still read is ever written. New lists (an inverted file built in the
-background) get new code arrays, laid out for them; the old ones stay with the snapshots that read
-them. Counts are not in the buffers: they are small (8 bytes a row) and kept by reference as history
+So no array element anyone can still read is ever written. New lists (an inverted file) are filled in
+the same code arrays, out of place too, a part per sync (``snapshot_writer.Relayout``). Counts are not in the buffers: they are small (8 bytes a row) and kept by reference as history
 (``whats_new``), so each snapshot that changes them gets its own array. Rows beyond a snapshot's
 ``n`` and tiles beyond its ``tiles`` are spare capacity (``np.zeros``: untouched pages cost nothing).
 """
@@ -233,6 +232,8 @@ class UnitPool:
         # (state, physical rows, the code slots they held): what a write left, free once no snapshot reads it
         self.retired: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.freed_slots: list[np.ndarray] = []      # slots reclaimed, for the next write to mark empty
+        self.retired_tiles: list[tuple[int, np.ndarray]] = []   # whole code tiles an install emptied, by state
+        self.freed_tiles: list[np.ndarray] = []      # tiles reclaimed, for the next write to make spare
         self.counters = {"grown": 0, "retired_rows": 0}
 
     @property
@@ -257,6 +258,17 @@ class UnitPool:
             self.retired.append((state, np.asarray(phys, np.int64), np.asarray(slots, np.int64)))
             self.counters["retired_rows"] += len(phys)
 
+    def retire_tiles(self, state: int, tiles: np.ndarray) -> None:
+        """Whole tiles a write emptied (an install moving their rows into lists): free for other lists
+        once no snapshot reads state ``state`` or older."""
+        if len(tiles):
+            self.retired_tiles.append((state, np.asarray(tiles, np.int64)))
+
+    def take_freed_tiles(self) -> np.ndarray:
+        out = np.concatenate(self.freed_tiles) if self.freed_tiles else np.zeros(0, np.int64)
+        self.freed_tiles = []
+        return out
+
     def retired_rows(self) -> int:
         return sum(len(p) for _, p, _ in self.retired)
 
@@ -270,16 +282,13 @@ class UnitPool:
             else:
                 keep.append((state, phys, slots))
         self.retired = keep
+        self.freed_tiles += [tiles for state, tiles in self.retired_tiles if state <= oldest_live_state]
+        self.retired_tiles = [(state, tiles) for state, tiles in self.retired_tiles if state > oldest_live_state]
 
     def take_freed_slots(self) -> np.ndarray:
         out = np.concatenate(self.freed_slots) if self.freed_slots else np.zeros(0, np.int64)
         self.freed_slots = []
         return out
-
-    def forget_slots(self) -> None:
-        """A new layout of the codes: the slots of the old one mean nothing in it."""
-        self.retired = [(state, phys, np.zeros(0, np.int64)) for state, phys, _ in self.retired]
-        self.freed_slots = []
 
     def _give_back(self, phys: np.ndarray) -> None:
         if self.n_free + len(phys) > len(self.free):
@@ -304,7 +313,7 @@ class UnitPool:
 @dataclass
 class Change:
     """What one write put into a buffer: replaying it from that buffer brings the other one, which
-    holds ``from_state``, to ``to_state``. ``everything``: the layout changed, copy it all."""
+    holds ``from_state``, to ``to_state``."""
 
     from_state: int
     to_state: int
@@ -313,12 +322,11 @@ class Change:
     tiles: np.ndarray
     n_rows: int
     n_tiles: int
-    everything: bool = False
 
 
 class Store:
     """One lineage of snapshots: its two buffers, the append-only key and word arrays they
-    share, the last ``Change``, and the inverted file's hand-over (``pending_ivf``, ``watch``)."""
+    share, the last ``Change``, and the inverted file's hand-over (``pending_ivf``, ``watch``, ``relayout``)."""
 
     def __init__(self, config, dim: int, keys_all: np.ndarray, words_all: WordArena, buffer: Buffer,
                  pool: UnitPool, codes: CodeStore):
@@ -334,6 +342,7 @@ class Store:
         self.change: Change | None = None
         self.lock = threading.Lock()          # apply vs the IVF builder's hand-over
         self.pending_ivf = None               # a finished build waiting to be installed by the next sync
+        self.relayout = None                  # its install under way (snapshot_writer.Relayout): a part per sync
         self.watch: np.ndarray | None = None  # rows changed since the running build read them
         self.building = False
         self.generation = 0                   # a build started in another generation is void
@@ -366,12 +375,9 @@ class Store:
         return found[:n]
 
     # ----------------------------------------------------------------- buffers
-    def writable(self, src: Buffer, n_rows: int, n_tiles: int, need_rows: int, need_tiles: int,
-                 new_codes: bool = False) -> Buffer:
+    def writable(self, src: Buffer, n_rows: int, n_tiles: int, need_rows: int, need_tiles: int) -> Buffer:
         """A buffer other than ``src`` that no live snapshot reads, holding what ``src`` holds
-        and with room for ``need_rows`` rows and ``need_tiles`` tiles. ``new_codes``: the caller lays
-        out new code arrays itself (an inverted file's install), so the old ones are not copied into
-        larger ones first (at 10M words that copy would be 1.3 GB more at the install's peak)."""
+        and with room for ``need_rows`` rows and ``need_tiles`` tiles."""
         if need_rows > src.cap_rows or need_tiles > src.cap_tiles:
             # only what ran out grows: the maps are filled with -1, so all of their capacity is resident
             # (an install needs more tiles, not more rows: 1.5x the rows cost 200 MB more at 10M words)
@@ -380,7 +386,7 @@ class Store:
             cap_tiles = max(cap_tiles, -(-cap_rows // TILE_ROWS) + 16)
             target = Buffer(cap_rows, cap_tiles, self.dim)
             target.copy_used(src, n_rows, n_tiles)
-            if cap_tiles > self.codes.cap_tiles and not new_codes:
+            if cap_tiles > self.codes.cap_tiles:
                 self.codes = self.codes.grown(cap_tiles, max(n_tiles, src.used_tiles))
             self._leave(self.buffers)         # the old pair stays with the snapshots that read it
             self.buffers = [target]
@@ -401,7 +407,7 @@ class Store:
             self._reclaim()
             return target
         change = self.change
-        if (change is not None and not change.everything and change.to_state == src.state
+        if (change is not None and change.to_state == src.state
                 and change.from_state == target.state):
             target.copy_change(src, change)
             self.counters["catch_up_rows"] += len(change.rows)

@@ -160,12 +160,8 @@ class _Process:
         self.added = []
         try:
             arrays = {name: self._ship(getattr(index, name), forget_values) for name in ModelIndex.SEARCHED}
-            ivf = None
-            if index.ivf is not None:
-                lists = index.ivf
-                ivf = {name: self._ship(getattr(lists, name), forget_values) for name in IVF_FIELDS}
-                ivf["centroid_codes"] = tuple(self._ship(a, forget_values) for a in lists.centroid_codes)
-                ivf.update({name: getattr(lists, name) for name in IVF_SCALARS})
+            ivf, ivf_next = (None if lists is None else self._ship_lists(lists, forget_values)
+                             for lists in (index.ivf, index.ivf_next))
         except NotShared:
             for key in self.added:                 # not sent after all
                 self.values.pop(key, None)
@@ -174,7 +170,14 @@ class _Process:
         self.snapshot = weakref.ref(index)
         return self._exchange({**base, "forget_blocks": forget_blocks, "forget_values": forget_values,
                                "snapshot": self.snapshot_token, "n": index.n, "dim": index.dim,
-                               "n_tiles": index.n_tiles, "config": index.config, "arrays": arrays, "ivf": ivf})
+                               "n_tiles": index.n_tiles, "config": index.config, "arrays": arrays, "ivf": ivf,
+                               "ivf_next": ivf_next})
+
+    def _ship_lists(self, lists: IvfLists, forget_values: list) -> dict:
+        out = {name: self._ship(getattr(lists, name), forget_values) for name in IVF_FIELDS}
+        out["centroid_codes"] = tuple(self._ship(a, forget_values) for a in lists.centroid_codes)
+        out.update({name: getattr(lists, name) for name in IVF_SCALARS})
+        return out
 
     def _exchange(self, request: dict) -> tuple:
         try:
@@ -369,15 +372,13 @@ def serve(sock: socket.socket, owner_pid: int) -> None:
                 values.pop(token, None)
             if "arrays" in request:
                 arrays = {name: take(item) for name, item in request["arrays"].items()}
-                ivf = None
-                if request["ivf"] is not None:
-                    spec = request["ivf"]
-                    ivf = IvfLists(**{name: take(spec[name]) for name in IVF_FIELDS},
-                                   centroid_codes=tuple(take(item) for item in spec["centroid_codes"]),
-                                   **{name: spec[name] for name in IVF_SCALARS})
+                ivf, ivf_next = (None if spec is None else IvfLists(
+                    **{name: take(spec[name]) for name in IVF_FIELDS},
+                    centroid_codes=tuple(take(item) for item in spec["centroid_codes"]),
+                    **{name: spec[name] for name in IVF_SCALARS}) for spec in (request["ivf"], request["ivf_next"]))
                 view[:] = [request["snapshot"], ModelIndex.for_search(request["n"], request["dim"], request["n_tiles"],
-                                                                      request["config"], arrays, ivf)]
-                del arrays, ivf
+                                                                      request["config"], arrays, ivf, ivf_next)]
+                del arrays, ivf, ivf_next
             top, scores, reasons = view[1].search_rows(request["queries"], request["exclude"], request["ks"])
             answer = ("ok", top, scores, reasons)
         except Exception as exc:       # a bug here must not take the process down: the owner falls back

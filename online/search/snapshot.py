@@ -67,7 +67,7 @@ class Snapshot:
     def __init__(self, version: int, store, buffer, n: int, n_tiles: int, keys_all: np.ndarray,
                  words_all: WordArena, counts: np.ndarray, key_index: KeyIndex, alpha: AlphaIndex,
                  ivf: ivf_lists.IvfLists | None = None, bad_rows: int = 0, updated_at: float | None = None,
-                 config: SearchConfig | None = None):
+                 config: SearchConfig | None = None, ivf_next: ivf_lists.IvfLists | None = None):
         self.version = int(version)
         self.store = store
         self._buffer = buffer
@@ -100,6 +100,8 @@ class Snapshot:
         self._dim = dim
         self.key_index, self.alpha = key_index, alpha
         self.ivf = ivf
+        # while new lists are installed over old ones: the rows moved so far (``ivf`` files the rest)
+        self.ivf_next = ivf_next
         self.bad_rows = bad_rows
         self.updated_at = time.time() if updated_at is None else updated_at
         for a in (self.keys, self.counts, self._pool, self.row_phys, self.norms, self.row_slot, self.slot_row, self.codes,

@@ -10,9 +10,8 @@ incremental (the sync's usual case: the newest snapshot, rows changed and added,
     inverted file new rows are filed in their nearest list and changed rows re-filed among
     their list's neighbours (``ivf``). Keys and words are appended to the shared arrays, the
     key and prefix indexes get a small recent level (``word_lookup``). Counts are copied
-    (8 bytes a row: each snapshot has its own, see ``row_store``). If lists are waiting
-    (``Store.pending_ivf``) they are installed first: the buffer's codes are laid out list by
-    list (O(n), once per build).
+    (8 bytes a row: each snapshot has its own, see ``row_store``). New lists (``Store.pending_ivf``)
+    are installed a part per sync (``Relayout``): O(``RELAYOUT_ROWS``) more, in the same code arrays.
 full build (``delta.full``, or the first rows of an empty model)
     A new store; the vectors are normalised straight into its buffer.
 rebuild (a delta with removals, or applied to a snapshot that is no longer the newest)
@@ -135,7 +134,7 @@ def apply(index: Snapshot, delta: ModelDelta) -> Snapshot:
         with store.lock:
             store.pending_ivf, store.watch, store.building = None, None, False
         pending = None
-    if not len(keys) and pending is None:
+    if not len(keys) and pending is None and store.relayout is None:
         return _same(index, delta.version)
     return _incremental(index, keys, words, vectors, counts, rows, bad, delta.version, pending)
 
@@ -148,7 +147,8 @@ def _publish(store: Store, snapshot: Snapshot) -> Snapshot:
 def _same(index: Snapshot, version: int) -> Snapshot:
     """The same rows under another version number (nothing changed)."""
     snapshot = type(index)(version, index.store, index._buffer, index.n, index.n_tiles, index.keys, index.words._words,
-                          index.counts, index.key_index, index.alpha, index.ivf, index.bad_rows, config=index.config)
+                          index.counts, index.key_index, index.alpha, index.ivf, index.bad_rows, config=index.config,
+                          ivf_next=index.ivf_next)
     return _publish(index.store, snapshot) if index.store is not None else snapshot
 
 
@@ -226,61 +226,120 @@ def _rebuild(index: Snapshot, keys, words, vectors, counts, rows, drop, bad, ver
     for r, w in zip(new_rows.tolist(), words):
         all_words[r] = w                                     # a key's word string may change (fix-up)
     assign = None
-    if index.ivf is not None:
+    relayout = index.store.relayout if index.store is not None else None
+    lists = relayout.ivf if relayout is not None else index.ivf       # an install under way is finished here
+    if lists is not None:
         assign = np.empty(n_kept + n_new, np.int64)
-        assign[:n_kept] = index.ivf.list_of_slots(index.row_slot[kept])
-        assign[new_rows] = ivf_lists.nearest(changed_unit, index.ivf.centroids)
+        assign[:n_kept] = relayout.lists_of(index, kept) if relayout is not None else \
+            lists.list_of_slots(index.row_slot[kept])
+        assign[new_rows] = ivf_lists.nearest(changed_unit, lists.centroids)
     return build(type(index), index.config, version, all_keys, all_words, all_counts, unit=unit, norms=norms,
-                 bad_rows=index.bad_rows + bad, ivf=index.ivf, assign=assign)
+                 bad_rows=index.bad_rows + bad, ivf=lists, assign=assign)
 
 
-class _Install:
-    """New lists about to be installed: the plan for the current rows."""
+RELAYOUT_ROWS = 262_144   # rows an install moves into the new lists per sync (at 10M words: 40 syncs of 0.1 - 0.3 s)
+RELAYOUT_BACKLOG = 3      # parts whose emptied tiles may wait for reclaiming before the install pauses
+
+
+class Relayout:
+    """New lists being installed, a part per sync: every sync moves the rows of the next
+    ``RELAYOUT_ROWS / 64`` tiles of the old layout (the list-free one, or the old lists) into the new
+    lists, and files the rows it writes there too. A moved row keeps its unit row; its code is copied
+    to a slot of its list, out of place like any write, so snapshots still reading the old slot keep
+    it, and an emptied tile becomes the new lists' spare once no snapshot reads it. So the install
+    never holds two layouts of the codes (at 10M words that was 1.3 GB on top of the model, and
+    15 - 20 s of one sync while the model fell behind), and no sync does more than a part of it.
+
+    Until the last part, answers come as before: exact on a model that had no lists; with old lists,
+    from the old lists' remaining tiles and the new ones (``Snapshot.ivf_next``), both probed."""
 
     def __init__(self, index: Snapshot, pending):
-        n = index.n
-        assign = np.empty(n, np.int64)
-        b = min(len(pending.assign), n)
-        assign[:b] = pending.assign[:b]
-        watch = index.store.watch
-        redo = np.arange(b, n, dtype=np.int64)
-        if watch is not None:
-            redo = np.concatenate([np.flatnonzero(watch[:b]), redo])
-        if len(redo):
-            assign[redo] = pending.assigner(index.unit_rows(redo))
+        self.pending, self.old = pending, index.ivf
+        if index.ivf is None:
+            self.old_tiles = np.arange(index.n_tiles, dtype=np.int64)
+            n_tiles, spare = index.n_tiles, np.zeros(0, np.int64)
+        else:
+            self.old_tiles = np.sort(index.ivf.list_tiles)
+            n_tiles, spare = index.ivf.n_tiles, index.ivf.spare
         lists = len(pending.centroids)
-        self.slot_of_row, list_ptr, list_tiles, tile_list, free = ivf_lists.plan_layout(assign, lists)
-        self.assign, self.redone = assign, len(redo)
-        self.ivf = ivf_lists.IvfLists(pending.centroids, pending.neighbours, list_ptr, list_tiles, tile_list, free,
-                                      len(list_tiles), pending.version, len(pending.assign),
-                                      build_seconds=pending.seconds)
+        self.ivf = ivf_lists.IvfLists(pending.centroids, pending.neighbours, np.zeros(lists + 1, np.int64),
+                                      np.zeros(0, np.int64), np.full(n_tiles, -1, np.int64), np.zeros(lists, np.int64),
+                                      n_tiles, pending.version, len(pending.assign), build_seconds=pending.seconds,
+                                      spare=spare)
+        self.cursor = 0                  # old tiles before this one have been emptied
+        self.moved = 0
+        self.paused = 0                  # syncs that moved nothing (``sweep``)
+        self.started = time.monotonic()
 
-    def lay_out(self, store: Store, target: Buffer, src: Buffer, n: int) -> None:
-        """``target`` := the rows of ``src`` with their codes copied to the new slots, in new code
-        arrays (the old ones stay with the snapshots that read them)."""
-        t = self.ivf.n_tiles
-        codes = CodeStore(target.cap_tiles, store.dim)
-        target.clear_tiles(np.arange(max(target.used_tiles, t), dtype=np.int64))
-        old = src.row_slot[:n]
-        int8_prefilter._copy_slots(old, self.slot_of_row, *src.code_store.code_arrays, *codes.code_arrays)
-        copy_prefix(target.row_slot, self.slot_of_row, n)
-        all_rows = np.arange(n, dtype=np.int64)
-        scatter(target.slot_row, self.slot_of_row, all_rows, all_rows)
-        codes.tile_err[:t] = int8_prefilter.tile_error(codes.error[:t * TILE_ROWS])
-        target.used_tiles = t
-        store.codes, target.code_store = codes, codes
-        store.pool.forget_slots()
+    @property
+    def done(self) -> bool:
+        return self.cursor >= len(self.old_tiles)
+
+    def lists_of(self, index: Snapshot, rows: np.ndarray) -> np.ndarray:
+        """The new list of each of ``rows`` (of ``index``): where it is filed already, else where the build
+        put it, else (a row changed since the build read it, or added since) its nearest list."""
+        out = np.full(len(rows), -1, np.int64)
+        tiles = index.row_slot[rows] // TILE_ROWS
+        inside = tiles < len(self.ivf.tile_list)
+        out[inside] = self.ivf.tile_list[tiles[inside]]
+        assign, watch = self.pending.assign, index.store.watch
+        known = (out < 0) & (rows < len(assign))
+        if watch is not None:
+            known &= ~watch[np.minimum(rows, len(watch) - 1)] & (rows < len(watch))
+        out[known] = assign[rows[known]]
+        redo = np.flatnonzero(out < 0)
+        if len(redo):
+            out[redo] = self.pending.assigner(index.unit_rows(rows[redo]))
+        return out
+
+    def sweep(self, index: Snapshot, writing: np.ndarray) -> "_Sweep":
+        """The next part: the rows of the next old tiles, but for those this sync writes anyway. None (a pause)
+        while ``RELAYOUT_BACKLOG`` parts' tiles wait to be reclaimed: a snapshot held for long (a drift
+        checkpoint copying 10M rows, an export) keeps them, and the lists would take new tiles meanwhile,
+        up to growing the code arrays (the copy the install avoids)."""
+        part = RELAYOUT_ROWS // TILE_ROWS
+        if sum(len(t) for _, t in index.store.pool.retired_tiles) >= RELAYOUT_BACKLOG * part:
+            self.paused += 1
+            return None
+        hi = min(len(self.old_tiles), self.cursor + part)
+        tiles = self.old_tiles[self.cursor:hi]
+        slots = (tiles[:, None] * TILE_ROWS + np.arange(TILE_ROWS, dtype=np.int64)).ravel()
+        rows = index.slot_row[slots] if len(slots) else np.zeros(0, np.int64)
+        keep = rows >= 0
+        if len(writing):
+            keep[keep] = ~np.isin(rows[keep], writing)
+        rows, slots = rows[keep], slots[keep]
+        return _Sweep(tiles, rows, slots, self.lists_of(index, rows), hi)
+
+    def old_remaining(self, cursor: int) -> ivf_lists.IvfLists | None:
+        """The old lists without the tiles emptied so far (None on a model that had none)."""
+        if self.old is None:
+            return None
+        below = int(self.old_tiles[cursor]) if cursor < len(self.old_tiles) else self.old.n_tiles
+        return ivf_lists.without_tiles(self.old, below)
+
+    def describe(self) -> dict:
+        return {"tiles_emptied": self.cursor, "tiles": len(self.old_tiles), "rows_moved": self.moved,
+                "paused_syncs": self.paused, "seconds": round(time.monotonic() - self.started, 1)}
+
+
+class _Sweep:
+    """One part of an install: the old ``tiles`` it empties, the ``rows`` it moves (from ``slots``) and their
+    lists (``targets``); ``end``: the install's cursor after it."""
+
+    def __init__(self, tiles, rows, slots, targets, end):
+        self.tiles, self.rows, self.slots, self.targets, self.end = tiles, rows, slots, targets, end
 
 
 class _Filing:
     """Where the delta's rows go in the inverted file: each row's list (``targets``), and the tiles the
     lists may need."""
 
-    def __init__(self, index: Snapshot, ivf: ivf_lists.IvfLists, install: _Install | None, unit_rows: np.ndarray,
-                 rows: np.ndarray, old: np.ndarray, fresh: np.ndarray):
+    def __init__(self, index: Snapshot, ivf: ivf_lists.IvfLists, relayout: Relayout | None, unit_rows: np.ndarray,
+                 rows: np.ndarray, old: np.ndarray, fresh: np.ndarray, sweep: _Sweep | None):
         src = index._buffer
-        if install is not None:
-            current = install.assign[rows[old]]
+        if relayout is not None:
+            current = relayout.lists_of(index, rows[old])
         else:
             current = ivf.list_of_slots(src.row_slot[rows[old]])
         targets = np.empty(len(rows), np.int64)
@@ -292,46 +351,62 @@ class _Filing:
         self.targets = targets
         self.placed_since_build = int((targets[old] != current).sum()) + len(fresh)   # moves and new rows
         # every changed row takes a free slot: its old one stays readable by older snapshots
-        self.need_tiles = ivf.n_tiles + len(distinct(targets)) + -(-len(rows) // TILE_ROWS)
+        # (the tiles the lists' free slots cannot take, beyond the spare ones)
+        per_list = np.bincount(targets if sweep is None else np.concatenate([targets, sweep.targets]),
+                               minlength=ivf.lists)
+        new_tiles = int((-(-np.maximum(per_list - ivf.free, 0) // TILE_ROWS)).sum())
+        self.need_tiles = ivf.n_tiles + max(0, new_tiles - len(ivf.spare))
 
 
 def _incremental(index: Snapshot, keys, words, vectors, counts, rows, bad, version, pending) -> Snapshot:
-    """The O(changed rows) path (the module's docstring): lists waiting are installed, the rows written
-    out of place into the other buffer, the words and counts appended, the snapshot published."""
+    """The O(changed rows) path (the module's docstring): the rows written out of place into the other
+    buffer (with an install under way, a part of the rows moved into the new lists too), the words and
+    counts appended, the snapshot published."""
     store, src, n_old = index.store, index._buffer, index.n
     rows, old, fresh = _numbered(rows, n_old)
     n = n_old + len(fresh)
     unit_rows, norm_rows = normalise(vectors)
-    install = _Install(index, pending) if pending is not None else None
-    ivf = install.ivf if install is not None else index.ivf
+    relayout = store.relayout
+    if relayout is None and pending is not None:
+        relayout = Relayout(index, pending)
+    sweep = relayout.sweep(index, rows[old]) if relayout is not None else None
+    ivf = relayout.ivf if relayout is not None else index.ivf
     if ivf is not None:
-        filing = _Filing(index, ivf, install, unit_rows, rows, old, fresh)
+        filing = _Filing(index, ivf, relayout, unit_rows, rows, old, fresh, sweep)
         need_tiles = filing.need_tiles
     else:
         filing = None
         store.pool.reserve(len(rows))      # slot = physical row: all of them within the tiles sized here
         need_tiles = -(-store.pool.cap // TILE_ROWS)
-    target = store.writable(src, n_old, index.n_tiles, n, need_tiles, new_codes=install is not None)
+    target = store.writable(src, n_old, index.n_tiles, n, need_tiles)
     target.state = -1                      # half-written until the end: a failure leaves it to a full copy
     state = store.next_state()
-    if install is not None:
-        install.lay_out(store, target, src, n_old)
     ivf, n_tiles, change = _write_rows(store, src, target, state, ivf, filing, rows, old, unit_rows, norm_rows, n,
-                                       everything=install is not None)
+                                       sweep)
     new_counts = store.counts_array(n)
     copy_prefix(new_counts, index.counts, n_old)
     scatter(new_counts, rows, counts, np.arange(len(rows), dtype=np.int64))
     keys_all, words_all, key_index, alpha = _append_words(index, keys, words, rows, old, fresh, n)
     target.state = change.to_state
     target.used_tiles = max(target.used_tiles, n_tiles)
+    ivf_next = None
+    if relayout is not None:
+        relayout.ivf = ivf
+        if sweep is not None:
+            relayout.cursor, relayout.moved = sweep.end, relayout.moved + len(sweep.rows)
+        if not relayout.done:          # answered as before the install (see ``Relayout``)
+            rest = relayout.old_remaining(relayout.cursor)
+            ivf, ivf_next = (rest, ivf) if rest is not None else (None, None)
     with store.lock:
         store.change = change
-        if install is not None:
-            store.pending_ivf, store.watch, store.building = None, None, False
+        if relayout is not None and relayout.done:
+            store.relayout, store.pending_ivf, store.watch, store.building = None, None, None, False
+        elif relayout is not None:
+            store.relayout, store.pending_ivf = relayout, None
         else:
             store.mark_changed(rows)
     snapshot = type(index)(version, store, target, n, n_tiles, keys_all, words_all, new_counts, key_index, alpha, ivf,
-                          index.bad_rows + bad, config=index.config)
+                           index.bad_rows + bad, config=index.config, ivf_next=ivf_next)
     return _publish(store, snapshot)
 
 
@@ -347,17 +422,21 @@ def _numbered(rows: np.ndarray, n_old: int) -> tuple[np.ndarray, np.ndarray, np.
 
 def _write_rows(store: Store, src: Buffer, target: Buffer, state: int, ivf: ivf_lists.IvfLists | None,
                 filing: _Filing | None, rows: np.ndarray, old: np.ndarray, unit_rows: np.ndarray,
-                norm_rows: np.ndarray, n: int, everything: bool) -> tuple[ivf_lists.IvfLists | None, int, Change]:
+                norm_rows: np.ndarray, n: int, sweep: _Sweep | None) -> tuple[ivf_lists.IvfLists | None, int, Change]:
     """The rows' unit vectors, norms and codes, out of place: new physical rows and code slots. The ones
     left stay readable by older snapshots (slot -2 here: filed nowhere, not free) until no snapshot reads
-    them; then they are free again. Returns the lists after the filing, the tiles in use and the change
-    the other buffer catches up with."""
+    them; then they are free again. A ``sweep`` (an install's part) moves its rows' codes into slots of
+    their new lists the same way and retires the tiles it empties. Returns the lists after the filing,
+    the tiles in use and the change the other buffer catches up with."""
     order = np.arange(len(rows), dtype=np.int64)
     pool, codes = store.pool, store.codes
     left = target.row_phys[rows[old]]
     left_slots = target.row_slot[rows[old]]
     freed = pool.take_freed_slots()
+    freed_tiles = pool.take_freed_tiles()
     target.slot_row[freed] = -1
+    freed_tile_slots = (freed_tiles[:, None] * TILE_ROWS + np.arange(TILE_ROWS, dtype=np.int64)).ravel()
+    target.slot_row[freed_tile_slots] = -1
     target.slot_row[left_slots] = -2
     phys = pool.take(len(rows))
     scatter_rows(pool.array, phys, unit_rows, order)
@@ -365,21 +444,34 @@ def _write_rows(store: Store, src: Buffer, target: Buffer, state: int, ivf: ivf_
     target.pool_array, target.code_store = pool.array, codes
     scatter(target.norms, rows, norm_rows, order)
     new_tiles = np.zeros(0, np.int64)
+    moved, moved_slots = np.zeros(0, np.int64), np.zeros(0, np.int64)
     if ivf is None:
         slots = phys                       # without lists a row's code sits in its physical row's slot
         target.slot_row[slots] = rows      # (with lists, ``place`` marks the slots it hands out)
         n_tiles = -(-pool.high // TILE_ROWS)
     else:
-        ivf, slots, new_tiles = ivf_lists.place(ivf, filing.targets, rows, target.slot_row, freed, target.cap_tiles,
-                                                filing.placed_since_build)
+        targets, filed = filing.targets, rows
+        if sweep is not None:
+            target.slot_row[sweep.slots] = -2
+            targets, filed = np.concatenate([targets, sweep.targets]), np.concatenate([rows, sweep.rows])
+        ivf, slots, new_tiles = ivf_lists.place(ivf, targets, filed, target.slot_row, freed, target.cap_tiles,
+                                                filing.placed_since_build, freed_tiles)
+        codes.tile_err[new_tiles] = 0      # a tile taken anew holds no row any snapshot files
         n_tiles = ivf.n_tiles
+        if sweep is not None:
+            slots, moved_slots, moved = slots[:len(rows)], slots[len(rows):], sweep.rows
+            int8_prefilter._copy_slots(sweep.slots, moved_slots, *codes.code_arrays, *codes.code_arrays)
+            scatter(target.row_slot, moved, moved_slots, np.arange(len(moved), dtype=np.int64))
+            np.maximum.at(codes.tile_err, moved_slots // TILE_ROWS, codes.error[moved_slots])
+            pool.retire_tiles(state, sweep.tiles)
     target.row_slot[rows] = slots
     int8_prefilter.quantise(pool.array, phys, codes.code_arrays, slots)
     np.maximum.at(codes.tile_err, slots // TILE_ROWS, codes.error[slots])
     pool.retire(state, left, left_slots)
-    touched = np.concatenate([slots, left_slots, freed])
-    change = Change(src.state, state, rows, touched,
-                    distinct(np.concatenate([touched // TILE_ROWS, new_tiles])), n, n_tiles, everything=everything)
+    touched = np.concatenate([slots, left_slots, freed, freed_tile_slots, moved_slots,
+                              sweep.slots if sweep is not None else moved_slots[:0]])
+    change = Change(src.state, state, np.concatenate([rows, moved]), touched,
+                    distinct(np.concatenate([touched // TILE_ROWS, new_tiles])), n, n_tiles)
     return ivf, n_tiles, change
 
 
