@@ -227,6 +227,7 @@ class StreamingWorker:
         self._sync_lock = asyncio.Lock()
         self._syncs_held = False   # by a checkpoint (``hold_syncs``)
         self._sync_soon = asyncio.Event()
+        self._covered = asyncio.Event()   # set when a sync completed batches (what a worker at its bound awaits)
         self._words_per_record = 0.0   # moving average, sizes the Kafka batches (``_records_per_batch``)
         self.stopping = asyncio.Event()
         self.paused = asyncio.Event()   # set while an extension holds the stream
@@ -429,6 +430,7 @@ class StreamingWorker:
             return
         done, self._awaiting = self._awaiting[:n], self._awaiting[n:]
         self._completed += n
+        self._covered.set()
         self._awaiting_tokens = sum(stats.tokens for _, stats in self._awaiting)
         self.metrics.unsynced.set(self._awaiting_tokens)
         await self._complete_all(done)
@@ -501,9 +503,15 @@ class StreamingWorker:
                     # The replica's staleness is bounded in tokens, not only in time: where syncs are slow (many
                     # replicas on few cores) training would otherwise run ahead, and every replica would walk its
                     # rows further from the cluster's between two merges (docs/design/0003-sync-interval.md).
+                    # It waits for a sync to complete batches, not polling: 8 workers polling every 2 ms on 2 cores
+                    # spent 8 us of event loop per trained token. The timeout notices a pause or a stop.
                     self._sync_soon.set()
+                    self._covered.clear()
                     t0 = time.monotonic()
-                    await asyncio.sleep(0.002)
+                    try:
+                        await asyncio.wait_for(self._covered.wait(), 0.05)
+                    except asyncio.TimeoutError:
+                        pass
                     self.metrics.bound_wait.inc(time.monotonic() - t0)
                     continue
                 # a short poll: a checkpoint's pause is noticed within it when the stream is quiet
