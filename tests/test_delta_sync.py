@@ -9,8 +9,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import orjson
 import pytest
 
+from online.cluster import delta_wire
+from online.cluster import ps_commands as pc
 from online.cluster.replica import ReplicaShard, ReplicaStore
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import output_rows, word_key, word_rows
@@ -599,3 +602,29 @@ def test_the_trainable_journal_lists_what_is_new_and_keeps_every_key_sorted():
     j.changed = False
     assert j.answer(1, (2, 1, np.array([4], np.uint64))).tolist() == [4]   # a new log: it is everything now
     assert j.known().tolist() == [4, 900, 901, 920, 950] and j.changed
+
+
+def test_a_server_speaks_exchange_2_and_answers_a_malformed_packed_delta_with_an_error_it_counts(ps_cluster):
+    """A real server: ``HEAD_EXCHANGE`` names version 2; a packed delta whose length fits no layout, or whose scale
+    is not a number, is answered (empty rows, so the sender does not hang), counted and logged, and the shard is
+    untouched; a well-formed one after it is merged."""
+    cluster, join = ps_cluster
+    kv = join()
+    sid = kv.po.server_ids()[0]
+    assert orjson.loads(kv.wait(kv.request(pc.HEAD_EXCHANGE, b"", sid), 20)[0].body) == {"exchange": 2}
+    keys = np.array([word_key("zebra")], dtype=np.uint64)
+    before = kv.pull_sync(keys, cmd=pc.CMD_DELTA, timeout=20)
+    width = delta_wire.packed_width(16, False)
+    bad_scale = np.zeros(width, np.float32)
+    bad_scale[0] = np.nan
+    for vals in (np.zeros(width + 2, np.float32), bad_scale):   # (width + 1 is the layout with a contraction)
+        kv.wait(kv.pushpull(keys, vals, cmd=pc.CMD_DELTA_PACKED), 20)
+    assert cluster.metric("server0", "livevec_server_rejected_total") == 2
+    np.testing.assert_array_equal(kv.pull_sync(keys, cmd=pc.CMD_DELTA, timeout=20), before)
+    d = np.zeros((1, 17), np.float32)
+    d[0, :16] = 0.5
+    wire, head, codes = delta_wire.packed_buffer(1, 16, False)
+    delta_wire.pack_deltas(d, np.zeros((1, 16), np.float32), np.array([0]), head, codes)
+    res = kv.wait(kv.pushpull(keys, wire.reshape(-1), cmd=pc.CMD_DELTA_PACKED), 20)
+    merged = delta_wire.unpack_answer_sparse(res.vals, res.lens, 1, 16, np.zeros((1, 16), np.float32))
+    np.testing.assert_allclose(merged[0, :16], before[:16] + 0.5, atol=2e-3)
