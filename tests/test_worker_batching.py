@@ -34,13 +34,13 @@ def test_a_record_longer_than_the_cap_is_a_mini_batch_of_its_own():
 
 def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
     """A sync carries whole batches, so a batch longer than LIVEVEC_SYNC_TOKENS would stretch every replica's
-    share of a round to the batch (16 workers would sync every 5,000 tokens instead of 625:
+    share of a round to the batch (32 workers would sync every 5,000 tokens instead of 625:
     docs/design/0003-sync-interval.md)."""
-    sync = default_sync_tokens(16)
+    sync = default_sync_tokens(32)
     assert sync == 625
     assert records_per_batch(500, 100.0, 10_000, sync) == 6          # 600 tokens, not 5,000
     assert records_per_batch(500, 100.0, 10_000) == 50               # no replica: batch_words / 2
-    assert records_per_batch(500, 100.0, 10_000, default_sync_tokens(2)) == 50   # 40,000: no cap
+    assert records_per_batch(500, 100.0, 10_000, default_sync_tokens(2)) == 50   # 160,000: no cap
     assert records_per_batch(500, 1000.0, 10_000, sync) == 1         # never empty
     assert records_per_batch(20, 1.0, 10_000, sync) == 20            # the stream's own cap still holds
     assert records_per_batch(500, 0.0, 10_000, sync) == 64           # records' size unknown yet
@@ -59,14 +59,19 @@ def test_the_interval_is_a_replicas_not_a_process_s():
     docs/design/0004-host-replica.md)."""
     assert default_sync_tokens(2, sharing=2) == 80_000          # one replica: 160,000, half each
     assert default_sync_tokens(8, sharing=8) == 20_000          # one replica of 8 processes
-    assert default_sync_tokens(8, sharing=2) == 5_000           # 4 replicas: 10,000 each, 2 processes each
-    assert default_sync_tokens(3, sharing=2) == 20_000          # 2 replicas (one host short of a pair)
-    assert default_sync_tokens(64, sharing=1) == 100            # the floor
+    assert default_sync_tokens(8, sharing=2) == 20_000          # 4 replicas: 40,000 each, 2 processes each
+    assert default_sync_tokens(16, sharing=2) == 5_000          # 8 replicas: 10,000 each
+    assert default_sync_tokens(3, sharing=2) == 80_000          # 2 replicas (one host short of a pair)
+    assert default_sync_tokens(16, sharing=1) == 2_500
+    assert default_sync_tokens(64, sharing=1) == 156
+    assert default_sync_tokens(100, sharing=1) == 100           # the floor
     members = [1]
-    interval = SyncInterval(2, 0, members=lambda: members[0])
+    interval = SyncInterval(4, 0, members=lambda: members[0])
     assert interval.tokens() == 40_000 and interval.limit() == 80_000
     members[0], interval.RECOUNT = 2, 0.0                          # the host's second process attached
-    assert interval.tokens() == 80_000 and interval.limit() == 640_000      # one replica: 8 intervals
+    assert interval.tokens() == 80_000 and interval.limit() == 160_000      # 2 replicas: 2 intervals
+    members[0] = 4
+    assert interval.tokens() == 40_000 and interval.limit() == 320_000      # one replica: 8 intervals
     assert SyncInterval(2, 7_000, members=lambda: 2).tokens() == 7_000   # LIVEVEC_SYNC_TOKENS wins
 
 

@@ -277,7 +277,10 @@ class ReplicaStore:
                 finally:
                     self.shard.flush = flushing
                 # a flush goes in float32: the snapshot it precedes then holds exactly what was trained
-                self._unsent = self._parts(*collected, packed=self._packed() and not self.shard.flush and not flush)
+                keys, rows, deltas, pushed, fresh = collected
+                packed = self._packed() and not self.shard.flush and not flush
+                self._unsent = self._parts(*collected, packed_rows=self.shard.pack(deltas[:pushed], rows[:pushed])
+                                           if packed else None)
                 self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
             sent = [(kv.pull(k, cmd=cmd) if d is None else kv.pushpull(k, d.reshape(-1), cmd=cmd), k, r)
@@ -336,17 +339,19 @@ class ReplicaStore:
             versions.append(int(answer.get("exchange", 1)) if isinstance(answer, dict) else 1)
         return max(1, min(min(versions, default=1), pc.EXCHANGE_VERSION))
 
-    def _parts(self, keys, rows, deltas, pushed, fresh, packed: bool = False) \
+    @staticmethod
+    def _parts(keys, rows, deltas, pushed, fresh, packed_rows: np.ndarray | None = None) \
             -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
         """``collect_parts``' payload as requests of at most ``_SYNC_CHUNK`` keys, each (command, keys, deltas or
         None, rows), all slices of it: the rows changed here as ``CMD_DELTA`` pushpulls, the rows created here as
         ``CMD_DELTA_FRESH`` pushpulls, and the rows only refreshed as ``CMD_DELTA`` pulls (data None), which carry
-        no zeros out. ``packed``: the changed rows' deltas go as ``CMD_DELTA_PACKED`` (int8 with error feedback:
-        ``online.cluster.delta_wire``) and the refreshes come back in float16; fresh rows stay float32."""
+        no zeros out. ``packed_rows`` (``ReplicaShard.pack`` of the first block): the changed rows' deltas go as
+        ``CMD_DELTA_PACKED`` (int8 with error feedback: ``online.cluster.delta_wire``) and the refreshes come back
+        in float16; fresh rows stay float32."""
         parts = []
         ends = (pushed, pushed + fresh, len(keys))
+        packed = packed_rows is not None
         delta = pc.CMD_DELTA_PACKED if packed else pc.CMD_DELTA
-        packed_rows = self.shard.pack(deltas[:pushed], rows[:pushed]) if packed else None   # the first block's
         for (cmd, pull), lo, hi in zip(((delta, False), (pc.CMD_DELTA_FRESH, False), (delta, True)),
                                        (0,) + ends[:2], ends):
             if packed and cmd == pc.CMD_DELTA_PACKED and not pull:

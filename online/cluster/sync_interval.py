@@ -3,7 +3,7 @@
 The quality of the exchange depends on *replicas*, not on worker processes: the processes of a host that share
 one replica (``LIVEVEC_HOST_REPLICA``) train it in place, hogwild, as one process's threads do, and only the
 replicas' deltas combine. So the interval is a replica's share of a round, ``SYNC_TOKENS_K / k^2`` tokens for
-k replicas, split over the processes that train the replica.
+k replicas (at most ``SYNC_TOKENS_MAX``), split over the processes that train the replica.
 
 Design: docs/design/0003-sync-interval.md
 """
@@ -12,25 +12,27 @@ from __future__ import annotations
 import math
 import time
 
-SYNC_TOKENS_K = 160_000
+SYNC_TOKENS_K = 640_000
+SYNC_TOKENS_MAX = 160_000
 SYNC_TOKENS_MIN = 100
 
 
 def default_sync_tokens(workers: int, sharing: int = 1) -> int:
     """``LIVEVEC_SYNC_TOKENS`` 0: the tokens one of ``sharing`` processes that train a replica together trains
-    between syncs, in a cluster of ``workers``: ``SYNC_TOKENS_K / k^2`` per replica, k = workers / sharing
-    replicas (rounded up), split over the ``sharing`` processes, at least ``SYNC_TOKENS_MIN``.
+    between syncs, in a cluster of ``workers``: ``SYNC_TOKENS_K / k^2`` per replica (at most ``SYNC_TOKENS_MAX``),
+    k = workers / sharing replicas (rounded up), split over the ``sharing`` processes, at least ``SYNC_TOKENS_MIN``.
 
     Why the square: with k replicas, a round's k deltas of a hot row all start from the same value, and the
-    model keeps its quality only if each replica's share of the round shrinks faster than 1/k. So 2 replicas
-    sync every 40,000 tokens, 8 every 2,500, 16 every 625, 32 every 156; the floor, 100, binds beyond 40 replicas
-    on (64 replicas: 100, where the formula gives 39). The price is bytes and round trips: a worker trains at
-    most ``unsynced_bound`` intervals ahead of its last answered sync, so at 100 tokens a 1 ms round trip caps it
-    near 150k tokens/s; where round trips are longer, pack workers per host (``LIVEVEC_HOST_REPLICA``: fewer
-    replicas)."""
+    model keeps its quality only if each replica's share of the round shrinks faster than 1/k. So one and 2
+    replicas sync every 160,000 tokens, 4 every 40,000, 8 every 10,000, 16 every 2,500, 32 every 625, 64 every
+    156. The deltas that wait until they grow (``LIVEVEC_SEND_THRESHOLD``) keep the rows per token down at these
+    intervals; what still grows as they shrink is each sync's fixed cost (its messages, a Kafka batch per
+    interval). A worker trains at most ``unsynced_bound`` intervals ahead of its last answered sync, so at 156
+    tokens a 1 ms round trip caps it near 230k tokens/s; where round trips are longer, pack workers per host
+    (``LIVEVEC_HOST_REPLICA``: fewer replicas)."""
     sharing = max(int(sharing), 1)
     k = replicas(workers, sharing)
-    return max(SYNC_TOKENS_MIN, SYNC_TOKENS_K // (k * k) // sharing)
+    return max(SYNC_TOKENS_MIN, min(SYNC_TOKENS_MAX, SYNC_TOKENS_K // (k * k)) // sharing)
 
 
 def replicas(workers: int, sharing: int = 1) -> int:

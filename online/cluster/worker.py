@@ -70,8 +70,8 @@ WORKER = SettingGroup("worker", (
     Setting("sync_tokens", "LIVEVEC_SYNC_TOKENS", int, 0, minimum=0,
             help="replica: sync sooner once this many tokens were trained since the last sync, and train no "
                  "further before a sync once 1.5 times as many are (2 with up to 4 replicas, 8 with one; the replica's "
-                 "staleness, in tokens; a Kafka batch is no longer than this); 0: 160,000 / replicas^2 per "
-                 "replica, at least 100, split over the processes sharing it (replicas: DMLC_NUM_WORKER / "
+                 "staleness, in tokens; a Kafka batch is no longer than this); 0: 640,000 / replicas^2 per "
+                 "replica, 100 - 160,000, split over the processes sharing it (replicas: DMLC_NUM_WORKER / "
                  "the processes sharing this one)"),
 ))
 
