@@ -28,6 +28,7 @@ from online.checkpoint.store import (FORMAT, MANIFEST, SHARD_FORMAT, CheckpointE
 from online.client.errors import LiveVecError
 from online.client.word2vec_stream import BinaryReader
 from online.cluster.host_replica import HostSegment, segment_path
+from online.cluster.ps_commands import EXCHANGE_VERSION
 from online.cluster.segment_check import HostReplicaError, check_before_joining, other_layouts, release_number
 from online.cluster.segment_layout import H_LAYOUT, H_RELEASE, LAYOUT
 from online.frontend.export import EXPORT_FORMAT
@@ -50,7 +51,7 @@ def test_livevec_version_names_the_release_and_each_formats_version():
     first, second = out.stdout.splitlines()
     assert first == f"livevec {__version__}"
     assert second == (f"checkpoint manifest {FORMAT}, checkpoint shard {SHARD_FORMAT}, host replica layout {LAYOUT}, "
-                      f"export {EXPORT_FORMAT}")
+                      f"exchange {EXCHANGE_VERSION}, export {EXPORT_FORMAT}")
 
 
 def test_the_package_changelog_and_compatibility_table_name_this_release():

@@ -50,11 +50,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def formats() -> dict[str, int]:
     """Each format's name -> the version this release writes (``online``'s docstring lists them)."""
     from online.checkpoint.store import FORMAT, SHARD_FORMAT
+    from online.cluster.ps_commands import EXCHANGE_VERSION
     from online.cluster.segment_layout import LAYOUT
     from online.frontend.export import EXPORT_FORMAT
 
     return {"checkpoint manifest": FORMAT, "checkpoint shard": SHARD_FORMAT, "host replica layout": LAYOUT,
-            "export": EXPORT_FORMAT}
+            "exchange": EXCHANGE_VERSION, "export": EXPORT_FORMAT}
 
 
 def version_text() -> str:
