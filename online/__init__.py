@@ -7,7 +7,8 @@ here is a client of it.
 Each format that outlives a process or crosses one has a version of its own, beside the code that writes it and
 carried in what it writes, so a reader tells a layout it knows from a newer one and refuses the latter with both
 versions named: the checkpoint's manifest and shards (``checkpoint.store``), the host replica's segment
-(``cluster.segment_layout``), the replica exchange (``cluster.ps_commands``), the export (``frontend.export``). Which releases read which, and which may share a
-cluster: ``docs/operations.md#compatibility``.
+(``cluster.segment_layout``), the replica exchange (``cluster.ps_commands``), the export (``frontend.export``).
+Which releases read which, and which may share a cluster: ``docs/operations.md#compatibility``.
+Design: docs/design/0009-versions.md
 """
 __version__ = "0.2.0"

@@ -6,7 +6,7 @@ The layout is in the file's name, so the workers of two releases with different 
 upgrade) make a segment each and never meet here; the header is still compared, first its layout, then each
 setting, so that a message names the first cause and never a setting that agrees. ``check_before_joining`` runs
 this comparison before the worker joins ps-lite or Kafka (``livevec worker`` then exits 2 with the cause's
-setting named); ``HostSegment``'s attach runs it again under the segment's lock.
+setting named); ``HostSegment``'s attach runs it again under the segment's lock. Design: docs/design/0009-versions.md
 """
 from __future__ import annotations
 
