@@ -54,8 +54,9 @@ moosefs:
 	  else echo "install Debian's moosefs-master, moosefs-chunkserver and moosefs-client (sudo apt-get install ...) for the shared file system"; exit 1; fi; }
 
 # The container image: docker where a daemon answers, else podman; the base and the image are
-# rebuilt only when their inputs change. Prints the tag, the size and the build time.
-IMAGE ?= livevec:0.1.0
+# rebuilt only when their inputs change. Prints the tag, the size and the build time. The tag is the release's
+# (online/__init__.py).
+IMAGE ?= livevec:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' online/__init__.py)
 image: $(STAMP)
 	@docker info >/dev/null 2>&1 || $(MAKE) --no-print-directory container-tools
 	$(PY) -m online.cli deploy image --tag $(IMAGE)

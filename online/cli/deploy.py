@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from online import __version__
 from ps_bridge.settings import SettingError
 
 
@@ -33,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="Kubernetes: worker containers per pod, which share one replica in the pod's memory "
                             "(LIVEVEC_HOST_REPLICA); the autoscaler scales pods")
         p.add_argument("--frontends", type=int, default=2, help="front-end replicas")
-        p.add_argument("--image", default="livevec:0.1.0", help="container image")
+        p.add_argument("--image", default=f"livevec:{__version__}", help="container image (default: this release's)")
         p.add_argument("--kafka-bootstrap", default=None,
                        help="Kafka bootstrap for the rendered target (default: a placeholder per platform)")
         p.add_argument("--secure", default="", metavar="curve,token,tls|all",
@@ -81,7 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     image = sub.add_parser("image", help="build deploy/Dockerfile (docker with a daemon, else podman from a "
                                          "debootstrapped Debian base); prints the tag, size and build time")
-    image.add_argument("--tag", default="livevec:0.1.0", help="the image's tag")
+    image.add_argument("--tag", default=f"livevec:{__version__}", help="the image's tag (default: this release's)")
     image.add_argument("--engine", choices=("auto", "podman", "docker"), default="auto",
                        help="auto: docker when its daemon answers, else podman")
     image.add_argument("--base", default="auto", metavar="auto|debootstrap|default|IMAGE",

@@ -33,10 +33,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from online import __version__
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = Path("deploy/Dockerfile")
 IGNOREFILE = Path("deploy/Dockerfile.dockerignore")
-DEFAULT_TAG = "livevec:0.1.0"
+DEFAULT_TAG = f"livevec:{__version__}"   # the release's image
 BASE_REPOSITORY = "localhost/livevec-base"
 INPUTS_LABEL = "org.livevec.build-inputs"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from online import __version__
 from online.deployment.sizing import Capacity, Resources, round_up, size_resources
 from online.deployment.secrets import SECRETS, SecretFiles
 
@@ -221,7 +222,7 @@ class ExportJob:
 class Topology:
     roles: tuple[Role, ...]
     common_env: Mapping[str, str]
-    image: str = "livevec:0.1.0"
+    image: str = f"livevec:{__version__}"   # the release's image
     group: str = "livevec"  # Marathon group id, Kubernetes namespace and name prefix
     shared: SharedStorage = SharedStorage()
     export: ExportJob = ExportJob()
@@ -386,7 +387,7 @@ def mesos_dns_name(app_id: str, framework: str = "marathon", domain: str = "meso
 
 
 def default_topology(*, servers: int = 2, workers: int = 2, frontends: int = 2,
-                     image: str = "livevec:0.1.0",
+                     image: str = f"livevec:{__version__}",
                      kafka_bootstrap: str = "broker.kafka.l4lb.thisdcos.directory:9092",
                      k8s_kafka_bootstrap: str = "kafka-bootstrap.kafka.svc.cluster.local:9092",
                      kafka_topic: str = "livevec-text", kafka_group: str = "livevec-workers",
