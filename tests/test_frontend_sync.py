@@ -452,3 +452,47 @@ def test_count_arrays_are_reused_only_once_nothing_reads_them():
         np.testing.assert_array_equal(held, before)        # never written while held
         assert not np.shares_memory(index.counts, held)
     assert index.store.counters["counts_recycled"] >= 5     # the snapshots dropped along the way were reused
+
+
+class _OneBigDelta:
+    """A full load of 100 rows, then one delta that changes all of them and adds 150 (the rows that changed
+    while a large front end loaded), then nothing."""
+
+    def __init__(self):
+        self.calls = 0
+        self.words = [f"w{i}" for i in range(250)]
+        self.vectors = np.random.default_rng(5).normal(size=(250, DIM)).astype(np.float32)
+
+    async def changes_since(self, version: int) -> ModelDelta:
+        self.calls += 1
+        if version == 0:
+            return ModelDelta(word_keys(self.words[:100]), self.words[:100], self.vectors[:100] * 2,
+                              np.ones(100, np.int64), 1, full=True)
+        if version == 1:
+            return ModelDelta(word_keys(self.words), self.words, self.vectors, np.full(250, 3, np.int64), 2)
+        return ModelDelta.unchanged(version, DIM)
+
+    async def stats(self) -> dict:
+        return {}
+
+
+async def test_a_large_delta_is_applied_and_served_a_part_at_a_time(monkeypatch):
+    """A delta of more than ``MAX_DELTA_ROWS`` rows becomes several snapshots, each served as soon as it is
+    built: no apply holds every row of a huge delta (at 10M words the rows' pool grew by half), and the
+    served model moves forward part by part. Only the last part carries the delta's version."""
+    from online.frontend import sync as sync_module
+    from online.search.model_index import ModelHolder
+
+    monkeypatch.setattr(sync_module, "MAX_DELTA_ROWS", 64)
+    holder, source = ModelHolder(), _OneBigDelta()
+    served = []
+    real_swap = holder.swap
+    monkeypatch.setattr(holder, "swap", lambda index: served.append((index.version, index.n)) or real_swap(index))
+    sync = sync_module.ModelSync(source, holder, interval=0.01)
+    assert await sync.sync_once() and await sync.sync_once()
+    assert served == [(1, 100), (1, 100), (1, 128), (1, 192), (2, 250)]
+    assert sync.report()["apply"]["delta"]["count"] == 4
+    index = holder.current
+    assert index.version == 2 and index.n == 250 and (index.counts == 3).all()
+    assert np.allclose(index.vectors, source.vectors, atol=1e-5)
+    assert await sync.sync_once() and holder.current.version == 2 and source.calls == 3

@@ -1,7 +1,8 @@
 """The periodic pull of changed rows from the model source into the front end's copy.
 
 Every ``interval`` seconds: ask the source for ``changes_since(current version)``,
-build the next snapshot in a worker thread (``ModelIndex.apply``) and swap it in. When the
+build the next snapshot in a worker thread (``ModelIndex.apply``) and swap it in (a large delta a
+part at a time, ``MAX_DELTA_ROWS``). When the
 source fails (servers restarting, network), the front end keeps answering from its last
 copy; the failure is counted and logged, the retry interval backs off to at most
 ``max_backoff`` seconds, and ``/v1/stats`` shows how old the copy is and why.
@@ -26,6 +27,12 @@ from ps_bridge.structured_logging import log_event
 log = logging.getLogger("livevec.frontend.sync")
 
 HISTORY_POINTS = 300
+# Rows a snapshot takes from one delta. A larger delta (the rows that changed during a 10M-word full load,
+# or while the front end was starved of CPU: 1.6M rows) is applied and served a part at a time: each part's
+# apply is bounded (0.5 - 1 s at 10M words), the served model moves forward with every part, and the rows
+# a part leaves are reused once the next part is served, where one apply of 1.6M rows held them all and the
+# rows' pool grew by half (a 5 GB copy at 10M words).
+MAX_DELTA_ROWS = 262_144
 FREEZE_SHARE = 0.01     # of the wall time, at most, spent in the collection before a freeze
 
 
@@ -93,13 +100,16 @@ class ModelSync:
                 delta = await self.source.changes_since(current.version if self.holder.loaded else 0)
             if delta.full or len(delta) or len(delta.removed) or delta.version != current.version \
                     or current.needs_apply():             # new inverted-file lists wait to be installed
-                applying = time.perf_counter()
-                index = await asyncio.to_thread(current.apply, delta)
-                self._timed(delta, time.perf_counter() - applying)
-                if self.holder.current is not current:
-                    raise RuntimeError("the model was swapped by someone else during the sync")
-                self.holder.swap(index)
-                self.last_change_at = time.time()
+                for part in delta.parts(MAX_DELTA_ROWS, current.version if self.holder.loaded else 0):
+                    applying = time.perf_counter()
+                    index = await asyncio.to_thread(current.apply, part)
+                    self._timed(part, time.perf_counter() - applying)
+                    if self.holder.current is not current:
+                        raise RuntimeError("the model was swapped by someone else during the sync")
+                    self.holder.swap(index)
+                    current = index
+                    del index
+                    self.last_change_at = time.time()
                 self._freeze_due |= bool(delta.full) and self.freeze
             elif not self.holder.loaded:
                 self.holder.swap(current)

@@ -32,6 +32,23 @@ class ModelDelta:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def parts(self, max_rows: int, before: int) -> list["ModelDelta"]:
+        """This delta as parts of at most ``max_rows`` rows, applied one after the other: the last brings
+        ``version`` and the removals, the others keep ``before`` (the version they start from; a part
+        applied and then lost is asked for again). A full model, or a delta that fits, is one part."""
+        n = len(self)
+        if self.full or n <= max_rows or max_rows <= 0:
+            return [self]
+        vectors = np.asarray(self.vectors)
+        out = []
+        for lo in range(0, n, max_rows):
+            hi = min(n, lo + max_rows)
+            last = hi == n
+            out.append(ModelDelta(self.keys[lo:hi], self.words[lo:hi], vectors[lo:hi], self.counts[lo:hi],
+                                  self.version if last else before,
+                                  removed=self.removed if last else _EMPTY_U64))
+        return out
+
     @classmethod
     def unchanged(cls, version: int, dim: int = 0) -> "ModelDelta":
         return cls(_EMPTY_U64, [], np.zeros((0, dim), np.float32), np.zeros(0, np.int64), version)

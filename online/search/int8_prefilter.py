@@ -71,36 +71,84 @@ def _empty_codes(n: int, dim: int):
             np.zeros(rows, np.float32), np.zeros(rows, np.int32))
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _quantise_one(unit, r, slot, row_codes, codes, scale, error, csum):
+    """int8 code of ``unit[r]`` (per-row scale max|x|/127) into slot ``slot`` of the packed layout (``codes``
+    viewed as int32 words: [tiles, groups, 4, 16]), with |x - x_hat| rounded up and the code sum the kernel's
+    unsigned-query correction needs. ``row_codes``: int8 scratch of groups x 4 (the padding stays 0)."""
+    d = unit.shape[1]
+    m = np.float32(0.0)
+    for t in range(d):
+        m = max(m, abs(unit[r, t]))
+    s = np.float32(m / np.float32(127.0))
+    inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
+    e2 = 0.0
+    total = 0
+    for t in range(d):          # dense, so it vectorises; the scattered stores come after
+        c = np.floor(unit[r, t] * inv + np.float32(0.5))                 # any rounding will do: the error is measured
+        c = min(max(c, np.float32(-127.0)), np.float32(127.0))
+        row_codes[t] = np.int8(c)
+        total += np.int32(c)
+        diff = np.float64(unit[r, t]) - np.float64(np.float32(c) * s)    # x_hat exactly as _dequantise makes it
+        e2 += diff * diff
+    tile, sub, lane = slot >> 6, (slot >> 4) & 3, slot & 15
+    row_words = row_codes.view(np.int32)                # a group's 4 codes are one int32 of the packed layout
+    for g in range(len(row_words)):
+        codes[tile, g, sub, lane] = row_words[g]
+    scale[slot] = s
+    error[slot] = np.float32(np.sqrt(e2) * 1.000001 + 1e-9)
+    csum[slot] = total
+
+
 @njit(nogil=True, cache=True)
 def _quantise_rows(unit, rows, slots, codes, scale, error, csum):
-    """int8 codes of ``unit[rows[i]]`` (per-row scale max|x|/127) into slot ``slots[i]`` of the
-    packed layout, with |x - x_hat| rounded up and the code sum the kernel's unsigned-query
-    correction needs."""
-    d = unit.shape[1]
-    row_codes = np.zeros(codes.shape[1] * 4, np.int8)      # one row's codes, stored 4 at a time below
+    """int8 codes of ``unit[rows[i]]`` into slot ``slots[i]`` of the packed layout (``_quantise_one``)."""
+    row_codes = np.zeros(codes.shape[1] * 4, np.int8)      # one row's codes, stored 4 at a time
     for i in range(len(rows)):
-        r = rows[i]
-        slot = slots[i]
-        m = np.float32(0.0)
+        _quantise_one(unit, rows[i], slots[i], row_codes, codes, scale, error, csum)
+
+
+@njit(nogil=True, cache=True)
+def _normalise_quantise_rows(vectors, unit, norms, slots, codes, scale, error, csum):
+    """Row i: ``norms[i]`` = |vectors[i]|, ``unit[i]`` = vectors[i] / that (zero for a zero vector, and for
+    one with a non-finite entry: it would win every top k), then its code as ``_quantise_rows`` makes it.
+    ``unit`` may be ``vectors`` itself. Returns the rows that were not finite. One pass over the rows, where
+    normalising with numpy and quantising after read a full load's 4 GB (10M x 100) three times."""
+    d = vectors.shape[1]
+    row_codes = np.zeros(codes.shape[1] * 4, np.int8)
+    bad = 0
+    for i in range(vectors.shape[0]):
+        acc = 0.0
+        finite = True
         for t in range(d):
-            m = max(m, abs(unit[r, t]))
-        s = np.float32(m / np.float32(127.0))
-        inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
-        e2 = 0.0
-        total = 0
-        for t in range(d):          # dense, so it vectorises; the scattered stores come after
-            c = np.floor(unit[r, t] * inv + np.float32(0.5))                 # any rounding will do: the error is measured
-            c = min(max(c, np.float32(-127.0)), np.float32(127.0))
-            row_codes[t] = np.int8(c)
-            total += np.int32(c)
-            diff = np.float64(unit[r, t]) - np.float64(np.float32(c) * s)    # x_hat exactly as _dequantise makes it
-            e2 += diff * diff
-        tile, sub, lane = slot >> 6, (slot >> 4) & 3, slot & 15
+            x = np.float64(vectors[i, t])
+            acc += x * x
+            finite &= np.isfinite(x)
+        if not finite:
+            bad += 1
+            acc = 0.0
+        nrm = np.float32(np.sqrt(acc))
+        div = nrm if nrm != 0 else np.float32(1.0)
         for t in range(d):
-            codes[tile, t >> 2, sub, lane, t & 3] = row_codes[t]
-        scale[slot] = s
-        error[slot] = np.float32(np.sqrt(e2) * 1.000001 + 1e-9)
-        csum[slot] = total
+            unit[i, t] = vectors[i, t] / div if finite else np.float32(0.0)
+        norms[i] = nrm
+        _quantise_one(unit, i, slots[i], row_codes, codes, scale, error, csum)
+    return bad
+
+
+def normalise_quantise(vectors: np.ndarray, unit: np.ndarray, norms: np.ndarray, codes, slots: np.ndarray) -> int:
+    """``_normalise_quantise_rows`` over every row of ``vectors`` into ``unit``, ``norms`` and the ``codes``
+    arrays at ``slots``; returns the rows that were not finite (served as zero vectors)."""
+    if not len(vectors):
+        return 0
+    packed, scale, error, csum = codes
+    return int(_normalise_quantise_rows(vectors, unit, norms, np.asarray(slots, np.int64), _words(packed), scale,
+                                        error, csum))
+
+
+def _words(packed: np.ndarray) -> np.ndarray:
+    """The packed codes [tiles, groups, 4, 16, 4] as int32 words [tiles, groups, 4, 16] (a view)."""
+    return packed.view(np.int32).reshape(packed.shape[:4])
 
 
 @njit(nogil=True, cache=True)
@@ -387,7 +435,7 @@ def quantise(unit: np.ndarray, rows: np.ndarray | None = None, codes=None, slots
     rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
     slots = rows if slots is None else np.asarray(slots, np.int64)
     if len(rows) and dim:
-        _quantise_rows(unit, rows, slots, packed, scale, error, csum)
+        _quantise_rows(unit, rows, slots, _words(packed), scale, error, csum)
     elif len(rows):
         scale[slots] = 0
         error[slots] = 0
@@ -501,6 +549,7 @@ def warm_up() -> None:
     codes, scale, error, csum = quantise(unit)
     _dequantise(codes, scale, 0, 3, np.empty((3, 3), np.float32))
     _copy_slots(np.zeros(1, np.int64), np.ones(1, np.int64), codes, scale, error, csum, codes, scale, error, csum)
+    normalise_quantise(unit.copy(), unit.copy(), np.empty(3, np.float32), (codes, scale, error, csum), np.arange(3))
     _quantise_queries(unit, 1, np.empty((3, 4), np.uint8), *[np.empty(3, np.float32) for _ in range(4)])
     three = np.full(64, -1, np.int64)
     three[:3] = np.arange(3)

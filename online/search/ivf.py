@@ -224,7 +224,9 @@ def place(ivf: IvfLists, targets: np.ndarray, rows: np.ndarray, slot_row: np.nda
         return replace(ivf, free=free, drift=ivf.drift + drift, spare=spare), slots, np.zeros(0, np.int64)
     by_list = np.argsort(targets[full], kind="stable")
     full = full[by_list]
-    lists, first, counts = np.unique(targets[full], return_index=True, return_counts=True)
+    ordered = targets[full]                       # runs of one list each (np.unique hashes: 0.14 s for 400k rows)
+    first = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    lists, counts = ordered[first], np.diff(np.append(first, len(ordered)))
     need = -(-counts // TILE_ROWS)
     total = int(need.sum())
     reused = min(total, len(spare))

@@ -14,11 +14,11 @@ for long (which would keep the sync from reusing its buffer, ``row_store``):
    sqrt(L) super-centroids and a row is compared with the members of its ``SUPER_PROBE``
    best groups only (about 5x fewer products than all L, at the price of a few rows
    filed in their second-best list);
-3. the result goes to the store (``pending_ivf``); the next sync installs it: rows changed
-   since step 1 started (``Store.watch``) and rows added since are re-assigned there, the
-   codes are laid out list by list, and from then on queries use it.
+3. the result goes to the store (``pending_ivf``); the syncs install it a part at a time
+   (``snapshot_writer.Relayout``): rows changed since step 1 started (``Store.watch``) and rows
+   added since are re-assigned as they are moved, and once the last part is in, queries use it.
 
-Until step 3, and whenever ``LIVEVEC_SEARCH=exact``, queries are answered exactly.
+Until the first lists are in, and whenever ``LIVEVEC_SEARCH=exact``, queries are answered exactly.
 
 ``RecallMonitor``: every ``MONITOR_INTERVAL`` a few vocabulary words (``MONITOR_QUERIES``, fewer
 above ``MONITOR_ROWS`` / 8 rows, so a check costs at most about one exact search of 8M rows)
@@ -426,4 +426,6 @@ class IvfMaintainer:
                 "nprobe_calibrated": (self.monitor.choose() or (None,))[0],
                 "recall_by_nprobe": {str(p): round(float(np.mean([r for _, r in pairs])), 4)
                                      for p, pairs in sorted(self.monitor.rungs.items())},
-                "pending_install": index.store is not None and index.store.pending_ivf is not None}
+                "pending_install": index.store is not None and index.store.pending_ivf is not None,
+                "install": None if index.store is None or index.store.relayout is None
+                else index.store.relayout.describe()}

@@ -85,7 +85,10 @@ def normalise(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return unit, norms
 
 
-def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray, int]:
+def check_delta(delta: ModelDelta, screen: bool = True) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray,
+                                                                np.ndarray, int]:
+    """The delta's arrays, checked: shapes, duplicate keys (the last wins) and, with ``screen``, rows with a
+    non-finite entry zeroed (a full build screens them as it normalises: one pass less over a full load)."""
     keys = np.asarray(delta.keys, dtype=np.uint64).reshape(-1)
     words = list(delta.words)
     vectors = np.asarray(delta.vectors, dtype=np.float32)
@@ -98,7 +101,7 @@ def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, n
         raise ModelDeltaError(f"delta has {n} keys, {len(words)} words, {vectors.shape[0]} vectors and "
                               f"{len(counts)} counts; they must match")
     bad = np.zeros(n, bool)
-    for lo in range(0, n, PIECE):       # in pieces: a bool copy of a 10M x 100 delta is 1 GB at the full load's peak
+    for lo in range(0, n if screen else 0, PIECE):   # in pieces: a bool copy of a 10M x 100 delta is 1 GB
         bad[lo:lo + PIECE] = ~np.isfinite(vectors[lo:lo + PIECE]).all(axis=1)
     if bad.any():                       # a NaN row would win every top-k; serve it as a zero vector
         vectors = vectors.copy()
@@ -114,7 +117,7 @@ def check_delta(delta: ModelDelta) -> tuple[np.ndarray, list[str], np.ndarray, n
 
 
 def apply(index: Snapshot, delta: ModelDelta) -> Snapshot:
-    keys, words, vectors, counts, removed, bad = check_delta(delta)
+    keys, words, vectors, counts, removed, bad = check_delta(delta, screen=not delta.full)
     if delta.full or (index.n == 0 and len(keys)):
         return build(type(index), index.config, delta.version, keys, words, counts, vectors=vectors, bad_rows=bad)
     if index.n == 0:
@@ -178,18 +181,19 @@ def build(snapshot_type: type, config, version: int, keys: np.ndarray, words: li
     buffer = Buffer(cap_rows, cap_tiles, dim)
     adopted = _adoptable(vectors, cap_rows) if vectors is not None else None
     pool = UnitPool(cap_rows, dim, used=n, array=adopted)   # row r at physical row r to begin with
-    if vectors is not None:
-        normalise_into(vectors, pool.array[:n], buffer.norms[:n])     # in place when adopted
+    codes = CodeStore(cap_tiles, dim)
+    all_rows = np.arange(n, dtype=np.int64)
+    if vectors is not None:             # in place when adopted; rows not finite are served as zero vectors
+        bad_rows += int8_prefilter.normalise_quantise(vectors, pool.array[:n], buffer.norms[:n], codes.code_arrays,
+                                                      slot_of_row)
     else:
         copy_prefix(pool.array, unit, n)
         buffer.norms[:n] = norms
-    codes = CodeStore(cap_tiles, dim)
-    all_rows = np.arange(n, dtype=np.int64)
+        int8_prefilter.quantise(pool.array, all_rows, codes.code_arrays, slot_of_row)
     copy_prefix(buffer.row_phys, all_rows, n)
     buffer.pool_array, buffer.code_store = pool.array, codes
     copy_prefix(buffer.row_slot, slot_of_row, n)
     scatter(buffer.slot_row, slot_of_row, all_rows, all_rows)
-    int8_prefilter.quantise(pool.array, all_rows, codes.code_arrays, slot_of_row)
     codes.tile_err[:n_tiles] = int8_prefilter.tile_error(codes.error[:n_tiles * TILE_ROWS])
     buffer.used_tiles = n_tiles
     keys_all = np.zeros(cap_rows, np.uint64)
@@ -237,7 +241,7 @@ def _rebuild(index: Snapshot, keys, words, vectors, counts, rows, drop, bad, ver
                  bad_rows=index.bad_rows + bad, ivf=lists, assign=assign)
 
 
-RELAYOUT_ROWS = 262_144   # rows an install moves into the new lists per sync (at 10M words: 40 syncs of 0.1 - 0.3 s)
+RELAYOUT_ROWS = 131_072   # rows an install moves into the new lists per sync (at 10M words: 80 syncs)
 RELAYOUT_BACKLOG = 3      # parts whose emptied tiles may wait for reclaiming before the install pauses
 
 
