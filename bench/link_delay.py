@@ -82,9 +82,12 @@ class _Direction:
             _, data = self.queue.popleft()
             if data is None:
                 self.ended = True
-                if self.sink.can_write_eof():
-                    self.sink.write_eof()
-                else:
+                try:
+                    if self.sink.can_write_eof():
+                        self.sink.write_eof()
+                    else:
+                        self.sink.close()
+                except OSError:             # the receiver is gone already
                     self.sink.close()
                 self.source.pair.maybe_close()
                 break

@@ -32,7 +32,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 CORPUS = REPO.parent / "shared" / "data" / "wiki17m.txt.xz"
 # Modules in bench/ that other benchmarks import; they are not benchmarks themselves.
-LIBRARIES = {"recovery_cluster.py", "result_record.py", "results_table.py", Path(__file__).name}
+LIBRARIES = {"recovery_cluster.py", "result_record.py", "results_table.py", "link_delay.py", Path(__file__).name}
 SMALL_CORPUS_BYTES = 2_000_000   # about 330k words of the corpus: kafka_produce has no token limit
 
 
@@ -63,6 +63,7 @@ BENCHES = [
           r'"(produced|trained_offsets|trained_twice|skipped|exactly_once|quality\w*)"'),
     Bench("containers_vs_processes", ("--lines", "5000", "--rounds", "1"), r"^ratio container/process|^words/s"),
     Bench("scaling", ("--quick",), r"^ratio shaped|workers on \d+ hosts:", timeout_s=900.0),
+    Bench("cluster_links", ("--quick",), r"^\s+(RTT ms|direct|\d+(\.\d+)?)\s", needs_corpus=True, timeout_s=900.0),
     Bench("record_formats", ("--tokens", "100000", "--rounds", "1"), r"^(text8|tokens|unicode|JSON) .*x |MB/s per core"),
     Bench("record_pipeline", ("--tokens", "200000", "--rounds", "1"), r"^(text8|tokens|unicode|JSON) .*x "),
     Bench("cluster_learning", ("--max-tokens", "300000", "--workers", "2"),
