@@ -101,6 +101,21 @@ def test_the_entrypoint_renders_the_committed_deploy_files(engine, image):
         assert rendered[f.name] == json.loads(f.read_text()), f.name
 
 
+def test_the_image_s_kernel_cache_leaves_nothing_to_compile_in_a_fresh_container(engine, image):
+    # an empty NUMBA_CACHE_DIR (a new tmpfs on /tmp): a worker's warm-up at d = 100 and another d, both kernels,
+    # and the front end's, as the roles run them after copying the image's cache in; numba's own count of compiles
+    done = _run(engine, image, "-c", "from ps_bridge.structured_logging import configure_logging; configure_logging(); "
+                "from online.learner import kernel_cache; seeded = kernel_cache.prepare('test'); "
+                "from online.learner.trainer import LearnerConfig, warm_up; "
+                "from online.search.model_index import warm_up as search_warm_up; "
+                "[warm_up(LearnerConfig(dim=d, kernel=k)) for d in (100, 24) for k in ('hogbatch', 'pairs')]; "
+                "search_warm_up(); print(seeded.copied, *kernel_cache.WATCH.totals())", entrypoint="python")
+    assert done.returncode == 0, done.stderr
+    copied, compiles, seconds = done.stdout.split()
+    assert int(copied) > 0 and "event=kernel_cache" in done.stderr
+    assert int(compiles) == 0, f"compiled {compiles} kernels in {seconds} s:\n{done.stderr[-3000:]}"
+
+
 # ------------------------------------------------------------ the group, in containers
 @pytest.fixture(scope="module")
 def storage(tmp_path_factory):
@@ -241,6 +256,18 @@ def test_the_group_trains_from_kafka_through_a_server_container_killed_with_sigk
         return found >= 6
 
     wait_until(neighbours_found, 60, interval=1.0, message=f"the planted neighbours ({seen})")
+
+
+def test_no_role_compiled_a_kernel_after_training(group):
+    """Each role's log since its launch, the relaunched server's too, after the training above (its syncs, merges
+    and front-end syncs, at LIVEVEC_DIM=24): the image's cache copied in, and not one ``kernel_compile``."""
+    assert group.wait_healthy(timeout=60)
+    for s in group.status():
+        if s.app in ("worker", "server", "frontend"):
+            lines = Path(s.log_path).read_text(errors="replace").splitlines()
+            cache = [ln for ln in lines if "event=kernel_cache " in ln]
+            assert cache and all("level=info" in ln for ln in cache), (s.app, cache)
+            assert [ln for ln in lines if "event=kernel_compile " in ln] == [], s.app
 
 
 def test_processes_run_as_10001_and_write_nothing_outside_tmp_and_the_volume(group, engine):

@@ -77,7 +77,8 @@ def warm_learner() -> list[str]:
 
 def warm_exchange(kernel: str, work: Path, syncs: int = 3, timeout: float = 60.0) -> None:
     """A scheduler, a server and ``WORKERS`` workers in this process on 127.0.0.1, each worker made as ``livevec
-    worker`` makes it (``StreamingWorker``, its replica and trainer), training records and syncing ``syncs`` times."""
+    worker`` makes it (``StreamingWorker``, its replica and trainer), training records and syncing ``syncs`` times
+    as its sync loop does, then once more with every waiting delta (a checkpoint's or a drain's flush)."""
     from online.cluster.node_settings import node_settings
     from online.cluster.server import ServerSettings, build
     from online.cluster.worker import StreamingWorker, WorkerSettings
@@ -117,12 +118,13 @@ def warm_exchange(kernel: str, work: Path, syncs: int = 3, timeout: float = 60.0
         workers = [StreamingWorker(settings, kv, None, Registry({"role": "worker"})) for settings, kv in
                    (started[i] for i in range(WORKERS))]
         records = _records()
-        for _ in range(syncs):
+        for w in workers:
+            w.trainer.reseed(w.kv.po.node_id)
+        for i in range(syncs + 1):   # as the sync loop runs them: packed deltas held back or sent, then a flush
             for w in workers:
-                w.trainer.reseed(w.kv.po.node_id)
                 w.trainer.train_records(records)
             for w in workers:
-                w.replica.sync(flush=True)
+                w.replica.sync(flush=i == syncs)
     finally:
         for w in workers:
             w.replica.shard.close()   # the host replica's segment: the last process removes it
