@@ -25,18 +25,17 @@ checkpoints (``/v1/drift``)
     its int8 search copy (a 1M x 100 model: 220 MB, not 540). At most ``LIVEVEC_DRIFT_KEEP`` are kept,
     numbered 1, 2, ... from the front end's start: the front end's own, not the cluster's coordinated
     checkpoints; their rows on local disk (``LIVEVEC_DRIFT_DIR``), or in memory. A word's drift is its k
-    nearest neighbours now against those in a checkpoint: overlap@k and the words that entered and left. Neighbours now are exact (as ``/v1/similar``), then
-    exact over the float16 vectors (scores within about 1e-3). ``oldest`` is the oldest kept, ``previous``
-    the newest that differs from the served model. A word that arrived after the checkpoint has no
-    neighbours there: all of them entered (``in_checkpoint`` false).
+    nearest neighbours now against those in a checkpoint: overlap@k and the words that entered and left.
+    Neighbours now are exact (as ``/v1/similar``), then exact over the float16 vectors (scores within about
+    1e-3). ``oldest`` is the oldest kept, ``previous`` the newest that differs from the served model. A word
+    that arrived after the checkpoint has no neighbours there: all of them entered (``in_checkpoint`` false).
 
 Cost bounds. Memory, all of it fixed by the settings: arrivals 8 bytes per remembered key; samples 16
 bytes per row that changed before the next sample (the newest is the served counts array itself);
 checkpoints ``2 dim + 20`` bytes per word each: about 420 bytes per word at dim 100 with the default 2
-(``LIVEVEC_DRIFT_KEEP=0`` keeps none), of which the ``2 dim`` of the vectors on disk unless kept in memory. Time per observation with a change: one comparison of the key
-arrays (about 1 ms per million words), O(n log n) only after a removal or a full reload (as
-``ModelIndex.apply`` pays anyway), and per sample or checkpoint one pass over the counts or vectors.
-Requests: ``new`` O(a log n) for a arrivals; ``rising`` one vectorised pass over the vocabulary; ``drift``
+(``LIVEVEC_DRIFT_KEEP=0`` keeps none), the ``2 dim`` of the vectors on disk unless kept in memory. Time
+per observation with a change: one comparison of the key arrays (about 1 ms per million words), O(n log n)
+only after a removal or a full reload (as ``apply`` pays anyway), per sample or checkpoint one pass. Requests: ``new`` O(a log n) for a arrivals; ``rising`` one vectorised pass over the vocabulary; ``drift``
 two exact top-k searches (the checkpoint's in blocks of ``_BLOCK`` rows). ``limit`` is at most ``MAX_LIMIT``.
 """
 from __future__ import annotations

@@ -396,7 +396,8 @@ def _incremental(index: Snapshot, keys, words, vectors, counts, rows, bad, versi
     ivf_next = None
     if relayout is not None:
         relayout.ivf = ivf
-        if sweep is not None:
+        if sweep is not None:         # its tiles are free once no snapshot reads this state (not before it is whole)
+            store.pool.retire_tiles(change.to_state, sweep.tiles)
             relayout.cursor, relayout.moved = sweep.end, relayout.moved + len(sweep.rows)
         if not relayout.done:          # answered as before the install (see ``Relayout``)
             rest = relayout.old_remaining(relayout.cursor)
@@ -430,7 +431,7 @@ def _write_rows(store: Store, src: Buffer, target: Buffer, state: int, ivf: ivf_
     """The rows' unit vectors, norms and codes, out of place: new physical rows and code slots. The ones
     left stay readable by older snapshots (slot -2 here: filed nowhere, not free) until no snapshot reads
     them; then they are free again. A ``sweep`` (an install's part) moves its rows' codes into slots of
-    their new lists the same way and retires the tiles it empties. Returns the lists after the filing,
+    their new lists the same way (the caller retires the tiles it empties). Returns the lists after the filing,
     the tiles in use and the change the other buffer catches up with."""
     order = np.arange(len(rows), dtype=np.int64)
     pool, codes = store.pool, store.codes
@@ -467,7 +468,6 @@ def _write_rows(store: Store, src: Buffer, target: Buffer, state: int, ivf: ivf_
             int8_prefilter._copy_slots(sweep.slots, moved_slots, *codes.code_arrays, *codes.code_arrays)
             scatter(target.row_slot, moved, moved_slots, np.arange(len(moved), dtype=np.int64))
             np.maximum.at(codes.tile_err, moved_slots // TILE_ROWS, codes.error[moved_slots])
-            pool.retire_tiles(state, sweep.tiles)
     target.row_slot[rows] = slots
     int8_prefilter.quantise(pool.array, phys, codes.code_arrays, slots)
     np.maximum.at(codes.tile_err, slots // TILE_ROWS, codes.error[slots])
