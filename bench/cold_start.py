@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -46,7 +47,7 @@ class SeedHidden(ContainerLauncher):
     def run_argv(self, task, spec, env):
         argv = super().run_argv(task, spec, env)
         at = argv.index("run") + 1
-        return [*argv[:at], "--tmpfs", f"{IMAGE_SEED}:rw,size=1m", *argv[at:]]
+        return [*argv[:at], "--tmpfs", f"{IMAGE_SEED}:rw,size=16m,notmpcopyup", *argv[at:]]
 
 
 def loadavg() -> list[float]:
@@ -199,6 +200,7 @@ def main(argv=None) -> int:
     p.add_argument("--compare", action="store_true", help="also run with the image's kernel cache hidden")
     p.add_argument("--record", default=None, help="write the result file (bench/result_record.py)")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # the broker and the containers are stopped then
     record = result_record.start(args.record, "cold_start")
     out = run(args)
     result_record.write(record, summary(out, args))
