@@ -424,7 +424,8 @@ def test_a_worker_holds_the_clusters_row_of_a_new_word_before_it_meets_it(ps_clu
     assert "zebra" not in tb.vocab
     rows_b = b.shard.rows_for(keys, create=False)
     assert (rows_b >= 0).all()
-    np.testing.assert_allclose(b.shard.vectors[rows_b], a.shard.vectors[rows_a], rtol=1e-5, atol=1e-6)
+    # the values come in float16 (exchange 2), the accumulators in float32
+    np.testing.assert_allclose(b.shard.vectors[rows_b], a.shard.vectors[rows_a], rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(b.shard.accum[rows_b], a.shard.accum[rows_a], rtol=1e-5)
     assert (b.shard.accum[rows_b, 0] > b.shard.adagrad_init).all()   # the history's accumulator, not an empty one
     assert b.m_prefetched.value >= 2

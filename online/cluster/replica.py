@@ -438,11 +438,16 @@ class ReplicaStore:
         if not len(created):
             return
         kv = self.worker
-        pending = [(kv.pull(k, cmd=pc.CMD_DELTA), k)
+        cmd = pc.CMD_DELTA_PACKED if self._packed() else pc.CMD_DELTA   # packed: the rows come in float16
+        pending = [(kv.pull(k, cmd=cmd), k)
                    for k in (created[a:a + _SYNC_CHUNK] for a in range(0, len(created), _SYNC_CHUNK))]
         for ts, k in pending:
             res = kv.wait(ts, self.timeout)
-            self.shard.apply(k, np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1))
+            if cmd == pc.CMD_DELTA_PACKED:
+                rows = delta_wire.unpack_answer(res.vals, len(k), self.dim)
+            else:
+                rows = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
+            self.shard.apply(k, rows)
             self.m_prefetched.inc(len(k))
 
     def _send_words(self, words: dict[int, str]) -> list[int]:
