@@ -106,6 +106,7 @@ class SeedCopy:
     seconds: float = 0.0
     built_for: str = ""     # the CPU the seed was compiled for
     same_cpu: bool | None = None   # None: no seed
+    error: str = ""         # why the copy stopped (a directory it cannot write): the kernels compile
 
 
 def seed_cache(cache_dir: str | None = None, seed: Path = SEED) -> SeedCopy:
@@ -123,18 +124,21 @@ def seed_cache(cache_dir: str | None = None, seed: Path = SEED) -> SeedCopy:
     out.built_for = built.get("cpu", {}).get("name", "")
     out.same_cpu = built.get("cpu") == host_cpu()
     target = Path(cache_dir)
-    for src in sorted(seed.rglob("*")):
-        if not src.is_file() or src == manifest:
-            continue
-        dst = target / src.relative_to(seed)
-        if dst.exists():
-            out.kept += 1
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f"{dst.name}.seed.{os.getpid()}")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-        out.copied += 1
+    try:
+        for src in sorted(seed.rglob("*")):
+            if not src.is_file() or src == manifest:
+                continue
+            dst = target / src.relative_to(seed)
+            if dst.exists():
+                out.kept += 1
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(f"{dst.name}.seed.{os.getpid()}")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+            out.copied += 1
+    except OSError as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
     out.seconds = time.perf_counter() - t0
     return out
 
@@ -148,6 +152,9 @@ def prepare(role: str) -> SeedCopy:
     elif not done.cache_dir:
         log_event(log, "kernel_cache", logging.WARNING, role=role, seed=done.seed, copied=0,
                   note="NUMBA_CACHE_DIR is not set: the image's kernels are not used, they compile")
+    elif done.error:
+        log_event(log, "kernel_cache", logging.WARNING, role=role, seed=done.seed, cache_dir=done.cache_dir,
+                  copied=done.copied, error=done.error, note="the kernels not copied compile")
     elif not done.same_cpu:
         log_event(log, "kernel_cache", logging.WARNING, role=role, seed=done.seed, copied=done.copied,
                   kept=done.kept, built_for=done.built_for, this_cpu=host_cpu()["name"],
