@@ -316,7 +316,7 @@ def test_packed_deltas_held_back_lose_nothing_once_flushed(ps_cluster):
         if i % 3 == 2:
             store.sync()
     assert store.exchange == 2 and store.shard.waiting > 0, "int8 deltas, some waiting to grow"
-    store.sync(flush=True)   # every waiting delta and every int8 remainder, in float32
+    store.sync(flush=True, remainders=True)   # every waiting delta and every int8 remainder, in float32
     assert store.shard.waiting == 0
     words, vectors, _ = local.export()
     keys = np.sort(np.array([word_key(w) for w in words], dtype=np.uint64))
@@ -416,7 +416,7 @@ def test_a_worker_holds_the_clusters_row_of_a_new_word_before_it_meets_it(ps_clu
     for _ in range(4):
         ta.train_records(["zebra lion tiger"] * 5)
         a.sync()
-    a.sync(flush=True)                          # A's copy is now the servers' value (nothing trained since)
+    a.sync(flush=True, remainders=True)         # A's copy is now the servers' value (nothing trained since)
     keys = word_rows(np.array([word_key("zebra")], dtype=np.uint64))
     rows_a = a.shard.rows_for(keys, create=False)
     assert b.shard.rows_for(keys, create=False).tolist() == [-1, -1]

@@ -236,7 +236,7 @@ class ReplicaStore:
         """Counts or words wait to be sent (e.g. the words named again after a rollback)."""
         return bool(self._counts or self._words or self._unsent is not None or self.shard.waiting)
 
-    def sync(self, min_gap: float = 0.0, flush: bool = False) -> int | None:
+    def sync(self, min_gap: float = 0.0, flush: bool = False, remainders: bool = False) -> int | None:
         """One sync (see the module docstring); returns the rows sent (None: skipped, because a checkpoint
         holds another process's syncs on a replica the host shares, or because another process of the host
         began one less than ``min_gap`` seconds ago: the host then syncs about as often as one worker would,
@@ -246,8 +246,10 @@ class ReplicaStore:
         chunk of deltas are all on the wire before the first answer is awaited, so a sync costs one
         round trip per server. Raises ``RequestTimeout`` / ``SendError`` when a server does not answer:
         what was not acknowledged is kept and sent again by the next call (the caller asks for a
-        rollback, which makes a partly applied sync exact). ``flush``: every waiting delta goes (a checkpoint's
-        snapshot and a drain must hold everything the batches they count trained)."""
+        rollback, which makes a partly applied sync exact). ``flush``: every waiting delta goes, in float32 (a
+        checkpoint's snapshot must hold what the batches it counts trained, up to the int8 remainders, each under
+        half a step of its row's last delta, which ride with the row's next delta); ``remainders``: those too (a
+        drain's last sync: the servers then hold exactly what the replica does)."""
         with self._sync_lock, self.shard.host_sync():
             if self.shard.held_elsewhere():   # a checkpoint is snapshotting the servers
                 return None
@@ -272,10 +274,11 @@ class ReplicaStore:
             if self._unsent is None:
                 self._read_changed_rows()
                 flushing, self.shard.flush = self.shard.flush, self.shard.flush or flush
+                self.shard.flush_remainders = remainders
                 try:
                     collected = self.shard.collect_parts()
                 finally:
-                    self.shard.flush = flushing
+                    self.shard.flush, self.shard.flush_remainders = flushing, False
                 # a flush goes in float32: the snapshot it precedes then holds exactly what was trained
                 keys, rows, deltas, pushed, fresh = collected
                 packed = self._packed() and not self.shard.flush and not flush

@@ -43,7 +43,8 @@ class ReplicaShard(EmbeddingShard):
     rows_refused = 0      # keys a full replica had no room for (only a shared one cannot grow)
     send_share = 0.0      # a changed row's delta waits until |row - base| >= send_share |row| (0: sent at once)
     flush_every = FLUSH_EVERY_DEFAULT   # every this many collects, every waiting delta goes
-    flush = False         # every waiting delta and every remainder goes at the next collects (checkpoints, drains)
+    flush = False         # every waiting delta goes at the next collects (checkpoints, drains)
+    flush_remainders = False   # and, with ``flush``, every int8 remainder (a drain's last sync)
     waiting = 0           # rows whose delta waited at the last collect
 
     def __init__(self, dim: int, refresh_share: float = REFRESH_SHARE_DEFAULT, **options):
@@ -223,7 +224,7 @@ class ReplicaShard(EmbeddingShard):
             now, before = self.version, self.synced_version
             stamps = self.row_version[:self._next_row]
             changed = np.flatnonzero(stamps > before)
-            if self.flush:   # and the int8 deltas' remainders, so that the servers get all of it
+            if self.flush and self.flush_remainders:   # the int8 deltas' remainders too: the servers get all of it
                 changed = np.union1d(changed, unsent_rows(self.vectors, self.base, self.confirmed, self._next_row))
             self._collects += 1
             waiting = self._waiting(changed)

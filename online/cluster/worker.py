@@ -407,9 +407,9 @@ class StreamingWorker:
         while self._inflight:
             await self._finish_oldest()
         if self.replica is not None:
-            await self.sync(flush=True)
+            await self.sync(flush=True, remainders=True)
 
-    async def sync(self, paced: bool = False, flush: bool = False) -> None:
+    async def sync(self, paced: bool = False, flush: bool = False, remainders: bool = False) -> None:
         """Send the replica's deltas (and counts and words) to the servers, then complete the batches
         trained before it. A sync the servers do not acknowledge is retried (a rollback is asked
         for: part of it may have been applied); one a rollback abandons drops its batches uncommitted."""
@@ -419,7 +419,7 @@ class StreamingWorker:
             await self._complete_covered()   # what another process's sync of a shared replica carried
             if not self._awaiting and not self.replica.has_pending():
                 return
-            if not await asyncio.to_thread(self._sync_with_retry, paced, flush):
+            if not await asyncio.to_thread(self._sync_with_retry, paced, flush, remainders):
                 return
             await self._complete_covered()
 
@@ -435,7 +435,7 @@ class StreamingWorker:
         self.metrics.unsynced.set(self._awaiting_tokens)
         await self._complete_all(done)
 
-    def _sync_with_retry(self, paced: bool = False, flush: bool = False) -> bool:
+    def _sync_with_retry(self, paced: bool = False, flush: bool = False, remainders: bool = False) -> bool:
         """``paced``: the sync loop's, which a replica shared by the host skips when another process of
         the host began one within the interval (drains and checkpoints always sync)."""
         backoff = 0.2
@@ -445,7 +445,7 @@ class StreamingWorker:
                 return False
             c0 = time.thread_time()
             try:
-                self.replica.sync(min_gap=gap, flush=flush)
+                self.replica.sync(min_gap=gap, flush=flush, remainders=remainders)
                 return True
             except (RequestTimeout, SendError) as exc:
                 if self.abandon.is_set():
