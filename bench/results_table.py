@@ -31,8 +31,10 @@ HEADLINE = [
     ("replicas_8", "8 workers, a replica each"),
     ("replicas_16", "16 workers, a replica each"),
     ("freshness", "freshness: a new word's planted neighbour served"),
+    ("freshness_spread", "freshness, each burst spread over every partition (`--spread`)"),
     ("serving_1m", "serving 1M words, one core, training alongside"),
     ("serving_10m", "serving 10M words, one core, training alongside"),
+    ("frontend_10m", "a 10M-word front end with its default settings: full load, memory, 500 req/s, syncs"),
     ("recovery", "recovery after `kill -9`, per role"),
 ]
 REQUIRED_FILE = ("bench", "command", "date", "rows")
