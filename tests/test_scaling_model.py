@@ -120,3 +120,19 @@ def test_beyond_the_runs_the_exchange_grows_by_the_simulations_rows():
     assert c64.parallel - model.costs(1).parallel == pytest.approx((c16.parallel - model.costs(1).parallel) * 2.8)
     assert c64.interval == 156 and c64.server_fixed_us == 50.0
     assert model.costs(32) is None                                   # no simulation at 32: no figures
+
+
+def test_a_record_keeps_the_costs_the_model_ran_on(tmp_path, capsys):
+    one = {"prepare": 0.4, "kernel": 0.9, "sync": 0.3, "event loop": 0.1, "other": 0.1}
+    eight = {"prepare": 0.5, "kernel": 2.7, "sync": 2.7, "event loop": 0.6, "other": 0.5}
+    p1, p8, rec = tmp_path / "one.out", tmp_path / "eight.out", tmp_path / "scaling_model.json"
+    p1.write_text(json.dumps(run_line(2, 1, 870_000, one, 0.23, 21, 9)) + "\n")
+    p8.write_text(json.dumps(run_line(8, 8, 190_000, eight, 2.3, 206, 481)) + "\n")
+    sm.main(["--run", f"1={p1}", "--run", f"8={p8}", "--hosts", "1,8", "--record", str(rec)])
+    first = capsys.readouterr().out
+    body = json.loads(rec.read_text())
+    assert [row["key"] for row in body["rows"]] == ["scaling_model"]
+    assert "missed" in body["rows"][0]["status"]          # no figures at 16 and 64 hosts: nothing is met
+    assert set(body["measured"]) == {"1", "8"}
+    sm.main(["--costs", str(rec), "--hosts", "1,8"])
+    assert capsys.readouterr().out == first               # the same model from the recorded costs
