@@ -158,12 +158,14 @@ def from_result_file(k: int, source: str, body: dict) -> Measured:
 
 
 def load_run(k: int, path: str) -> Measured:
-    text = Path(path).read_text(encoding="utf-8")
-    runs = _json_lines(text)
+    """One or more files (comma-separated) of k replicas: cluster_learning's JSON lines (the medians over all
+    their runs), or one bench/results file of it."""
+    paths = path.split(",")
+    runs = [run for p in paths for run in _json_lines(Path(p).read_text(encoding="utf-8"))]
     if runs:
         return from_runs(k, path, runs)
     try:
-        body = json.loads(text)
+        body = json.loads(Path(paths[0]).read_text(encoding="utf-8")) if len(paths) == 1 else None
     except ValueError:
         body = None
     if isinstance(body, dict) and body.get("bench") == "cluster_learning":
@@ -386,16 +388,29 @@ class Model:
             return replace(c, k=k, interval=interval, bound=bound,
                            how="measured" if at == k else f"the {at}-replica run's")
         top = known[-1]
-        if top not in self.sims or k not in self.sims:
+        s0, s1 = self.sims.get(top), self.sims.get(k) or self.power_law(k)
+        if s0 is None or s1 is None:
             return None
-        c, s0, s1 = self._split(self.measured[top]), self.sims[top], self.sims[k]
+        c = self._split(self.measured[top])
         rows = s1.rows / s0.rows
         exch = c.parallel - self._split(self.measured[1]).parallel
         return replace(c, k=k, interval=interval, bound=bound,
                        parallel=c.parallel + exch * (rows - 1), sync=c.sync * rows, server=c.server * rows,
                        bytes_out=c.bytes_out * s1.rows_out / s0.rows_out,
                        bytes_in=c.bytes_in * s1.rows_in / s0.rows_in,
-                       how=f"extrapolated from {top} by the simulation's rows per kept token (x{rows:.2f})")
+                       how=f"extrapolated from {top} by the simulation's rows per kept token (x{rows:.2f})"
+                           + (f", {s1.source}" if s1.source.startswith("as a power") else ""))
+
+    def power_law(self, k: int) -> Simulated | None:
+        """Rows per kept token at k from the two largest simulated k below it, as a power of k (each direction):
+        for a k the simulation has not reached."""
+        below = sorted(x for x in self.sims if 1 < x < k)
+        if len(below) < 2:
+            return None
+        a, b = self.sims[below[-2]], self.sims[below[-1]]
+        grow = math.log(k / b.k) / math.log(b.k / a.k)
+        return Simulated(k, b.rows_out * (b.rows_out / a.rows_out) ** grow, b.rows_in * (b.rows_in / a.rows_in) ** grow,
+                         0.0, 0.0, f"as a power of k through {a.k} and {b.k} (no simulation at {k})")
 
 
 # --- printing --------------------------------------------------------------------------------------------------
@@ -478,7 +493,7 @@ def chain_table(model: Model, hosts: list[int], cores: int, rtt_us: float, gbit:
         share = c.server * link.imbalance / s
         b = bounds(c, h, cores, s, link)
         lines.append(f"| {h} | {c.sync:.2f} µs | {fixed:.2f} µs | {wire:.2f} µs | {wire * gbit:.2f} µs | "
-                     f"{share:.2f} µs ({s} servers) | {_rate(b['host syncs'] / h)} | {_rate(b['worker cores'] / h)} |")
+                     f"{share:.2f} µs ({s} server{'s' * (s > 1)}) | {_rate(b['host syncs'] / h)} | {_rate(b['worker cores'] / h)} |")
     return lines
 
 
@@ -615,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="append", default=[], metavar="K=PATH",
-                    help="a cluster_learning run with K replicas: its stdout, or its bench/results file")
+                    help="cluster_learning with K replicas: its stdout (PATH,PATH,...: several runs, their medians), "
+                         "or its bench/results file")
     ap.add_argument("--sim", action="append", default=[], metavar="K=PATH",
                     help="replica_simulation's output with K replicas (its 'per kept token' line)")
     ap.add_argument("--cores", type=int, default=16, help="cores (worker processes) per host")

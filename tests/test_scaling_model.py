@@ -136,3 +136,13 @@ def test_a_record_keeps_the_costs_the_model_ran_on(tmp_path, capsys):
     assert set(body["measured"]) == {"1", "8"}
     sm.main(["--costs", str(rec), "--hosts", "1,8"])
     assert capsys.readouterr().out == first               # the same model from the recorded costs
+
+
+def test_a_k_the_simulation_has_not_reached_follows_the_power_law_of_the_two_before():
+    sims = {8: sm.Simulated(8, 1.0, 2.0, 0, 0), 16: sm.Simulated(16, 2.0, 8.0, 0, 0)}
+    model = sm.Model({1: sm.Measured(k=1, source="", worker=1.8, server=0.2, bytes_out=20, bytes_in=10),
+                      16: sm.Measured(k=16, source="", worker=4.0, server=2.0, bytes_out=300, bytes_in=1500)},
+                     sims, server_per_sync_us=0.0, worker_per_sync_us=0.0)
+    c = model.costs(64)   # two doublings past 16: out x2 each, in x4 each
+    assert c.bytes_out == pytest.approx(300 * 4) and c.bytes_in == pytest.approx(1500 * 16)
+    assert "as a power of k" in c.how
