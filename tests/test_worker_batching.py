@@ -40,7 +40,7 @@ def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
     assert sync == 625
     assert records_per_batch(500, 100.0, 10_000, sync) == 6          # 600 tokens, not 5,000
     assert records_per_batch(500, 100.0, 10_000) == 50               # no replica: batch_words / 2
-    assert records_per_batch(500, 100.0, 10_000, default_sync_tokens(2)) == 50   # 160,000: no cap
+    assert records_per_batch(500, 100.0, 10_000, default_sync_tokens(2)) == 50   # 40,000: no cap
     assert records_per_batch(500, 1000.0, 10_000, sync) == 1         # never empty
     assert records_per_batch(20, 1.0, 10_000, sync) == 20            # the stream's own cap still holds
     assert records_per_batch(500, 0.0, 10_000, sync) == 64           # records' size unknown yet
@@ -62,6 +62,7 @@ def test_the_interval_is_a_replicas_not_a_process_s():
     assert default_sync_tokens(8, sharing=2) == 20_000          # 4 replicas: 40,000 each, 2 processes each
     assert default_sync_tokens(16, sharing=2) == 5_000          # 8 replicas: 10,000 each
     assert default_sync_tokens(3, sharing=2) == 80_000          # 2 replicas (one host short of a pair)
+    assert default_sync_tokens(2, sharing=1) == 40_000          # 2 workers: the servers add without the merge
     assert default_sync_tokens(16, sharing=1) == 2_500
     assert default_sync_tokens(64, sharing=1) == 156
     assert default_sync_tokens(100, sharing=1) == 100           # the floor

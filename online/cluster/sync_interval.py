@@ -13,6 +13,7 @@ import math
 import time
 
 SYNC_TOKENS_K = 640_000
+SYNC_TOKENS_K_UNMERGED = 160_000   # up to 2 declared workers: the servers add deltas without the merge
 SYNC_TOKENS_MAX = 160_000
 SYNC_TOKENS_MIN = 100
 
@@ -23,16 +24,20 @@ def default_sync_tokens(workers: int, sharing: int = 1) -> int:
     k = workers / sharing replicas (rounded up), split over the ``sharing`` processes, at least ``SYNC_TOKENS_MIN``.
 
     Why the square: with k replicas, a round's k deltas of a hot row all start from the same value, and the
-    model keeps its quality only if each replica's share of the round shrinks faster than 1/k. So one and 2
-    replicas sync every 160,000 tokens, 4 every 40,000, 8 every 10,000, 16 every 2,500, 32 every 625, 64 every
-    156. The deltas that wait until they grow (``LIVEVEC_SEND_THRESHOLD``) keep the rows per token down at these
+    model keeps its quality only if each replica's share of the round shrinks faster than 1/k. So one replica
+    syncs every 160,000 tokens, 4 every 40,000, 8 every 10,000, 16 every 2,500, 32 every 625, 64 every
+    156. Up to 2 declared workers the servers keep no merge state and add the deltas as they are
+    (``online.cluster.server``), so two replicas' hot rows overshoot at the longer interval: they take
+    ``SYNC_TOKENS_K_UNMERGED / k^2``, 40,000 tokens each (19.18 % analogy at 160,000 against 23.10 % for one
+    replica, wiki17m). The deltas that wait until they grow (``LIVEVEC_SEND_THRESHOLD``) keep the rows per token down at these
     intervals; what still grows as they shrink is each sync's fixed cost (its messages, a Kafka batch per
     interval). A worker trains at most ``unsynced_bound`` intervals ahead of its last answered sync, so at 156
     tokens a 1 ms round trip caps it near 230k tokens/s; where round trips are longer, pack workers per host
     (``LIVEVEC_HOST_REPLICA``: fewer replicas)."""
     sharing = max(int(sharing), 1)
     k = replicas(workers, sharing)
-    return max(SYNC_TOKENS_MIN, min(SYNC_TOKENS_MAX, SYNC_TOKENS_K // (k * k)) // sharing)
+    per_round = SYNC_TOKENS_K if workers > 2 else SYNC_TOKENS_K_UNMERGED
+    return max(SYNC_TOKENS_MIN, min(SYNC_TOKENS_MAX, per_round // (k * k)) // sharing)
 
 
 def replicas(workers: int, sharing: int = 1) -> int:
