@@ -15,7 +15,8 @@ one process, on loopback:
   item list);
 - per kernel, a scheduler, a server and three workers (two sharing a host replica, one with its own) that train
   records into their replicas and sync: the workers' collect and apply, the server's merge of two senders, its
-  answers, the counts and journals;
+  answers, the counts and journals; then the server's shard checkpointed and restored, and the workers reloaded,
+  as a rollback or a relaunched server does;
 - the front end's search kernels (``model_index.warm_up``).
 
 A role that runs anything else (the pull/push exchange, another optimizer, a kernel changed since the build)
@@ -91,7 +92,7 @@ def warm_exchange(kernel: str, work: Path, syncs: int = 3, timeout: float = 60.0
               "LIVEVEC_KAFKA_BOOTSTRAP": "127.0.0.1:9", "LIVEVEC_KAFKA_TOPICS": "warm"}   # (never connected)
     sched, _thread = start_scheduler(node_settings(None, {**common, "DMLC_PS_ROOT_PORT": "0"}, "scheduler"))
     env = {**common, "DMLC_PS_ROOT_PORT": str(sched.my_node.port)}
-    po, _kv_server, _service = build(ServerSettings.from_args(None, {**env, "DMLC_ROLE": "server"}))
+    po, _kv_server, service = build(ServerSettings.from_args(None, {**env, "DMLC_ROLE": "server"}))
     started: dict[int, object] = {}
     errors: list[BaseException] = []
 
@@ -125,6 +126,9 @@ def warm_exchange(kernel: str, work: Path, syncs: int = 3, timeout: float = 60.0
                 w.trainer.train_records(records)
             for w in workers:
                 w.replica.sync(flush=i == syncs)
+        _checkpoint_and_rollback(service.shard, work / "shard.npz")
+        for w in workers:
+            w.replica.reload()
     finally:
         for w in workers:
             w.replica.shard.close()   # the host replica's segment: the last process removes it
@@ -132,6 +136,18 @@ def warm_exchange(kernel: str, work: Path, syncs: int = 3, timeout: float = 60.0
             kv.po.stop()
         po.stop()
         sched.stop()
+
+
+def _checkpoint_and_rollback(shard, path: Path) -> None:
+    """A server's side of a checkpoint and of a rollback, or of a relaunched server's start: the shard's snapshot
+    written and read back, and a shard restored from it (and an empty one), as ``online.checkpoint.participants``."""
+    from online.checkpoint.store import read_shard_file, restore_shard, snapshot_shard, write_shard_file
+    write_shard_file(path, snapshot_shard(shard, {"rank": 0}))
+    params = dict(dim=shard.dim, optimizer=shard.optimizer, eta=shard.eta, seed=shard.seed,
+                  adagrad_init=shard.adagrad_init, min_count=shard.word_counts.min_count,
+                  word_capacity=shard.word_counts.capacity)
+    restore_shard([read_shard_file(path)], **params)
+    restore_shard([], **params)
 
 
 def warm_search() -> None:
