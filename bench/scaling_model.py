@@ -308,6 +308,12 @@ def fit_per_sync(points: list[tuple[float, float, float]]) -> tuple[float, float
     return nnls([(1.0, x, 1.0 / t) for x, _, t in pts], [y for _, y, _ in pts])
 
 
+def replica_interval(k: int, cores: int) -> int:
+    """Tokens per sync of one of k replicas, each trained by ``cores`` processes of a host
+    (``LIVEVEC_SYNC_TOKENS`` 0: ``sync_interval.default_sync_tokens``'s split undone)."""
+    return default_sync_tokens(k * cores, cores) * cores
+
+
 def inflation(m: Measured, one: Measured) -> float:
     """How much more CPU a token's prepare and kernel took in run ``m`` than in the 1-replica run (processes
     sharing too few cores), at least 1; 1 without stages."""
@@ -336,6 +342,7 @@ class Model:
     server_fit: tuple[float, float, float] | None = None
     worker_fit: tuple[float, float, float] | None = None
     deflate: bool = False   # divide the exchange's CPU by the kernel's inflation in the same run
+    cores: int = 16         # worker processes per host: the interval depends on the workers the cluster declares
     raw: dict[int, Measured] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -381,7 +388,7 @@ class Model:
         """The model's costs at k replicas: a measured k's; between measured ones the next larger one's; beyond
         the largest, that one's scaled by the simulation's rows per kept token (an extrapolation)."""
         known = sorted(self.measured)
-        interval, bound = default_sync_tokens(k), unsynced_bound(k)
+        interval, bound = replica_interval(k, self.cores), unsynced_bound(k)
         if k in self.measured or k < known[-1]:
             at = min(x for x in known if x >= k)
             c = self._split(self.measured[at])
@@ -451,7 +458,8 @@ def costs_table(model: Model, ks: list[int]) -> list[str]:
     for k in ks:
         c = model.costs(k)
         if c is None:
-            lines.append(f"| {k} | {default_sync_tokens(k):,} | - | - | - | - | - | no figures (no run, no simulation) |")
+            lines.append(f"| {k} | {replica_interval(k, model.cores):,} | - | - | - | - | - | no figures (no run, no "
+                         f"simulation) |")
             continue
         lines.append(f"| {k} | {c.interval:,} | {c.parallel:.2f} | {c.sync:.2f} | {c.server:.2f} | "
                      f"{c.bytes_out:,.0f} | {c.bytes_in:,.0f} | {c.how} |")
@@ -572,7 +580,7 @@ def report(model: Model, args) -> list[dict]:
     print("\n(d) acceptance\n")
     results = acceptance(model, args.rtt_us)
     print_acceptance(results)
-    soft = Model(model.raw, model.sims, sync_ms=model.sync_ms, deflate=True,
+    soft = Model(model.raw, model.sims, sync_ms=model.sync_ms, deflate=True, cores=model.cores,
                  server_per_sync_us=args.server_sync_us, worker_per_sync_us=args.worker_sync_us)
     factors = ", ".join(f"{k}: x{inflation(m, model.raw[1]):.2f}" for k, m in sorted(model.raw.items()) if k > 1)
     print(f"\nthe same with the exchange's CPU divided by the kernel's inflation in its run ({factors}):\n")
@@ -660,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {p} has no 'per kept token' line yet; k = {k} left out", file=sys.stderr)
         else:
             sims[k] = s
-    model = Model(measured, sims, sync_ms=args.sync_ms, server_per_sync_us=args.server_sync_us,
+    model = Model(measured, sims, sync_ms=args.sync_ms, cores=args.cores, server_per_sync_us=args.server_sync_us,
                   worker_per_sync_us=args.worker_sync_us)
     results, soft = report(model, args)
     result_record.write(record, record_rows(results, soft))

@@ -113,7 +113,7 @@ def test_beyond_the_runs_the_exchange_grows_by_the_simulations_rows():
                                                                           "event loop": 0.6, "other": 0.4},
                           bytes_out=300, bytes_in=1500)
     sims = {16: sm.Simulated(16, 2.0, 8.0, 0, 0), 64: sm.Simulated(64, 4.0, 24.0, 0, 0)}
-    model = sm.Model({1: one, 16: sixteen}, sims, server_per_sync_us=50.0, worker_per_sync_us=0.0)
+    model = sm.Model({1: one, 16: sixteen}, sims, server_per_sync_us=50.0, worker_per_sync_us=0.0, cores=1)
     c16, c64 = model.costs(16), model.costs(64)
     assert c64.server == pytest.approx(c16.server * 2.8)             # (4 + 24) / (2 + 8) rows per kept token
     assert c64.bytes_out == pytest.approx(600) and c64.bytes_in == pytest.approx(4500)
@@ -146,3 +146,10 @@ def test_a_k_the_simulation_has_not_reached_follows_the_power_law_of_the_two_bef
     c = model.costs(64)   # two doublings past 16: out x2 each, in x4 each
     assert c.bytes_out == pytest.approx(300 * 4) and c.bytes_in == pytest.approx(1500 * 16)
     assert "as a power of k" in c.how
+
+
+def test_a_host_of_16_processes_syncs_its_replica_every_16_process_intervals():
+    assert sm.replica_interval(1, 16) == 160_000
+    assert sm.replica_interval(16, 16) == 2496          # 640,000 / 16^2 = 2,500, 156 for each of 16 processes
+    assert sm.replica_interval(64, 1) == 156
+    assert sm.replica_interval(64, 16) == 1600          # each process's floor of 100 tokens, 16 of them
