@@ -34,14 +34,14 @@ def test_a_record_longer_than_the_cap_is_a_mini_batch_of_its_own():
 
 def test_a_replicas_batch_is_no_longer_than_its_sync_interval():
     """A sync carries whole batches, so a batch longer than LIVEVEC_SYNC_TOKENS would stretch every replica's
-    share of a round to the batch (32 workers would sync every 5,000 tokens instead of 625:
+    share of a round to the batch (16 workers would sync every 5,000 tokens instead of 2,500:
     docs/design/0003-sync-interval.md)."""
-    sync = default_sync_tokens(32)
-    assert sync == 625
-    assert records_per_batch(500, 100.0, 10_000, sync) == 6          # 600 tokens, not 5,000
+    sync = default_sync_tokens(16)
+    assert sync == 2_500
+    assert records_per_batch(500, 100.0, 10_000, sync) == 25         # 2,500 tokens, not 5,000
     assert records_per_batch(500, 100.0, 10_000) == 50               # no replica: batch_words / 2
     assert records_per_batch(500, 100.0, 10_000, default_sync_tokens(2)) == 50   # 40,000: no cap
-    assert records_per_batch(500, 1000.0, 10_000, sync) == 1         # never empty
+    assert records_per_batch(500, 10_000.0, 10_000, sync) == 1       # never empty
     assert records_per_batch(20, 1.0, 10_000, sync) == 20            # the stream's own cap still holds
     assert records_per_batch(500, 0.0, 10_000, sync) == 64           # records' size unknown yet
 
@@ -64,8 +64,8 @@ def test_the_interval_is_a_replicas_not_a_process_s():
     assert default_sync_tokens(3, sharing=2) == 80_000          # 2 replicas (one host short of a pair)
     assert default_sync_tokens(2, sharing=1) == 40_000          # 2 workers: the servers add without the merge
     assert default_sync_tokens(16, sharing=1) == 2_500
-    assert default_sync_tokens(64, sharing=1) == 156
-    assert default_sync_tokens(100, sharing=1) == 100           # the floor
+    assert default_sync_tokens(32, sharing=1) == 156            # beyond 16 replicas: 160,000 / k^2
+    assert default_sync_tokens(64, sharing=1) == 100            # the floor
     members = [1]
     interval = SyncInterval(4, 0, members=lambda: members[0])
     assert interval.tokens() == 40_000 and interval.limit() == 80_000

@@ -13,7 +13,8 @@ import math
 import time
 
 SYNC_TOKENS_K = 640_000
-SYNC_TOKENS_K_UNMERGED = 160_000   # up to 2 declared workers: the servers add deltas without the merge
+SYNC_TOKENS_K_UNMERGED = 160_000   # up to 2 declared workers (no merge on the servers), and beyond LONG_UP_TO
+LONG_UP_TO = 16                    # replicas up to which the longer interval keeps the quality
 SYNC_TOKENS_MAX = 160_000
 SYNC_TOKENS_MIN = 100
 
@@ -25,18 +26,23 @@ def default_sync_tokens(workers: int, sharing: int = 1) -> int:
 
     Why the square: with k replicas, a round's k deltas of a hot row all start from the same value, and the
     model keeps its quality only if each replica's share of the round shrinks faster than 1/k. So one replica
-    syncs every 160,000 tokens, 4 every 40,000, 8 every 10,000, 16 every 2,500, 32 every 625, 64 every
-    156. Up to 2 declared workers the servers keep no merge state and add the deltas as they are
-    (``online.cluster.server``), so two replicas' hot rows overshoot at the longer interval: they take
-    ``SYNC_TOKENS_K_UNMERGED / k^2``, 40,000 tokens each (19.18 % analogy at 160,000 against 23.10 % for one
-    replica, wiki17m). The deltas that wait until they grow (``LIVEVEC_SEND_THRESHOLD``) keep the rows per token down at these
-    intervals; what still grows as they shrink is each sync's fixed cost (its messages, a Kafka batch per
-    interval). A worker trains at most ``unsynced_bound`` intervals ahead of its last answered sync, so at 156
-    tokens a 1 ms round trip caps it near 230k tokens/s; where round trips are longer, pack workers per host
+    syncs every 160,000 tokens, 4 every 40,000, 8 every 10,000, 16 every 2,500. Deltas that wait until they grow
+    (``LIVEVEC_SEND_THRESHOLD``) keep the rows per token down, and this interval, four times the float32
+    exchange's, divides each sync's and each Kafka batch's fixed cost by four. Two cases keep the float32
+    exchange's ``SYNC_TOKENS_K_UNMERGED / k^2``:
+
+    * up to 2 declared workers, where the servers keep no merge state and add the deltas as they are
+      (``online.cluster.server``): two replicas' hot rows overshoot at the longer interval (19.18 % analogy at
+      160,000 tokens against 23.10 % for one replica, wiki17m), so 2 replicas sync every 40,000;
+    * beyond ``LONG_UP_TO`` (16) replicas, where the longer interval costs quality (32 replicas at 625 tokens:
+      1.63 % against 3.16 % for one model, simulation, 3M tokens): 32 sync every 156, 64 every 100 (the floor).
+
+    A worker trains at most ``unsynced_bound`` intervals ahead of its last answered sync, so at 100 tokens a
+    1 ms round trip caps it near 150k tokens/s; where round trips are longer, pack workers per host
     (``LIVEVEC_HOST_REPLICA``: fewer replicas)."""
     sharing = max(int(sharing), 1)
     k = replicas(workers, sharing)
-    per_round = SYNC_TOKENS_K if workers > 2 else SYNC_TOKENS_K_UNMERGED
+    per_round = SYNC_TOKENS_K if workers > 2 and k <= LONG_UP_TO else SYNC_TOKENS_K_UNMERGED
     return max(SYNC_TOKENS_MIN, min(SYNC_TOKENS_MAX, per_round // (k * k)) // sharing)
 
 
