@@ -24,11 +24,15 @@ CPU per token is inflated by the processes' sharing of the cores (caches, switch
 worker's token (prepare, kernel, and the 1-replica run's event loop and rest) is the 1-replica run's, and the
 exchange's part is what the k-replica run spends beyond it: its sync stage (which runs one at a time per host:
 a host replica syncs once at a time), its event loop and rest beyond the 1-replica run's, and the server's CPU.
-Each sync also has a fixed cost (its requests to every server, its round trips): a least-squares fit over the
-runs splits the server's and the sync stage's CPU per token into a part per byte and a part per sync, using
-the tokens a run's syncs carried (the interval, or what a replica trains in ``LIVEVEC_SYNC_MS`` when that is
-less). Beyond the largest measured k the per-byte parts are scaled by the simulation's rows per kept token
-(an extrapolation), and the per-sync parts by the interval, 640,000 / k^2 tokens.
+Each sync also has a fixed cost (its requests to every server, its round trips): a non-negative least-squares
+fit over the runs splits the server's and the sync stage's CPU per token into a floor, a part per byte and a
+part per sync, using the tokens a run's syncs carried (the interval, or what a replica trains in
+``LIVEVEC_SYNC_MS`` when that is less). Beyond the largest measured k the per-token parts are scaled by the
+simulation's rows per kept token (an extrapolation; for a k the simulation has not reached, by its rows as a
+power of k through the two largest simulated k), and the per-sync parts by the interval the code gives H hosts
+of C processes. The same figures are also printed with the exchange's CPU divided by the kernel's inflation in
+its run (a bound from the other side). ``--record`` keeps the costs in the result file; ``--costs FILE`` runs
+the model on them again.
 """
 from __future__ import annotations
 
@@ -436,7 +440,8 @@ def _rate(x: float) -> str:
 
 def measured_table(model: Model) -> list[str]:
     head = ("| replicas | worker: prepare | kernel | sync | event loop | other | worker | server | scheduler | "
-            "all roles | Kafka | B out | B in | words/s | cores busy | held at bound | tokens per sync | load | run at (UTC) |")
+            "all roles | Kafka | B out | B in | words/s | cores busy | held at bound | tokens per sync | load | "
+            "run at (UTC) |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for k in sorted(model.measured):
         m = model.measured[k]
@@ -487,7 +492,8 @@ def model_table(model: Model, hosts: list[int], cores: int, links: list[float], 
 
 def chain_table(model: Model, hosts: list[int], cores: int, rtt_us: float, gbit: float = 10.0) -> list[str]:
     """A host's sync chain per token at k = H replicas, with the servers the rule names."""
-    lines = [f"| k | sync stage | fixed per sync and round trips | wire, {gbit:g} Gbit/s | wire, 1 Gbit/s | servers' share "
+    lines = [f"| k | sync stage | fixed per sync and round trips | wire, {gbit:g} Gbit/s | wire, 1 Gbit/s | "
+             f"servers' share "
              f"| a host's syncs carry at most | its {cores} cores train |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for h in hosts:
@@ -501,7 +507,8 @@ def chain_table(model: Model, hosts: list[int], cores: int, rtt_us: float, gbit:
         share = c.server * link.imbalance / s
         b = bounds(c, h, cores, s, link)
         lines.append(f"| {h} | {c.sync:.2f} µs | {fixed:.2f} µs | {wire:.2f} µs | {wire * gbit:.2f} µs | "
-                     f"{share:.2f} µs ({s} server{'s' * (s > 1)}) | {_rate(b['host syncs'] / h)} | {_rate(b['worker cores'] / h)} |")
+                     f"{share:.2f} µs ({s} server{'s' * (s > 1)}) | {_rate(b['host syncs'] / h)} | "
+                     f"{_rate(b['worker cores'] / h)} |")
     return lines
 
 
