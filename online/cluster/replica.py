@@ -320,6 +320,9 @@ class ReplicaStore:
                    for (epoch, since), sid in zip(self._seen, self._server_ids)]
         for rank, ts in enumerate(pending):
             epoch, version, keys = pc.decode_changed_rows(kv.wait(ts, self.timeout)[0].body)
+            if self._seen[rank][0] and epoch != self._seen[rank][0]:
+                # a restarted server may be another release: float32 until the next sync asks it again
+                self.exchange = None
             self._seen[rank] = (epoch, version)
             if len(keys):
                 self.shard.mark_stale(keys)
@@ -475,6 +478,7 @@ class ReplicaStore:
             with self._buffer_lock:
                 self._counts = []
             self._unsent = None
+            self.exchange = None   # the reloaded servers may be another release: asked again at the next sync
             keys = np.sort(self.shard.keys())
             for a in range(0, len(keys), _SYNC_CHUNK):
                 k = keys[a:a + _SYNC_CHUNK]
