@@ -496,3 +496,22 @@ async def test_a_large_delta_is_applied_and_served_a_part_at_a_time(monkeypatch)
     assert index.version == 2 and index.n == 250 and (index.counts == 3).all()
     assert np.allclose(index.vectors, source.vectors, atol=1e-5)
     assert await sync.sync_once() and holder.current.version == 2 and source.calls == 3
+
+
+async def test_the_first_load_may_take_longer_than_a_sync():
+    """A 10M-word first load takes past a minute on a busy core: with the sync's own timeout it was cut short
+    and started again from scratch, forever. Unless a timeout is given, the first load gets its own bound."""
+    from online.frontend.sync import FIRST_LOAD_TIMEOUT, ModelSync
+    from online.search.model_index import ModelHolder
+
+    class Slow(_FullLoads):
+        async def changes_since(self, version: int) -> ModelDelta:
+            await asyncio.sleep(0.3)
+            return await super().changes_since(version)
+
+    sync = ModelSync(Slow(), ModelHolder(), interval=0.01)
+    assert sync.first_load_timeout == FIRST_LOAD_TIMEOUT > sync.timeout
+    sync.timeout = 0.1                           # a sync's bound now shorter than the source's answer
+    assert await sync.sync_once() and sync.holder.loaded
+    assert not await sync.sync_once()            # once loaded, the sync's own bound applies
+    assert not await ModelSync(Slow(), ModelHolder(), interval=0.01, timeout=0.1).sync_once()

@@ -33,6 +33,9 @@ HISTORY_POINTS = 300
 # a part leaves are reused once the next part is served, where one apply of 1.6M rows held them all and the
 # rows' pool grew by half (a 5 GB copy at 10M words).
 MAX_DELTA_ROWS = 262_144
+# Seconds the first load may take: the source computes or reads the whole model (10M words: 15 - 30 s on a quiet
+# core, past a minute on a busy one), and the sync's usual timeout cut it short, every retry from scratch.
+FIRST_LOAD_TIMEOUT = 600.0
 FREEZE_SHARE = 0.01     # of the wall time, at most, spent in the collection before a freeze
 
 
@@ -46,6 +49,7 @@ class ModelSync:
         self.stats_interval = stats_interval
         self.max_backoff = max(max_backoff, interval)
         self.timeout = timeout if timeout is not None else max(60.0, 20 * interval)
+        self.first_load_timeout = timeout if timeout is not None else max(self.timeout, FIRST_LOAD_TIMEOUT)
         self.started_at = time.time()
         self.last_attempt_at: float | None = None
         self.last_success_at: float | None = None
@@ -96,7 +100,8 @@ class ModelSync:
         started = time.perf_counter()
         current = self.holder.current
         try:
-            async with asyncio.timeout(self.timeout):   # not wait_for: on 3.11 it can swallow a cancel
+            bound = self.timeout if self.holder.loaded else self.first_load_timeout
+            async with asyncio.timeout(bound):          # not wait_for: on 3.11 it can swallow a cancel
                 delta = await self.source.changes_since(current.version if self.holder.loaded else 0)
             if delta.full or len(delta) or len(delta.removed) or delta.version != current.version \
                     or current.needs_apply():             # new inverted-file lists wait to be installed
