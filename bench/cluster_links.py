@@ -257,7 +257,7 @@ def run_point(args, lab: NetnsLab, broker: KafkaBroker, point: str, index: int, 
     produce(records, bootstrap=broker.bootstrap, topic=topic, partitions=args.partitions, create_topic=True)
     log(f"{point} ms: produced {len(records):,} records into {topic} in {time.perf_counter() - t:.1f} s")
     env = {**args.env, "LIVEVEC_CHECKPOINT_INTERVAL": str(args.checkpoint_interval)}
-    cluster = LinkCluster(root / f"rtt-{point}", broker.bootstrap, topic, lab, servers=args.servers,
+    cluster = LinkCluster(root / f"rtt-{point}-{index}", broker.bootstrap, topic, lab, servers=args.servers,
                           workers=workers, env=env)
     cluster.relay_pids = relays.pids if relays else []
     placement = {f"{a.rsplit('/', 1)[-1]}{i}": h for (a, i), h in sorted(cluster.runner.placement.items())}
@@ -304,14 +304,21 @@ def run_point(args, lab: NetnsLab, broker: KafkaBroker, point: str, index: int, 
 
 
 def sync_figures(first: dict, end: dict, seconds: float) -> dict:
-    """The workers' syncs in the window: how many per second (all workers), and their mean duration (collect,
-    round trips, apply: ``livevec_worker_sync_seconds``)."""
+    """The workers' syncs in the window: how many per second (all workers), their mean duration (collect, round
+    trips, apply: ``livevec_worker_sync_seconds``) and the sync thread's CPU per sync: the rest of a sync's
+    time it waits (for answers, for the host's other sync, for a core)."""
     def delta(metric):
         return sum(m.get(metric, 0.0) - first["metrics"].get(n, {}).get(metric, 0.0)
                    for n, m in end["metrics"].items() if n.startswith("worker"))
     count = delta("livevec_worker_sync_seconds_count")
+    def sync_cpu(snap):
+        return sum(v for n, m in snap["metrics"].items() if n.startswith("worker") for series, v in m.items()
+                   if series.startswith("livevec_worker_cpu_seconds_total{") and 'stage="sync"' in series)
+    cpu = sync_cpu(end) - sync_cpu(first)
     return {"syncs_per_second": round(delta("livevec_worker_syncs_total") / max(seconds, 1e-9), 2),
-            "sync_seconds_mean": round(delta("livevec_worker_sync_seconds_sum") / count, 4) if count else None}
+            "sync_seconds_mean": round(delta("livevec_worker_sync_seconds_sum") / count, 4) if count else None,
+            # the sync thread's CPU per sync (it also runs the vocabulary exchanges of syncs a host's pacing skips)
+            "sync_cpu_seconds_per_sync": round(cpu / count, 4) if count else None}
 
 
 def print_table(points: list[dict]) -> None:
@@ -331,7 +338,8 @@ def print_table(points: list[dict]) -> None:
               f"{'yes' if p['exactly_once']['ok'] else 'NO':>6}"
               f"{p['checkpoints']['pause_ms_max'] if p['checkpoints']['pause_ms_max'] is not None else '-':>10}"
               f"{p['syncs_per_second']:>9.1f}"
-              f"{1000 * p['sync_seconds_mean'] if p['sync_seconds_mean'] is not None else float('nan'):>10.0f}")
+              f"{1000 * p['sync_seconds_mean'] if p['sync_seconds_mean'] is not None else float('nan'):>10.0f}"
+              f"{1000 * p['sync_cpu_seconds_per_sync'] if p['sync_cpu_seconds_per_sync'] is not None else float('nan'):>14.0f}")
 
 
 def record_rows(points: list[dict]) -> list[dict]:
