@@ -324,7 +324,7 @@ def sync_figures(first: dict, end: dict, seconds: float) -> dict:
 def print_table(points: list[dict]) -> None:
     print(f"\n{'RTT ms':>7}{'words/s':>10}{'held at bound':>15}{'fresh p99 record':>18}{'p99 spread':>12}"
           f"{'load (window)':>22}{'relay us/tok':>14}{'all roles us/tok':>18}{'B/token out/in':>16}"
-          f"{'once':>6}{'pause ms':>10}{'syncs/s':>9}{'sync ms':>10}")
+          f"{'once':>6}{'pause ms':>10}{'syncs/s':>9}{'sync ms':>10}{'sync CPU ms':>14}")
     for p in points:
         f = p.get("freshness") or {}
         fr = lambda m: f"{f[m]['p99']:.2f} s" if m in f else "-"   # noqa: E731
