@@ -681,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     result_record.write(record, record_rows(results, soft))
     if record is not None:   # the costs the row came from, so that --costs re-runs the model on them
         body = json.loads(record.path.read_text(encoding="utf-8"))
+        loads = ", ".join(f"k = {k}: {m.load}" for k, m in sorted(measured.items()) if m.load)
+        body["note"] = (f"arithmetic on the runs' costs: the load is this script's; each run's is in "
+                        f"docs/scaling.md's table (1-minute load at the window's ends, {loads})")
         body["measured"] = {str(k): asdict(m) for k, m in sorted(measured.items())}
         body["simulated"] = {str(k): asdict(m) for k, m in sorted(sims.items())}
         record.path.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
