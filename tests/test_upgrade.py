@@ -14,6 +14,10 @@ replaces an app's version as Marathon does, by relaunching its tasks with the ne
   is killed, so both releases train on one agent at once, each with its own host replica segment), then the front
   ends (a new one ready before the old one goes). Meanwhile the front end answers every query, none with a 5xx,
   and at the end every record was trained exactly once.
+* A roll back with nothing pinned: one server of this release's cluster, whose workers speak exchange 2 (packed
+  deltas, which 0.1.0 does not know), replaced by the previous release. The workers ask the servers' exchange
+  again after the rollback that follows and speak exchange 1 to every server; the 0.1.0 server rejects no packed
+  delta, and every record is trained exactly once.
 """
 from __future__ import annotations
 
@@ -369,3 +373,65 @@ def _worker_metric(runner, index: int, name: str) -> float:
     with contextlib.suppress(OSError, KeyError, StopIteration):
         return runner_metric(runner, "worker", name, index)
     return 0.0
+
+
+@pytest.mark.timeout(600)
+def test_a_server_rolled_back_to_the_previous_release_gets_exchange_1_from_workers_that_spoke_2_and_trains_on(
+        previous_release, kafka_bootstrap, kafka_topic, tmp_path):
+    """No pin: 0.2.0 workers speaking exchange 2 (packed deltas) meet a server replaced by 0.1.0, which knows no
+    ``CMD_DELTA_PACKED``. The rollback that follows the replacement reloads them, and a reload asks the servers'
+    exchange again: they speak version 1 to every server from then on, and training goes on exactly once."""
+    topic = kafka_topic(partitions=4, prefix="upgrade-back")
+    producer = Producer(kafka_bootstrap, topic, generate_lines(2400, seed=11), rate=20.0, reserve=100)
+    env = _env(previous_release, f"g-{uuid.uuid4().hex[:8]}")
+    env["PATH"] = _path(None)
+    runner = local_cluster(tmp_path / "run", kafka_bootstrap, topic, servers=2, workers=2, frontend=False, env=env)
+    store = CheckpointStore(tmp_path / "run" / "shared" / "livevec" / "checkpoints")
+    server_log = tmp_path / "run" / "logs" / "livevec-server-0.log"
+    probe = None
+    try:
+        runner.start()
+        assert runner.wait_healthy(timeout=120), "this release's cluster did not become healthy"
+        assert {_release_of(runner, app, i) for app, i in [("scheduler", 0), ("server", 0), ("server", 1),
+                                                           ("worker", 0), ("worker", 1)]} == {__version__}
+        probe = ClusterProbe(runner.port("scheduler", "ps"), servers=2)
+        producer.start()
+        for index in (0, 1):
+            wait_until(lambda: _worker_metric(runner, index, "livevec_worker_exchange_version") == 2, 90,
+                       interval=0.25, message=f"worker {index} speaking exchange 2 to 0.2.0 servers")
+        synced = sum(_worker_metric(runner, i, "livevec_worker_rows_synced_total") for i in (0, 1))
+        wait_until(lambda: sum(_worker_metric(runner, i, "livevec_worker_rows_synced_total") for i in (0, 1)) > synced,
+                   60, interval=0.25, message="the workers sending deltas in exchange 2")
+        wait_until(lambda: store.latest_complete(check_data=False), 60, interval=0.25,
+                   message="a checkpoint of this release")
+        trained = ((probe.stats() or [{}])[0].get("ledger") or {}).get("records", 0)
+
+        # the previous release's image for the servers (no LIVEVEC_DELTA_WIRE pin anywhere); one server relaunched
+        runner.app("server")["env"]["PATH"] = _path(previous_release)
+        before = server_log.stat().st_size
+        _replaced(runner, "server", 0, probe, servers=True)
+        assert _release_of(runner, "server", 0) == PREVIOUS[0] and _release_of(runner, "server", 1) == __version__
+        for index in (0, 1):
+            assert "LIVEVEC_DELTA_WIRE" not in Path(f"/proc/{_task(runner, 'worker', index).pid}/environ").read_text()
+            wait_until(lambda: _worker_metric(runner, index, "livevec_worker_exchange_version") == 1, 90,
+                       interval=0.25, message=f"worker {index} speaking exchange 1 once a server is 0.1.0")
+        # training goes on beside the 0.1.0 server
+        wait_until(lambda: ((probe.stats() or [{}])[0].get("ledger") or {}).get("records", 0) > trained + 20, 120,
+                   interval=0.25, message="training after the roll back")
+
+        producer.release.set()
+        producer.join(timeout=180)
+        assert producer.error is None and producer.sent == len(producer.records)
+        assert_trained_exactly_once(probe.stats, topic, len(producer.records), _tokens(producer.records),
+                                    idle=lambda: coordinator_idle(runner))
+        assert all(_worker_metric(runner, i, "livevec_worker_exchange_version") == 1 for i in (0, 1))
+        with open(server_log, "rb") as log:
+            log.seek(before)
+            old_server = log.read().decode(errors="replace")
+        rejected = [line for line in old_server.splitlines() if "request_rejected" in line]
+        print("0.1.0 server's rejections:", len(rejected), rejected[:3])
+        assert not [line for line in rejected if "cmd=6" in line], rejected[:5]
+    finally:
+        if probe is not None:
+            probe.close()
+        runner.stop()
