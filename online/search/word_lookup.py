@@ -241,8 +241,13 @@ class AlphaIndex:
     def build(cls, words: Sequence[str], view: Sequence[str] | None = None) -> "AlphaIndex":
         """Of ``words`` (row order); ``view``: what the index reads them through later (default: ``words``)."""
         listed = words if isinstance(words, list) else list(words)
-        rows = sorted(range(len(listed)), key=listed.__getitem__)
-        return cls(listed if view is None else view, np.asarray(rows, dtype=np.int64))
+        # an argsort of the strings by reference: sorted(range(n), key=...) made n int objects and a list of them
+        # (560 MB at 10M words, at the full load's peak), for the same order
+        refs = np.empty(len(listed), object)
+        refs[:] = listed
+        rows = np.argsort(refs, kind="stable").astype(np.int64, copy=False)
+        del refs
+        return cls(listed if view is None else view, rows)
 
     def with_rows(self, words: list[str], rows: np.ndarray, view: Sequence[str]) -> "AlphaIndex":
         """This index plus ``words`` at ``rows`` (new rows); ``view``: the new snapshot's words."""
