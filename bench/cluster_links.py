@@ -1,7 +1,7 @@
 """The cluster across links with a round trip: words/s, time held at the unsynced bound, and freshness.
 
     .venv/bin/python bench/cluster_links.py [--rtt-ms 0,1,10] [--hosts 4] [--workers-per-host 2] [--servers 1]
-        [--max-tokens 4000000] [--trials 10] [--delay-kafka] [--quick] [--record FILE]
+        [--max-tokens 8000000] [--trials 10] [--delay-kafka] [--quick] [--record FILE]
 
 A network-namespace lab of ``--hosts`` hosts (``online.deployment.netns_lab``, lab id 70 - 79) runs the committed
 Marathon group as ``livevec up --hosts N`` places it (``online.deployment.lab_runner``): a scheduler, ``--servers``
@@ -222,11 +222,13 @@ async def freshness_phase(cluster: LinkCluster, bootstrap: str, topic: str, args
                 planted, missed = [], 0
                 for _ in range(args.trials):
                     anchor = anchors[number % len(anchors)]
-                    _, p, _, _ = await freshness.trial(session, producer, url, anchor, targs, rng, planted_words,
-                                                       number)
+                    v, p, _, last = await freshness.trial(session, producer, url, anchor, targs, rng,
+                                                          planted_words, number)
                     number += 1
                     if p is None:
                         missed += 1
+                        log(f"freshness trial {number} missed: {anchor} not in the top 10 within "
+                            f"{args.trial_timeout:.0f} s; visible after {v} s, neighbours then: {' '.join(last[:10])}")
                     else:
                         planted.append(p)
                 every = planted + [float("inf")] * missed
@@ -373,7 +375,7 @@ def main() -> int:
     ap.add_argument("--workers-per-host", type=int, default=2, help="at most 2: the group's hostname:MAX_PER:2")
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    ap.add_argument("--max-tokens", type=int, default=4_000_000, help="the corpus prefix trained per point")
+    ap.add_argument("--max-tokens", type=int, default=8_000_000, help="the corpus prefix trained per point")
     ap.add_argument("--checkpoint-interval", type=float, default=30.0, help="LIVEVEC_CHECKPOINT_INTERVAL (30)")
     ap.add_argument("--trials", type=int, default=10, help="freshness trials per mode (10; 0 = no freshness)")
     ap.add_argument("--sentences", type=int, default=200, help="planted sentences per trial (200)")
