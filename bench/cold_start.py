@@ -1,13 +1,15 @@
 """Restarts from the image: a worker's time from its start to its first trained batch, and a front end's to ready.
 
-    .venv/bin/python bench/cold_start.py [--rounds 3] [--dim 100] [--image livevec:0.1.0] [--compare]
-        [--record FILE]
+    .venv/bin/python bench/cold_start.py [--rounds 3] [--dim 100] [--image TAG] [--compare] [--record FILE]
 
 Every process starts as a fresh container of the image (``podman run --rm``, uid 10001, read-only root, a new
-tmpfs on /tmp, so ``NUMBA_CACHE_DIR=/tmp/numba-cache`` is empty), launched by the local Marathon-like runner from
-the committed topology, as Marathon would relaunch a task. ``--compare`` also runs each round with the image's
-kernel cache hidden (an empty tmpfs over it): the processes then compile their kernels, as before the image
-carried them.
+tmpfs on /tmp, so ``NUMBA_CACHE_DIR=/tmp/numba-cache`` is empty), relaunched by the local Marathon-like runner in a
+running group from the committed topology (a scheduler, a server, a worker and a front end), as Marathon relaunches
+a task, while a producer streams. Each round stops the worker and starts it again, then the front end. A worker's
+time runs to its first batch trained and acknowledged by the servers (``livevec_worker_batches_total`` above 0), a
+front end's to ``/ready``; both from the container's launch and from its process's start (podman's ``StartedAt``).
+``--compare`` also runs every round with the image's kernel cache hidden (an empty tmpfs over it): the processes
+then compile their kernels, as before the image carried them.
 """
 from __future__ import annotations
 
@@ -96,13 +98,23 @@ def _restart(runner: LocalRunner, app: str, wait, timeout: float) -> dict:
             raise RuntimeError(f"{app}: not there in {timeout:.0f} s\n{describe(runner.status())}")
         time.sleep(0.02)
     seconds = time.monotonic() - t0
+    started = _started_at(runner, app)
     events = _events(log, offset) if log.exists() else []
     first = min((_at(e) for e in events), default=None)
     compiles = [e for e in events if e.get("event") == "kernel_compile"]
     cache = next((e for e in events if e.get("event") == "kernel_cache"), {})
-    return {"seconds": seconds, "python_s": None if first is None else first - wall0,
+    return {"seconds": seconds, "from_process_s": None if started is None else wall0 + seconds - started,
+            "python_s": None if first is None else first - wall0,
             "compiles": len(compiles), "compile_s": sum(float(e.get("seconds", 0)) for e in compiles),
             "copied": cache.get("copied", "-"), "events": events, "wall0": wall0}
+
+
+def _started_at(runner: LocalRunner, app: str) -> float | None:
+    """When the task's container started its process (podman's ``State.StartedAt``), as a Unix time."""
+    name = next((s.container for s in runner.status() if s.app == app and s.container), None)
+    done = podman().run("inspect", "--format", "{{.State.StartedAt.UnixNano}}", name, check=False) if name else None
+    text = done.stdout.strip() if done is not None and done.returncode == 0 else ""
+    return int(text) / 1e9 if text.isdigit() else None
 
 
 def _worker_trained(runner: LocalRunner) -> bool:
@@ -156,7 +168,8 @@ def run(args) -> dict:
                         got = _restart(runner, app, wait, args.timeout)
                         results[mode][app].append(got)
                         extra = f"; {_worker_steps(got)}" if app == "worker" else ""
-                        print(f"{mode:11s} round {r + 1} {app:8s} {got['seconds']:6.2f} s (first log line "
+                        print(f"{mode:11s} round {r + 1} {app:8s} {got['seconds']:6.2f} s from its launch, "
+                              f"{got['from_process_s'] or float('nan'):.2f} s from its process's start (first log line "
                               f"{got['python_s'] or float('nan'):.2f} s; {got['compiles']} kernels compiled in "
                               f"{got['compile_s']:.1f} s; {got['copied']} cache files copied{extra}) "
                               f"load {' '.join(map(str, loadavg()))}", flush=True)
@@ -166,26 +179,35 @@ def run(args) -> dict:
     return {"results": results, "load_start": load_start, "load_end": loadavg()}
 
 
+def _median(runs: list[dict], key: str) -> float:
+    values = [r[key] for r in runs if r[key] is not None]
+    return statistics.median(values) if values else float("nan")
+
+
 def summary(out: dict, args) -> list[dict]:
+    """Medians per mode and role, printed; the result row (``result_record``) of the image as built."""
     rows = []
-    med = {mode: {app: statistics.median(r["seconds"] for r in runs) for app, runs in apps.items() if runs}
-           for mode, apps in out["results"].items()}
+    med = {mode: {app: {key: _median(runs, key) for key in ("seconds", "from_process_s")}
+                  for app, runs in apps.items() if runs} for mode, apps in out["results"].items()}
     print(f"\nload average {out['load_start']} at the start, {out['load_end']} at the end; dim {args.dim}; "
-          f"medians of {args.rounds} rounds")
+          f"medians of {args.rounds} rounds, from the container's launch (from the process's start)")
     for mode, apps in med.items():
         compiled = {app: max(r["compiles"] for r in out["results"][mode][app]) for app in apps}
-        print(f"  {mode:11s} worker start to first trained batch {apps['worker']:.2f} s, front end start to ready "
-              f"{apps['frontend']:.2f} s (kernels compiled: worker {compiled['worker']}, front end "
-              f"{compiled['frontend']})")
+        print(f"  {mode:11s} worker start to first trained batch {apps['worker']['seconds']:.2f} s "
+              f"({apps['worker']['from_process_s']:.2f} s), front end start to ready {apps['frontend']['seconds']:.2f} s "
+              f"({apps['frontend']['from_process_s']:.2f} s); kernels compiled: worker {compiled['worker']}, "
+              f"front end {compiled['frontend']}")
     if "image cache" in med:
-        m = med["image cache"]
-        base = med.get("no cache")
-        value = (f"worker {m['worker']:.2f} s from its start to its first trained batch, front end {m['frontend']:.2f} s "
-                 f"to ready (medians of {args.rounds} cold starts of the image, empty NUMBA_CACHE_DIR, d = {args.dim})")
+        m, base = med["image cache"], med.get("no cache")
+        value = (f"worker {m['worker']['seconds']:.2f} s from its container's launch to its first trained batch "
+                 f"({m['worker']['from_process_s']:.2f} s from its process's start), front end "
+                 f"{m['frontend']['seconds']:.2f} s to ready ({m['frontend']['from_process_s']:.2f} s); medians of "
+                 f"{args.rounds} cold starts of the image, empty NUMBA_CACHE_DIR, d = {args.dim}")
         if base:
-            value += f"; with the image's kernel cache hidden {base['worker']:.2f} s and {base['frontend']:.2f} s"
-        rows.append(result_record.row("cold_start", value, f"worker <= {TARGET_S:.0f} s",
-                                      result_record.met(m["worker"] <= TARGET_S)))
+            value += (f"; with the image's kernel cache hidden {base['worker']['seconds']:.2f} s and "
+                      f"{base['frontend']['seconds']:.2f} s")
+        rows.append(result_record.row("cold_start", value, f"worker <= {TARGET_S:.0f} s from its start",
+                                      result_record.met(m["worker"]["seconds"] <= TARGET_S)))
     return rows
 
 
