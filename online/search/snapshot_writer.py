@@ -279,18 +279,24 @@ class Relayout:
     def done(self) -> bool:
         return self.cursor >= len(self.old_tiles)
 
-    def lists_of(self, index: Snapshot, rows: np.ndarray) -> np.ndarray:
+    def lists_of(self, index: Snapshot, rows: np.ndarray, refine: bool = False) -> np.ndarray:
         """The new list of each of ``rows`` (of ``index``): where it is filed already, else where the build
-        put it, else (a row changed since the build read it, or added since) its nearest list."""
+        put it, else (a row added since the build read the rows) its nearest list. ``refine``: a row changed
+        since the build read it goes to the best of its build list's neighbours (as a sync re-files a changed
+        row; the writer does that itself for the rows it writes)."""
         out = np.full(len(rows), -1, np.int64)
         tiles = index.row_slot[rows] // TILE_ROWS
         inside = tiles < len(self.ivf.tile_list)
         out[inside] = self.ivf.tile_list[tiles[inside]]
         assign, watch = self.pending.assign, index.store.watch
-        known = (out < 0) & (rows < len(assign))
-        if watch is not None:
-            known &= ~watch[np.minimum(rows, len(watch) - 1)] & (rows < len(watch))
+        known = np.flatnonzero((out < 0) & (rows < len(assign)))
         out[known] = assign[rows[known]]
+        if refine and watch is not None and len(known):
+            changed = known[watch[np.minimum(rows[known], len(watch) - 1)] & (rows[known] < len(watch))]
+            if len(changed):
+                unit = index.unit_rows(rows[changed])
+                out[changed] = ivf_lists.nearest_among(unit, np.arange(len(changed), dtype=np.int64), out[changed],
+                                                       self.ivf.neighbours, self.ivf.centroids)
         redo = np.flatnonzero(out < 0)
         if len(redo):
             out[redo] = self.pending.assigner(index.unit_rows(rows[redo]))
@@ -313,7 +319,7 @@ class Relayout:
         if len(writing):
             keep[keep] = ~np.isin(rows[keep], writing)
         rows, slots = rows[keep], slots[keep]
-        return _Sweep(tiles, rows, slots, self.lists_of(index, rows), hi)
+        return _Sweep(tiles, rows, slots, self.lists_of(index, rows, refine=True), hi)
 
     def old_remaining(self, cursor: int) -> ivf_lists.IvfLists | None:
         """The old lists without the tiles emptied so far (None on a model that had none)."""
