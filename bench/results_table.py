@@ -35,7 +35,6 @@ HEADLINE = [
     ("freshness_spread", "freshness, each burst spread over every partition (`--spread`)"),
     ("serving_1m", "serving 1M words, one core, training alongside"),
     ("serving_10m", "serving 10M words, one core, training alongside"),
-    ("frontend_10m", "a 10M-word front end with its default settings: full load, memory, 500 req/s, syncs"),
     ("recovery", "recovery after `kill -9`, per role"),
 ]
 REQUIRED_FILE = ("bench", "command", "date", "rows")

@@ -84,7 +84,7 @@ def test_a_row_given_twice_or_unknown_is_refused(files):
     broken = copy.deepcopy(files)
     broken["again.json"] = copy.deepcopy(broken["freshness.json"])
     assert any("also in" in p for p in results_table.problems(broken))
-    broken["again.json"]["rows"][0]["key"] = "freshness_spread"
+    broken["again.json"]["rows"][0]["key"] = "freshness_again"
     assert any("not a headline row" in p for p in results_table.problems(broken))
 
 
