@@ -184,6 +184,23 @@ def snapshot_with_relays(cluster, broker) -> dict:
 cluster_learning.snapshot = snapshot_with_relays
 
 
+async def _late(session, url: str, word: str, anchor: str, timeout: float) -> str:
+    """For a missed trial: whether the word shows (and with its anchor) within ``timeout`` s more."""
+    t0, seen = time.monotonic(), None
+    while time.monotonic() - t0 < timeout:
+        status, body = await freshness.get_json(session, f"{url}v1/similar?word={word}&k=10")
+        if status == 200:
+            seen = seen or time.monotonic() - t0
+            if anchor in [n["word"] for n in body["neighbours"]]:
+                return f"served with {anchor} {time.monotonic() - t0:.1f} s later"
+        await asyncio.sleep(0.1)
+    if seen:
+        return f"visible {seen:.1f} s later, without {anchor}, after {timeout:.0f} s more"
+    _, listed = await freshness.get_json(session, f"{url}v1/vocab?prefix={word}&limit=5")
+    return (f"still unknown after {timeout:.0f} s more (the front end's vocabulary lists "
+            f"{listed.get('words') if isinstance(listed, dict) else listed})")
+
+
 async def freshness_phase(cluster: LinkCluster, bootstrap: str, topic: str, args) -> dict:
     """bench/freshness.py's trials against the running cluster: one record per trial, then spread."""
     from aiokafka import AIOKafkaProducer
@@ -222,13 +239,17 @@ async def freshness_phase(cluster: LinkCluster, bootstrap: str, topic: str, args
                 planted, missed = [], 0
                 for _ in range(args.trials):
                     anchor = anchors[number % len(anchors)]
+                    before = set(planted_words)
                     v, p, _, last = await freshness.trial(session, producer, url, anchor, targs, rng,
                                                           planted_words, number)
                     number += 1
                     if p is None:
                         missed += 1
-                        log(f"freshness trial {number} missed: {anchor} not in the top 10 within "
-                            f"{args.trial_timeout:.0f} s; visible after {v} s, neighbours then: {' '.join(last[:10])}")
+                        word = next(iter(planted_words - before), "?")
+                        late = await _late(session, url, word, anchor, args.late_timeout)
+                        log(f"freshness trial {number} missed: {word} ({anchor}'s place) not with {anchor} in the top "
+                            f"10 within {args.trial_timeout:.0f} s; visible after {v} s, neighbours then: "
+                            f"{' '.join(last[:10]) or '-'}; {late}")
                     else:
                         planted.append(p)
                 every = planted + [float("inf")] * missed
@@ -295,6 +316,9 @@ def run_point(args, lab: NetnsLab, broker: KafkaBroker, point: str, index: int, 
             f"{100 * result['held_at_bound']:.1f} %, {once}; freshness next")
         result["freshness"] = asyncio.run(freshness_phase(cluster, broker.bootstrap, topic, args)) \
             if args.trials else {}
+        result["replica_rows"] = replica_rows(cluster)
+        log(f"{point} ms: host replicas at the end (rows held / refused, per worker): "
+            + ", ".join(f"{n} {r['held']:,.0f} / {r['refused']:,.0f}" for n, r in result["replica_rows"].items()))
     finally:
         cluster.stop()
         if relays is not None:
@@ -303,6 +327,14 @@ def run_point(args, lab: NetnsLab, broker: KafkaBroker, point: str, index: int, 
             "partitions": args.partitions, "placement": placement, "startup_seconds": first["t"] - t_launch,
             "relays": relays.stats if relays else None, "delay_kafka": bool(args.delay_kafka and relays),
             **result}
+
+
+def replica_rows(cluster: LinkCluster) -> dict:
+    """Every worker's replica rows now, and the rows a full host replica refused (their words are not trained on
+    that host: ``LIVEVEC_HOST_REPLICA_ROWS``)."""
+    got = cluster.metrics_of([f"worker{i}" for i in range(cluster.workers)], missing_ok=True)
+    return {n: {"held": m.get("livevec_worker_replica_rows", 0.0),
+                "refused": m.get("livevec_worker_replica_rows_refused", 0.0)} for n, m in sorted(got.items())}
 
 
 def sync_figures(first: dict, end: dict, seconds: float) -> dict:
@@ -380,6 +412,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=10, help="freshness trials per mode (10; 0 = no freshness)")
     ap.add_argument("--sentences", type=int, default=200, help="planted sentences per trial (200)")
     ap.add_argument("--trial-timeout", type=float, default=15.0)
+    ap.add_argument("--late-timeout", type=float, default=30.0,
+                    help="after a missed trial, how long to watch whether its word shows at all (30 s)")
     ap.add_argument("--rate", type=float, default=2000.0, help="background lines/s during freshness (2000)")
     ap.add_argument("--warmup", type=float, default=10.0,
                     help="seconds of the sample corpus before the first trial, at least (10)")
