@@ -85,6 +85,11 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} load {loadavg()}] {msg}", file=sys.stderr, flush=True)
 
 
+def label(point: str) -> str:
+    """A round trip as the output names it: ``10 ms``, or ``direct`` (no relays)."""
+    return point if point == "direct" else f"{point} ms"
+
+
 def free_lab_id() -> int:
     names = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -278,7 +283,7 @@ def run_point(args, lab: NetnsLab, broker: KafkaBroker, point: str, index: int, 
         relays = Relays(lab, rtt, kafka).start()
     t = time.perf_counter()
     produce(records, bootstrap=broker.bootstrap, topic=topic, partitions=args.partitions, create_topic=True)
-    log(f"{point} ms: produced {len(records):,} records into {topic} in {time.perf_counter() - t:.1f} s")
+    log(f"{label(point)}: produced {len(records):,} records into {topic} in {time.perf_counter() - t:.1f} s")
     env = {**args.env, "LIVEVEC_CHECKPOINT_INTERVAL": str(args.checkpoint_interval)}
     cluster = LinkCluster(root / f"rtt-{point}-{index}", broker.bootstrap, topic, lab, servers=args.servers,
                           workers=workers, env=env)
@@ -294,7 +299,7 @@ def run_point(args, lab: NetnsLab, broker: KafkaBroker, point: str, index: int, 
     t_launch = time.monotonic()
     try:
         cluster.start(timeout=180 + 30 * workers)
-        log(f"{point} ms: cluster healthy after {time.monotonic() - t_launch:.1f} s; placement {placement}; "
+        log(f"{label(point)}: cluster healthy after {time.monotonic() - t_launch:.1f} s; placement {placement}; "
             f"logs in {cluster.runner.log_dir}")
         first, end = measure_window(cluster, broker, ends, args.timeout)
         try:
@@ -312,12 +317,12 @@ def run_point(args, lab: NetnsLab, broker: KafkaBroker, point: str, index: int, 
         result.update(sync_figures(first, end, result["seconds"]))
         result["replica_files"] = sorted(p.name for p in Path(cluster.runner.memory_dir).rglob("*.replica")) \
             if cluster.runner.memory_dir else []
-        log(f"{point} ms: {result['words_per_second']:,.0f} words/s, held at bound "
+        log(f"{label(point)}: {result['words_per_second']:,.0f} words/s, held at bound "
             f"{100 * result['held_at_bound']:.1f} %, {once}; freshness next")
         result["freshness"] = asyncio.run(freshness_phase(cluster, broker.bootstrap, topic, args)) \
             if args.trials else {}
         result["replica_rows"] = replica_rows(cluster)
-        log(f"{point} ms: host replicas at the end (rows held / refused, per worker): "
+        log(f"{label(point)}: host replicas at the end (rows held / refused, per worker): "
             + ", ".join(f"{n} {r['held']:,.0f} / {r['refused']:,.0f}" for n, r in result["replica_rows"].items()))
     finally:
         cluster.stop()
@@ -385,7 +390,7 @@ def record_rows(points: list[dict]) -> list[dict]:
     for p in points:
         f = p.get("freshness") or {}
         fresh = " / ".join(f"{f[m]['p99']:.2f}" for m in ("record", "spread") if m in f) or "-"
-        parts.append(f"{p['rtt_ms']} ms: {p['words_per_second']:,.0f} words/s, held at bound "
+        parts.append(f"{label(p['rtt_ms'])}: {p['words_per_second']:,.0f} words/s, held at bound "
                      f"{100 * p['held_at_bound']:.1f} %, freshness p99 {fresh} s (load "
                      f"{p['loadavg_window'][0].split()[0]})")
     f = worst.get("freshness") or {}
