@@ -429,12 +429,13 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("--record", metavar="FILE", help="write the links row to this result file")
     ap.add_argument("--quick", action="store_true",
-                    help="a smoke run: 200,000 tokens, 2 trials per mode, 10 ms only unless --rtt-ms; without root "
-                         "it prints 'skipped' and exits 0")
+                    help="a smoke run: 1,000,000 tokens (a smaller backlog may be trained before the window "
+                         "can open), 2 trials per mode, 10 ms only unless --rtt-ms; without root it prints "
+                         "'skipped' and exits 0")
     args = ap.parse_args()
     if args.quick:
         given = " ".join(sys.argv[1:])
-        args.max_tokens = 200_000 if "--max-tokens" not in given else args.max_tokens
+        args.max_tokens = 1_000_000 if "--max-tokens" not in given else args.max_tokens
         args.trials = 2 if "--trials" not in given else args.trials
         args.warmup = 0.0 if "--warmup" not in given else args.warmup
         args.rtt_ms = "10" if "--rtt-ms" not in given else args.rtt_ms
