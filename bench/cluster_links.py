@@ -376,9 +376,11 @@ def print_table(points: list[dict]) -> None:
               f"{ps['servers_to_workers']['received_by_workers']:,.0f}"
               f"{'yes' if p['exactly_once']['ok'] else 'NO':>6}"
               f"{p['checkpoints']['pause_ms_max'] if p['checkpoints']['pause_ms_max'] is not None else '-':>10}"
-              f"{p['syncs_per_second']:>9.1f}"
-              f"{1000 * p['sync_seconds_mean'] if p['sync_seconds_mean'] is not None else float('nan'):>10.0f}"
-              f"{1000 * p['sync_cpu_seconds_per_sync'] if p['sync_cpu_seconds_per_sync'] is not None else float('nan'):>14.0f}")
+              f"{p['syncs_per_second']:>9.1f}{ms(p['sync_seconds_mean']):>10.0f}{ms(p['sync_cpu_seconds_per_sync']):>14.0f}")
+
+
+def ms(seconds: float | None) -> float:
+    return float("nan") if seconds is None else 1000 * seconds
 
 
 def record_rows(points: list[dict]) -> list[dict]:
