@@ -122,6 +122,11 @@ def _apply_sgd(vectors, rows, grads, eta):
             vectors[r, d] -= eta * grads[i, d]
 
 
+def _writable(a: np.ndarray) -> np.ndarray:
+    """``a`` as a writable C-contiguous array, copied only when it is not one already."""
+    return a if a.flags.c_contiguous and a.flags.writeable else np.array(a, order="C")
+
+
 @dataclass
 class ShardChanges:
     version: int             # the shard's version when this answer was made; ask again with it
@@ -342,8 +347,11 @@ class EmbeddingShard:
         row, which the worker adopts). A row stays "at the initial value" while every delta it
         got was fresh (workers that discovered a new word at the same time all count); the
         first ordinary delta, a push or an assignment establishes it."""
-        deltas = np.asarray(deltas, dtype=np.float32).reshape(len(keys), self.dim)   # (a view of the wire's rows)
-        accum_deltas = np.ascontiguousarray(accum_deltas, dtype=np.float32).reshape(len(keys))
+        # One argument type for ``add_rows`` whatever the caller passes (a read-only view of the wire's rows, an
+        # unpacked int8 delta, a merge's sum): numba compiles, and caches, a kernel per type, and the image's
+        # cache holds the one the warm-up ran (``online.cli.kernel_warm``).
+        deltas = _writable(np.asarray(deltas, dtype=np.float32).reshape(len(keys), self.dim))
+        accum_deltas = _writable(np.asarray(accum_deltas, dtype=np.float32).reshape(len(keys)))
         with self._lock:
             rows = self.rows_for(keys, create=True)
             rows_all = rows

@@ -75,7 +75,9 @@ class CompileWatch(event.Listener):
         dispatcher = (ev.data or {}).get("dispatcher")
         func = getattr(dispatcher, "py_func", None)
         name = f"{func.__module__}.{func.__qualname__}" if func is not None else str(dispatcher)
-        log_event(log, "kernel_compile", function=name, seconds=round(took, 2))
+        arg_types = (ev.data or {}).get("args")
+        log_event(log, "kernel_compile", function=name, seconds=round(took, 2),
+                  types=";".join(str(a) for a in arg_types) if arg_types else None)
 
     def totals(self) -> tuple[int, float]:
         with self._lock:
