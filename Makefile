@@ -72,8 +72,11 @@ CHECK_MARKERS := not kafka and not slow and not browser and not root
 check: $(STAMP)
 	$(PY) -m pytest -q -ra -n 2 -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
 
+# Two pytest processes as well: most tests wait on processes, brokers and sockets rather than compute, so two at a
+# time keep the load near 2 and the suite near half its time in one process. Each file runs in one process (its
+# module fixtures start once); the tests that change the machine share one lane (tests/conftest.py).
 test: $(STAMP) kafka-jars browser ops-tools moosefs image
-	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -ra --durations=15 -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # Every benchmark with small arguments; BENCH_ARGS=--full for the README's figures (hours).
 bench: $(STAMP) kafka-jars

@@ -97,8 +97,18 @@ def kafka_topic(kafka_bootstrap):
     return make
 
 
+# Files whose tests change the machine (network namespaces and links, mounts, MooseFS, containers): under
+# ``make test``'s two pytest-xdist processes they share one lane and never run beside each other.
+MACHINE_LANE = {"test_link_delay.py", "test_lab_hosts.py", "test_moosefs_storage.py", "test_deploy_containers.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     # Tests that use the broker carry the `kafka` marker (`pytest -m kafka` runs just them).
     for item in items:
         if {"kafka_bootstrap", "kafka_broker", "kafka_sasl_ssl"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
+        # ``--dist loadgroup`` (make test): a file's tests stay in one process, so its module fixtures start once;
+        # the machine-changing files and root-marked tests run one after another in the same process.
+        path = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        machine = path in MACHINE_LANE or item.get_closest_marker("root") is not None
+        item.add_marker(pytest.mark.xdist_group("machine" if machine else path))
