@@ -306,9 +306,19 @@ def _child_setup(nice: int, cpus: set[int]):
     return setup
 
 
+LOGS: Path | None = None   # --logs: each child process's stderr (its structured log lines) goes to a file here
+
+
 def start(cmd: list[str], env: dict | None = None, nice: int = 0, cpus: str = "others") -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    stderr = subprocess.DEVNULL
+    if LOGS is not None:
+        LOGS.mkdir(parents=True, exist_ok=True)
+        name = "-".join(part.rsplit("/", 1)[-1] for part in cmd[1:4] if not part.startswith("-"))
+        stderr = open(LOGS / f"{time.strftime('%H%M%S')}-{name}.log", "w")   # (the child keeps its own copy)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
                             preexec_fn=_child_setup(nice, CPUS[cpus]))
+    if stderr is not subprocess.DEVNULL:
+        stderr.close()
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"{cmd} did not start")
@@ -439,7 +449,7 @@ def run_size(args, n: int, empty_url: str) -> dict:
                                                                        "LIVEVEC_RISING_"))})
     env.update({"LIVEVEC_SYNTHETIC_WORDS": str(n), "LIVEVEC_DIM": str(args.dim),
                 "LIVEVEC_SYNTHETIC_UPDATES": str(args.updates), "LIVEVEC_SYNTHETIC_NEW_WORDS": "2",
-                "LIVEVEC_LOG_LEVEL": "WARNING"})
+                "LIVEVEC_LOG_LEVEL": "INFO" if LOGS is not None else "WARNING"})
     out: dict = {"words": n, "load_before": load()}
     started = time.perf_counter()
     frontend, url = start([sys.executable, "-m", "online.cli", "frontend", "--port", "0",
@@ -574,6 +584,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--words", default="100000,1000000,10000000", help="vocabulary sizes, comma-separated")
     parser.add_argument("--dim", type=int, default=100)
+    parser.add_argument("--logs", default=None, metavar="DIR",
+                        help="keep each child process's log lines (the front end's among them) in files in DIR")
     parser.add_argument("--updates", type=float, default=20_000.0, help="model rows changed per second (20000)")
     parser.add_argument("--training", choices=("local", "cluster", "none"), default="local",
                         help="meanwhile train with the in-process learner in another process (local), or run "
@@ -599,6 +611,8 @@ def main() -> int:
                         help="write the 1M and 10M rows (500 req/s) to this result file (bench/results/); with "
                              "--training none the 10M row of a front end with its defaults")
     args = parser.parse_args()
+    global LOGS
+    LOGS = Path(args.logs) if args.logs else None
     record = result_record.start(args.record, "query_load")
     if args.frontend_cpus:
         try:

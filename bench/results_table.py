@@ -35,6 +35,8 @@ HEADLINE = [
     ("freshness_spread", "freshness, each burst spread over every partition (`--spread`)"),
     ("serving_1m", "serving 1M words, one core, training alongside"),
     ("serving_10m", "serving 10M words, one core, training alongside"),
+    ("frontend_10m", "a 10M-word front end with its default settings, 20,000 rows/s changing"),
+    ("cold_start", "restarts from the image, empty kernel cache: a worker's first trained batch, a front end's ready"),
     ("recovery", "recovery after `kill -9`, per role"),
 ]
 REQUIRED_FILE = ("bench", "command", "date", "rows")
