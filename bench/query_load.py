@@ -33,6 +33,8 @@ server's ceiling (wrk reaches 30k-40k req/s on the empty handler here).
         --words 1000000,10000000 --record bench/results/serving.json   # the rows of bench/README.md's table
     .venv/bin/python bench/query_load.py --frontend-cpus 0 --training none --words 10000000 \
         --record bench/results/frontend_10m.json         # a 10M-word front end with its defaults
+
+``--logs DIR`` keeps each child process's log lines in DIR (the front end's at INFO).
 """
 from __future__ import annotations
 
