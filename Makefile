@@ -76,7 +76,7 @@ check: $(STAMP)
 # time keep the load near 2 and the suite near half its time in one process. Each file runs in one process (its
 # module fixtures start once); the tests that change the machine share one lane (tests/conftest.py).
 test: $(STAMP) kafka-jars browser ops-tools moosefs image
-	$(PY) -m pytest -ra --durations=15 -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -ra --durations=15 -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # Every benchmark with small arguments; BENCH_ARGS=--full for the README's figures (hours).
 bench: $(STAMP) kafka-jars

@@ -98,8 +98,25 @@ def kafka_topic(kafka_bootstrap):
 
 
 # Files whose tests change the machine (network namespaces and links, mounts, MooseFS, containers): under
-# ``make test``'s two pytest-xdist processes they share one lane and never run beside each other.
+# ``make test``'s two pytest-xdist processes they form one scope, so they never run beside each other.
 MACHINE_LANE = {"test_link_delay.py", "test_lab_hosts.py", "test_moosefs_storage.py", "test_deploy_containers.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (each file's tests in one process, so its module fixtures start once) with the
+    machine-changing files in one scope. ``xdist_group`` markers with ``--dist loadgroup`` would say the same, but
+    pytest-xdist 3.8 writes the groups to an attribute pytest 9 no longer reads, and every test is then sent
+    alone."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class MachineLane(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "machine" if path.rsplit("/", 1)[-1] in MACHINE_LANE else path
+
+    return MachineLane(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -107,8 +124,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if {"kafka_bootstrap", "kafka_broker", "kafka_sasl_ssl"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
-        # ``--dist loadgroup`` (make test): a file's tests stay in one process, so its module fixtures start once;
-        # the machine-changing files and root-marked tests run one after another in the same process.
-        path = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-        machine = path in MACHINE_LANE or item.get_closest_marker("root") is not None
-        item.add_marker(pytest.mark.xdist_group("machine" if machine else path))
