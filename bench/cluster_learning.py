@@ -3,6 +3,7 @@
     .venv/bin/python bench/cluster_learning.py [--corpus ../shared/data/wiki17m.txt.xz] [--max-tokens N]
         [--workers 2] [--partitions P] [--servers 1] [--checkpoint-interval S] [--env KEY=VALUE ...]
         [--kernels pairs,hogbatch] [--rounds 3] [--baseline FILE] [--record bench/results/pipeline_2_workers.json]
+        [--hosts H]
 
 ``--kernels`` runs the pipeline once per kernel (``LIVEVEC_KERNEL``), each followed by its own gensim run, and
 ``--rounds`` repeats that with each kernel first in turn; the ratios to gensim (words/s and words per
@@ -20,14 +21,19 @@ How it measures: ``run_pipeline``'s docstring.
 count gensim's raw words/s uses; "effective" counts the tokens kept after subsampling
 (``livevec_worker_words_trained_total``). "All roles" are the workers, the servers and the scheduler; Kafka's JVM
 is shown apart. ``--baseline`` reads the JSON lines a 1-replica run printed (2 workers sharing one host replica,
-the default) and prints the ratio of all roles' CPU per token to it. Exit status 1 if the ledger did not settle
+the default) and prints the ratio of all roles' CPU per token to it. ``--hosts H`` (root) runs the group over H
+network-namespace hosts (``online.deployment.netns_lab``), placed as Mesos would place it, the broker on the lab's
+bridge: the workers of one host share its replica (``LIVEVEC_HOST_REPLICA``'s default), so 8 workers over 4 hosts
+train 4 replicas of 2 processes each. Exit status 1 if the ledger did not settle
 exactly once or the export failed.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import calendar
 import concurrent.futures
+import dataclasses
 import datetime
 import json
 import shutil
@@ -69,11 +75,12 @@ class LearningCluster(Cluster):
     """``recovery_cluster.Cluster`` (its probe, log reader, start and stop) with ``livevec up``'s environment
     instead of the fast-recovery one, and no front end."""
 
-    def __init__(self, work: Path, bootstrap: str, *, servers: int, workers: int, env: dict[str, str]):
-        self.work, self.servers, self.workers, self.lab, self.probe = work, servers, workers, None, None
+    def __init__(self, work: Path, bootstrap: str, *, servers: int, workers: int, env: dict[str, str], lab=None):
+        """With ``lab`` (a started NetnsLab) the group runs on all its hosts but the last, the probe's."""
+        self.work, self.servers, self.workers, self.lab, self.probe = work, servers, workers, lab, None
         self.env = {"LIVEVEC_KAFKA_GROUP": "bench-learning", **env}
         self.runner = local_cluster(work, bootstrap, TOPIC, servers=servers, workers=workers, frontend=False,
-                                    env=self.env)
+                                    env=self.env, lab=lab, agents=len(lab.hosts) - 1 if lab else None)
         # the group's checkpoint directory as the tasks see it (the runner maps /mnt/mfs into the work dir)
         self.store = CheckpointStore(self.runner.app("scheduler")["env"]["LIVEVEC_CHECKPOINT_DIR"])
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=servers + workers + 1)
@@ -334,7 +341,7 @@ def checkpoint_pauses(cluster: LearningCluster, first: dict, end: dict) -> dict:
                                             "in_window")} for c in every]}
 
 
-def run_pipeline(args, records: list[str], tokens: int, work: Path, env: dict[str, str]) -> dict:
+def run_pipeline(args, records: list[str], tokens: int, work: Path, env: dict[str, str], lab=None) -> dict:
     """One pipeline run against its own gensim run. How it measures:
 
     1. A real Kafka broker. The corpus (its first ``--max-tokens`` tokens, text8-tokenised by
@@ -383,12 +390,15 @@ def run_pipeline(args, records: list[str], tokens: int, work: Path, env: dict[st
     env = dict(env)
     if args.checkpoint_interval is not None:
         env["LIVEVEC_CHECKPOINT_INTERVAL"] = str(args.checkpoint_interval)
-    with KafkaBroker(KafkaBrokerSettings.from_env()) as broker:
+    broker_settings = KafkaBrokerSettings.from_env()
+    if lab is not None:   # where the lab's hosts reach it
+        broker_settings = dataclasses.replace(broker_settings, host=lab.bridge_address)
+    with KafkaBroker(broker_settings) as broker:
         t = time.perf_counter()
         produce(records, bootstrap=broker.bootstrap, topic=TOPIC, partitions=args.partitions, create_topic=True)
         log(f"produced {len(records):,} records into {args.partitions} partitions in {time.perf_counter() - t:.1f} s")
         cluster = LearningCluster(work / "cluster", broker.bootstrap, servers=args.servers, workers=args.workers,
-                                  env=env)
+                                  env=env, lab=lab)
         t_launch = time.monotonic()
         try:
             cluster.start(timeout=180 + 30 * args.workers)
@@ -428,6 +438,8 @@ def main() -> int:
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
     ap.add_argument("--max-tokens", type=int, default=0, help="cut the corpus after this many tokens (0: all of it)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--hosts", type=int, default=0,
+                    help="network-namespace hosts the group runs over (root; 0: this machine, one host)")
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--partitions", type=int, default=None,
                     help="partitions of the topic (default: 4; as many as workers from 8 workers up)")
@@ -478,6 +490,15 @@ def main() -> int:
 
     from gensim.models import KeyedVectors
 
+    lab = None
+    if args.hosts:
+        from online.deployment.netns_lab import NetnsLab, lab_support_problem
+        problem = lab_support_problem()
+        if problem:
+            ap.error(f"--hosts: {problem}")
+        lab = NetnsLab(args.hosts + 1).start()   # the last host is the probe's
+        atexit.register(lab.close)
+        log(f"{args.hosts} hosts {lab.hosts[0].address} - {lab.hosts[-2].address} on bridge {lab.bridge_address}")
     runs = []   # (kernel, pipeline figures, gensim figures, load at start, load at end), in the order run
     kernels = args.kernels.split(",") if args.kernels else [None]
     for rnd in range(args.rounds):
@@ -488,7 +509,7 @@ def main() -> int:
             env = {**args.env, **({"LIVEVEC_KERNEL": kernel} if kernel else {})}
             run_dir = work / f"round{rnd}-{kernel or 'default'}"
             run_dir.mkdir()
-            pipe = run_pipeline(args, records, tokens, run_dir, env)
+            pipe = run_pipeline(args, records, tokens, run_dir, env, lab)
             pipe["date"] = started
             pipe["quality"] = evaluate(KeyedVectors.load_word2vec_format(pipe["vectors"], binary=True))
             log(f"pipeline done; gensim (workers=2) on the same {tokens:,} tokens")
@@ -509,12 +530,12 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def replicas(workers: int, env: dict[str, str]) -> int:
-    """The replicas a run trains: one per worker with ``LIVEVEC_HOST_REPLICA=`` (as on separate hosts), else one that
-    every worker shares (the local runner puts them on one host); none with the pull/push exchange."""
+def replicas(workers: int, env: dict[str, str], hosts: int = 0) -> int:
+    """The replicas a run trains: one per worker with ``LIVEVEC_HOST_REPLICA=`` (as on separate hosts), else one per
+    host that runs a worker (the local runner puts them all on one); none with the pull/push exchange."""
     if env.get("LIVEVEC_EXCHANGE") == "pullpush":
         return 0
-    return workers if env.get("LIVEVEC_HOST_REPLICA") == "" else 1
+    return workers if env.get("LIVEVEC_HOST_REPLICA") == "" else max(1, min(hosts, workers))
 
 
 def all_roles_us(pipe: dict) -> float:
@@ -732,7 +753,8 @@ def report(args, tokens: int, pipe: dict, gens: dict, load_start, load_end, base
     print(f"tokens per worker (since launch, retraining after rollbacks included): "
           f"{', '.join(f'{t:,.0f}' for t in pipe['tokens_per_worker'])}")
     print(json.dumps({"bench": "cluster_learning", "date": pipe.get("date"), "tokens": tokens,
-                      "workers": args.workers, "replicas": replicas(args.workers, pipe["env"]),
+                      "workers": args.workers, "replicas": replicas(args.workers, pipe["env"], args.hosts),
+                      "hosts": args.hosts or 1,
                       "servers": args.servers, "partitions": args.partitions, "loadavg_start": load_start,
                       "loadavg_end": load_end, "livevec": pipe, "gensim": gens, "baseline": compared},
                      default=str), flush=True)

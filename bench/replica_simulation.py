@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from online.cluster.delta_rows import take_deltas       # noqa: E402
 from online.cluster.replica import REFRESH_SHARE, ReplicaShard, TrainableJournal, summed_counts  # noqa: E402
 from online.cluster.server import MERGE_WINDOW_SYNCS     # noqa: E402
-from online.cluster.sync_interval import default_sync_tokens  # noqa: E402
+from online.cluster.sync_interval import SYNC_TOKENS_MAX, default_sync_tokens  # noqa: E402
 from online.learner.concurrent_merge import CONTRACTION_SCALE  # noqa: E402
 from online.learner.embedding_shard import EmbeddingShard  # noqa: E402
 from online.learner.keys import word_key, word_rows      # noqa: E402
@@ -547,6 +547,9 @@ def simulate(args, workers_n: int, sync_tokens: int, tokens: list[str]) -> dict:
         rounds = simulate_async(args, workers, batches, per_sync, server)
     while b < len(batches) and not args.jitter:
         rounds += 1
+        if args.grow_from:   # the interval grows as the square root of the tokens the cluster trained
+            grown = sync_tokens * max(1.0, (b * batch_tokens / args.grow_from) ** 0.5)
+            per_sync = max(1, int(min(grown, SYNC_TOKENS_MAX)) // batch_tokens)
         if args.hot_rows and rounds % 10 == 1:
             hot = hot_keys(server, sorted({w for trainer, _ in workers for w in trainer.export()[0]}), args.hot_rows)
         if args.tiers and rounds % args.tier_recount == 1 and shared is None:
@@ -631,6 +634,7 @@ def report(args, r: dict) -> None:
           + (f"every held row sent every {args.flush_every} syncs, " if args.flush_every else "")
           + (f"listed rows refreshed if trained in the last {args.refresh_recent} syncs, " if args.refresh_recent else "")
           + (f"rows listed once moved {args.list_threshold} of the row, " if args.list_threshold else "")
+          + (f"interval grown as sqrt(tokens / {args.grow_from:,.0f}), " if args.grow_from else "")
           + f"{r['rounds']} rounds, {r['seconds']:.0f} s")
     print(f"trained: {r['kept']:,} tokens kept ({r['kept'] / r['tokens']:.1%} of those read), {r['pairs']:,} pairs; "
           f"per kept token: {r['rows_out_per_token']:.2f} rows out (deltas merged), {r['rows_per_token']:.2f} rows in "
@@ -709,6 +713,8 @@ def main() -> int:
     ap.add_argument("--min-count", type=int, default=5)
     ap.add_argument("--no-journal", action="store_true",
                     help="diagnostic: workers learn trainability only from the totals of the words they report")
+    ap.add_argument("--grow-from", type=float, default=0.0,
+                    help="the interval times sqrt(N / this), N the tokens the cluster trained so far (0: fixed)")
     ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help=f"tokens per batch ({BATCH_TOKENS})")
     ap.add_argument("--seeds", action="store_true", help="each worker its own sampling stream (as the workers do)")
     ap.add_argument("--acc", choices=("merged", "sum"), default="merged",
