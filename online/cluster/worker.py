@@ -45,6 +45,7 @@ from online.cluster.node_settings import METRICS_PORT, node_groups, node_setting
 from online.cluster.ps_param_store import PSParamStore
 from online.cluster.replica import REPLICA, SYNC, ReplicaStore
 from online.cluster.sync_interval import SyncInterval
+from online.cluster.training_pool import training_pool
 from online.cluster.training_signal import TrainingSignal
 from online.cluster.worker_metrics import WorkerMetrics
 from online.learner.settings import LEARNER, WORKER_MODEL, learner_config
@@ -73,6 +74,9 @@ WORKER = SettingGroup("worker", (
                  "staleness, in tokens; a Kafka batch is no longer than this); 0: 640,000 / replicas^2 per "
                  "replica, 100 - 160,000, split over the processes sharing it (replicas: DMLC_NUM_WORKER / "
                  "the processes sharing this one)"),
+    Setting("train_nice", "LIVEVEC_TRAIN_NICE", int, -1, minimum=-1, maximum=19,
+            help="the training threads' nice above the process's, so its sync runs first (online/cluster/"
+                 "training_pool.py); -1: 5 where DMLC_NUM_WORKER > 2 (replicas that merge), else 0"),
 ))
 
 # What a worker reads: its node, the stream it consumes, the model and learner it trains with.
@@ -133,6 +137,7 @@ class WorkerSettings:
     stream: StreamSettings
     learner: LearnerConfig
     max_inflight: int = 2
+    train_nice: int = -1
     batch_words: int = 10_000
     request_timeout: float = 30.0
     exchange: str = "replica"
@@ -235,6 +240,7 @@ class StreamingWorker:
         self.abandon = threading.Event()
         self.stop_deadline = None   # a ``StopDeadline`` (``online.cluster.stopping``): bounds the final sync
         self._inflight: collections.deque = collections.deque()
+        self._train_pool = training_pool(settings.max_inflight, settings.train_nice, settings.node.num_worker)
         self.interval = SyncInterval(settings.node.num_worker, settings.sync_tokens,
                                      self.replica.shard.members if self.replica is not None else lambda: 1)
         self._rate_window: collections.deque = collections.deque(maxlen=10_000)
@@ -518,7 +524,7 @@ class StreamingWorker:
                 batch = await self.stream.next_batch(self._records_per_batch(), timeout=0.1)
                 if batch is not None and batch.ranges:
                     if len(batch):
-                        task = asyncio.create_task(asyncio.to_thread(self._train_blocking, batch.texts))
+                        task = asyncio.wrap_future(self._train_pool.submit(self._train_blocking, batch.texts))
                     else:
                         # Every record in it was malformed: nothing to train, but its offsets are processed.
                         # It completes in order with the others (ledger, commit, checkpoint positions);
@@ -538,6 +544,7 @@ class StreamingWorker:
             if syncing is not None:
                 syncing.cancel()
             self.extension.close()
+            self._train_pool.shutdown(wait=False)
             if self.replica is not None:
                 self.replica.shard.close()   # a host's shared replica: the last process removes it
 
