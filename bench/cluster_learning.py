@@ -579,17 +579,20 @@ def baseline_name(baseline: dict) -> str:
 
 def headline_rows(args, tokens: int, runs: list, baseline: dict | None = None) -> list[dict]:
     """The result file's rows, from the runs of the kernel ``auto`` picks for this many workers (medians over
-    rounds): the pipeline and its bytes per token for 2 workers sharing a host replica, or ``replicas_N`` for N
-    workers with a replica each, judged against ``baseline`` when given. Other shapes have no headline row."""
+    rounds): the pipeline and its bytes per token for 2 workers sharing a host replica, ``replicas_N`` for N
+    workers with a replica each, or ``hosts_4x2`` for 8 workers on 4 hosts (``--hosts 4``), two sharing each host's
+    replica, judged against ``baseline`` when given. Other shapes have no headline row."""
     from online.learner.trainer import kernel_for
 
     own = args.env.get("LIVEVEC_HOST_REPLICA") == ""
     kernel = kernel_for("auto", args.workers)
     mine = [(p, g) for k, p, g, *_ in runs if kernel_for(k or "auto", args.workers) == kernel]
-    if args.workers == 2 and not own:
+    if args.workers == 2 and not own and not args.hosts:
         keys = ["pipeline_vs_gensim", "bytes_per_token"]
     elif own and args.workers in (8, 16):
         keys = [f"replicas_{args.workers}"]
+    elif args.hosts == 4 and args.workers == 8:
+        keys = ["hosts_4x2"]
     else:
         log(f"--record: no headline row for {args.workers} workers {'with' if own else 'without'} a replica each")
         return []

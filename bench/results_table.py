@@ -30,6 +30,7 @@ HEADLINE = [
     ("bytes_per_token", "ps-lite bytes per trained token, 2 workers"),
     ("replicas_8", "8 workers, a replica each"),
     ("replicas_16", "16 workers, a replica each"),
+    ("hosts_4x2", "8 workers on 4 hosts, the 2 of a host sharing its replica"),
     ("scaling_model", "the model: 16 and 64 hosts x 16 cores on 10 Gbit/s against one host"),
     ("freshness", "freshness: a new word's planted neighbour served"),
     ("freshness_spread", "freshness, each burst spread over every partition (`--spread`)"),

@@ -59,18 +59,19 @@ def test_the_interval_is_a_replicas_not_a_process_s():
     docs/design/0004-host-replica.md)."""
     assert default_sync_tokens(2, sharing=2) == 80_000          # one replica: 160,000, half each
     assert default_sync_tokens(8, sharing=8) == 20_000          # one replica of 8 processes
-    assert default_sync_tokens(8, sharing=2) == 20_000          # 4 replicas: 40,000 each, 2 processes each
+    assert default_sync_tokens(8, sharing=2) == 5_000           # 4 merged replicas: 10,000 each, 2 processes each
     assert default_sync_tokens(16, sharing=2) == 5_000          # 8 replicas: 10,000 each
-    assert default_sync_tokens(3, sharing=2) == 80_000          # 2 replicas (one host short of a pair)
+    assert default_sync_tokens(3, sharing=2) == 5_000           # 2 merged replicas (one host short of a pair)
+    assert default_sync_tokens(12, sharing=4) == 2_500          # 3 merged replicas: 10,000 each, not 71,111
     assert default_sync_tokens(2, sharing=1) == 40_000          # 2 workers: the servers add without the merge
     assert default_sync_tokens(16, sharing=1) == 2_500
     assert default_sync_tokens(32, sharing=1) == 156            # beyond 16 replicas: 160,000 / k^2
     assert default_sync_tokens(64, sharing=1) == 100            # the floor
     members = [1]
     interval = SyncInterval(4, 0, members=lambda: members[0])
-    assert interval.tokens() == 40_000 and interval.limit() == 80_000
+    assert interval.tokens() == 10_000 and interval.limit() == 20_000       # 4 merged replicas: 2 intervals
     members[0], interval.RECOUNT = 2, 0.0                          # the host's second process attached
-    assert interval.tokens() == 80_000 and interval.limit() == 160_000      # 2 replicas: 2 intervals
+    assert interval.tokens() == 5_000 and interval.limit() == 10_000        # 2 merged replicas, 2 processes each
     members[0] = 4
     assert interval.tokens() == 40_000 and interval.limit() == 320_000      # one replica: 8 intervals
     assert SyncInterval(2, 7_000, members=lambda: 2).tokens() == 7_000   # LIVEVEC_SYNC_TOKENS wins

@@ -47,7 +47,7 @@ FIRST: tuple[tuple[str, str], ...] = (
     ("LIVEVEC_EXCHANGE", "`replica`: each worker trains a local replica and syncs deltas; `pullpush`: pull and "
                          "push every mini-batch"),
     ("LIVEVEC_KERNEL", "`auto`: `hogbatch` in `livevec train` and with at most 2 declared workers, else `pairs`"),
-    ("LIVEVEC_SYNC_TOKENS", "tokens a replica trains between syncs (0: 640,000 / replicas², 100 - 160,000)"),
+    ("LIVEVEC_SYNC_TOKENS", "tokens a replica trains between syncs (0: 640,000 / replicas², 100 - 10,000 where replicas merge; one: 160,000)"),
     ("LIVEVEC_HOST_REPLICA", "a tmpfs directory where the workers of one host share one replica"),
     ("LIVEVEC_CHECKPOINT_DIR", "coordinated checkpoints and rollback; set it on the scheduler, the servers and the "
                                "workers"),

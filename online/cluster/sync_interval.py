@@ -3,7 +3,8 @@
 The quality of the exchange depends on *replicas*, not on worker processes: the processes of a host that share
 one replica (``LIVEVEC_HOST_REPLICA``) train it in place, hogwild, as one process's threads do, and only the
 replicas' deltas combine. So the interval is a replica's share of a round, ``SYNC_TOKENS_K / k^2`` tokens for
-k replicas (at most ``SYNC_TOKENS_MAX``), split over the processes that train the replica.
+k replicas (at most ``SYNC_TOKENS_MAX``; at most ``SYNC_TOKENS_MERGED_MAX`` where the servers merge replicas' deltas),
+split over the processes that train the replica.
 
 Design: docs/design/0003-sync-interval.md
 """
@@ -16,17 +17,21 @@ SYNC_TOKENS_K = 640_000
 SYNC_TOKENS_K_UNMERGED = 160_000   # up to 2 declared workers (no merge on the servers), and beyond LONG_UP_TO
 LONG_UP_TO = 16                    # replicas up to which the longer interval keeps the quality
 SYNC_TOKENS_MAX = 160_000
+SYNC_TOKENS_MERGED_MAX = 10_000    # the longest interval of replicas whose deltas the servers merge
 SYNC_TOKENS_MIN = 100
 
 
 def default_sync_tokens(workers: int, sharing: int = 1) -> int:
     """``LIVEVEC_SYNC_TOKENS`` 0: the tokens one of ``sharing`` processes that train a replica together trains
-    between syncs, in a cluster of ``workers``: ``SYNC_TOKENS_K / k^2`` per replica (at most ``SYNC_TOKENS_MAX``),
-    k = workers / sharing replicas (rounded up), split over the ``sharing`` processes, at least ``SYNC_TOKENS_MIN``.
+    between syncs, in a cluster of ``workers``: ``SYNC_TOKENS_K / k^2`` per replica (at most ``SYNC_TOKENS_MAX``,
+    and at most ``SYNC_TOKENS_MERGED_MAX`` where 2 or more replicas' deltas are merged), k = workers / sharing
+    replicas (rounded up), split over the ``sharing`` processes, at least ``SYNC_TOKENS_MIN``.
 
     Why the square: with k replicas, a round's k deltas of a hot row all start from the same value, and the
     model keeps its quality only if each replica's share of the round shrinks faster than 1/k. So one replica
-    syncs every 160,000 tokens, 4 every 40,000, 8 every 10,000, 16 every 2,500. Deltas that wait until they grow
+    syncs every 160,000 tokens, 8 every 10,000, 16 every 2,500. Fewer merged replicas still sync every 10,000: 4
+    hosts of 2 workers learnt 19.91 - 21.44 % analogy at 40,000 tokens a replica, 21.95 % at 20,000 and 23.05 %
+    at 10,000, against 23.26 % for 2 workers on one replica (wiki17m). Deltas that wait until they grow
     (``LIVEVEC_SEND_THRESHOLD``) keep the rows per token down, and this interval, four times the float32
     exchange's, divides each sync's and each Kafka batch's fixed cost by four. Two cases keep the float32
     exchange's ``SYNC_TOKENS_K_UNMERGED / k^2``:
@@ -42,8 +47,10 @@ def default_sync_tokens(workers: int, sharing: int = 1) -> int:
     (``LIVEVEC_HOST_REPLICA``: fewer replicas)."""
     sharing = max(int(sharing), 1)
     k = replicas(workers, sharing)
-    per_round = SYNC_TOKENS_K if workers > 2 and k <= LONG_UP_TO else SYNC_TOKENS_K_UNMERGED
-    return max(SYNC_TOKENS_MIN, min(SYNC_TOKENS_MAX, per_round // (k * k)) // sharing)
+    merged = workers > 2 and k > 1
+    per_round = SYNC_TOKENS_K if merged and k <= LONG_UP_TO else SYNC_TOKENS_K_UNMERGED
+    longest = SYNC_TOKENS_MERGED_MAX if merged else SYNC_TOKENS_MAX
+    return max(SYNC_TOKENS_MIN, min(longest, per_round // (k * k)) // sharing)
 
 
 def replicas(workers: int, sharing: int = 1) -> int:

@@ -72,8 +72,8 @@ WORKER = SettingGroup("worker", (
             help="replica: sync sooner once this many tokens were trained since the last sync, and train no "
                  "further before a sync once 1.5 times as many are (2 with up to 4 replicas, 8 with one; the replica's "
                  "staleness, in tokens; a Kafka batch is no longer than this); 0: 640,000 / replicas^2 per "
-                 "replica, 100 - 160,000, split over the processes sharing it (replicas: DMLC_NUM_WORKER / "
-                 "the processes sharing this one)"),
+                 "replica, 100 - 10,000 where replicas merge (160,000 for one), split over the processes sharing "
+                 "it (replicas: DMLC_NUM_WORKER / the processes sharing this one)"),
     Setting("train_nice", "LIVEVEC_TRAIN_NICE", int, -1, minimum=-1, maximum=19,
             help="the training threads' nice above the process's, so its sync runs first (online/cluster/"
                  "training_pool.py); -1: 5 where DMLC_NUM_WORKER > 2 (replicas that merge), else 0"),
