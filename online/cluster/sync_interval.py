@@ -30,7 +30,7 @@ def default_sync_tokens(workers: int, sharing: int = 1) -> int:
     Why the square: with k replicas, a round's k deltas of a hot row all start from the same value, and the
     model keeps its quality only if each replica's share of the round shrinks faster than 1/k. So one replica
     syncs every 160,000 tokens, 8 every 10,000, 16 every 2,500. Fewer merged replicas still sync every 10,000: 4
-    hosts of 2 workers learnt 19.91 - 21.44 % analogy at 40,000 tokens a replica, 21.95 % at 20,000 and 23.05 %
+    hosts of 2 workers learnt 19.91 - 21.44 % analogy at 40,000 tokens a replica, 21.95 % at 20,000 and 21.91 - 23.26 %
     at 10,000, against 23.26 % for 2 workers on one replica (wiki17m). Deltas that wait until they grow
     (``LIVEVEC_SEND_THRESHOLD``) keep the rows per token down, and this interval, four times the float32
     exchange's, divides each sync's and each Kafka batch's fixed cost by four. Two cases keep the float32
