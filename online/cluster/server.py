@@ -25,6 +25,7 @@ from online.cluster import token_cost
 from online.cluster.change_listing import LIST_THRESHOLD, ChangeListing
 from online.cluster.node_settings import METRICS_PORT, node_groups, node_settings
 from online.cluster.replica import SYNC
+from online.cluster.sync_interval import servers_merge
 from online.cluster.training_signal import summed_reasons
 from online.learner.embedding_shard import EmbeddingShard
 from online.learner.keys import is_input_row
@@ -413,7 +414,7 @@ def build(settings: ServerSettings, registry: Registry | None = None,
     po = Postoffice(settings.node, registry)
     shard = EmbeddingShard(settings.dim, optimizer=settings.optimizer, eta=settings.eta, seed=settings.seed,
                            min_count=settings.min_count, word_capacity=settings.vocab_capacity)
-    if settings.node.num_worker > 2 or settings.node.elastic_workers:
+    if servers_merge(settings.node.num_worker) or settings.node.elastic_workers:
         # two workers' deltas are summed anyway (the merge's floor), so only larger clusters pay its memory
         shard.merge_window = MERGE_WINDOW_SYNCS * settings.sync_ms / 1000.0
     service = ShardService(shard, registry, extension(po) if extension is not None else None,

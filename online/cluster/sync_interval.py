@@ -19,6 +19,13 @@ LONG_UP_TO = 16                    # replicas up to which the longer interval ke
 SYNC_TOKENS_MAX = 160_000
 SYNC_TOKENS_MERGED_MAX = 10_000    # the longest interval of replicas whose deltas the servers merge
 SYNC_TOKENS_MIN = 100
+UNMERGED_WORKERS = 2               # up to this many declared workers the servers add deltas as they are (no merge)
+
+
+def servers_merge(declared_workers: int) -> bool:
+    """Whether the servers of a cluster of ``declared_workers`` merge the replicas' deltas (elastic workers aside:
+    ``online.cluster.server`` merges for them too)."""
+    return declared_workers > UNMERGED_WORKERS
 
 
 def default_sync_tokens(workers: int, sharing: int = 1) -> int:
@@ -47,7 +54,7 @@ def default_sync_tokens(workers: int, sharing: int = 1) -> int:
     (``LIVEVEC_HOST_REPLICA``: fewer replicas)."""
     sharing = max(int(sharing), 1)
     k = replicas(workers, sharing)
-    merged = workers > 2 and k > 1
+    merged = servers_merge(workers) and k > 1
     per_round = SYNC_TOKENS_K if merged and k <= LONG_UP_TO else SYNC_TOKENS_K_UNMERGED
     longest = SYNC_TOKENS_MERGED_MAX if merged else SYNC_TOKENS_MAX
     return max(SYNC_TOKENS_MIN, min(longest, per_round // (k * k)) // sharing)

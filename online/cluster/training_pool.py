@@ -15,21 +15,21 @@ import logging
 import os
 import threading
 
+from online.cluster.sync_interval import servers_merge
 from ps_bridge.structured_logging import log_event
 
 log = logging.getLogger("livevec.worker")
 
 
-AUTO_NICE = 5          # LIVEVEC_TRAIN_NICE=-1 where the cluster declares more than 2 workers
-MERGING_WORKERS = 2    # up to this many declared workers the servers add deltas as they are (no merge round)
+AUTO_NICE = 5          # LIVEVEC_TRAIN_NICE=-1 where the servers merge the replicas' deltas
 
 
 def train_nice(setting: int, declared_workers: int) -> int:
     """The nice the training threads take: ``setting`` (``LIVEVEC_TRAIN_NICE``), or where it is -1 ``AUTO_NICE``
-    in a cluster that declares more than ``MERGING_WORKERS`` workers, else 0."""
+    in a cluster whose servers merge (``sync_interval.servers_merge``), else 0."""
     if setting >= 0:
         return setting
-    return AUTO_NICE if declared_workers > MERGING_WORKERS else 0
+    return AUTO_NICE if servers_merge(declared_workers) else 0
 
 
 def lower_thread_priority(nice: int) -> None:
