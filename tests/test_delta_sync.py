@@ -300,14 +300,15 @@ def test_one_worker_through_delta_sync_learns_the_same_vectors_as_the_in_process
                                local.shard.pull(out), atol=1e-4)
 
 
-def test_packed_deltas_held_back_lose_nothing_once_flushed(ps_cluster):
-    """The default wire: int8 deltas (error feedback), float16 rows back, small deltas waiting to grow. After a
-    flush (float32 both ways) the servers hold exactly what the replica has, and the model is the in-process
-    kernel's within the drift of training from float16 answers in between."""
+@pytest.mark.parametrize("wire, command", [("auto", pc.CMD_DELTA_PACKED_I8), ("float16", pc.CMD_DELTA_PACKED)])
+def test_packed_deltas_held_back_lose_nothing_once_flushed(ps_cluster, wire, command):
+    """The default wire: int8 deltas (error feedback), int8 rows back (float16 where pinned), small deltas waiting
+    to grow. After a flush (float32 both ways) the servers hold exactly what the replica has, and the model is the
+    in-process kernel's within the drift of training from the packed answers in between."""
     _, join = ps_cluster
     batches = _batches(1200, seed=3)
     local = Trainer(_config(), LocalParamStore(dim=16, seed=1))
-    store = ReplicaStore(join(), 16, seed=1, timeout=20)
+    store = ReplicaStore(join(), 16, seed=1, timeout=20, delta_wire=wire)
     remote = Trainer(_config(), store)
     store.on_totals = remote.apply_cluster_counts
     for i, batch in enumerate(batches):
@@ -315,7 +316,8 @@ def test_packed_deltas_held_back_lose_nothing_once_flushed(ps_cluster):
         remote.train_records(batch)
         if i % 3 == 2:
             store.sync()
-    assert store.exchange == 2 and store.shard.waiting > 0, "int8 deltas, some waiting to grow"
+    assert store.exchange == 3 and store._packed() == command and store.shard.waiting > 0, \
+        "packed deltas, some waiting to grow"
     store.sync(flush=True, remainders=True)   # every waiting delta and every int8 remainder, in float32
     assert store.shard.waiting == 0
     words, vectors, _ = local.export()
@@ -424,8 +426,10 @@ def test_a_worker_holds_the_clusters_row_of_a_new_word_before_it_meets_it(ps_clu
     assert "zebra" not in tb.vocab
     rows_b = b.shard.rows_for(keys, create=False)
     assert (rows_b >= 0).all()
-    # the values come in float16 (exchange 2), the accumulators in float32
-    np.testing.assert_allclose(b.shard.vectors[rows_b], a.shard.vectors[rows_a], rtol=1e-3, atol=1e-4)
+    # the values come in int8 (exchange 3: within half a step, 1/254 of the row's largest value), the accumulators
+    # in float32
+    step = np.abs(a.shard.vectors[rows_a]).max(axis=1, keepdims=True) / 127
+    assert (np.abs(b.shard.vectors[rows_b] - a.shard.vectors[rows_a]) <= step / 2 + 1e-6).all()
     np.testing.assert_allclose(b.shard.accum[rows_b], a.shard.accum[rows_a], rtol=1e-5)
     assert (b.shard.accum[rows_b, 0] > b.shard.adagrad_init).all()   # the history's accumulator, not an empty one
     assert b.m_prefetched.value >= 2
@@ -605,14 +609,15 @@ def test_the_trainable_journal_lists_what_is_new_and_keeps_every_key_sorted():
     assert j.known().tolist() == [4, 900, 901, 920, 950] and j.changed
 
 
-def test_a_server_speaks_exchange_2_and_answers_a_malformed_packed_delta_with_an_error_it_counts(ps_cluster):
-    """A real server: ``HEAD_EXCHANGE`` names version 2; a packed delta whose length fits no layout, or whose scale
+def test_a_server_speaks_exchange_3_and_answers_a_malformed_packed_delta_with_an_error_it_counts(ps_cluster):
+    """A real server: ``HEAD_EXCHANGE`` names version 3; a packed delta whose length fits no layout, or whose scale
     is not a number, is answered (empty rows, so the sender does not hang), counted and logged, and the shard is
-    untouched; a well-formed one after it is merged."""
+    untouched; a well-formed one after it is merged, and answered in float16 or int8 as its command says, as are
+    the refreshes."""
     cluster, join = ps_cluster
     kv = join()
     sid = kv.po.server_ids()[0]
-    assert orjson.loads(kv.wait(kv.request(pc.HEAD_EXCHANGE, b"", sid), 20)[0].body) == {"exchange": 2}
+    assert orjson.loads(kv.wait(kv.request(pc.HEAD_EXCHANGE, b"", sid), 20)[0].body) == {"exchange": 3}
     keys = np.array([word_key("zebra")], dtype=np.uint64)
     before = kv.pull_sync(keys, cmd=pc.CMD_DELTA, timeout=20)
     width = delta_wire.packed_width(16, False)
@@ -629,3 +634,15 @@ def test_a_server_speaks_exchange_2_and_answers_a_malformed_packed_delta_with_an
     res = kv.wait(kv.pushpull(keys, wire.reshape(-1), cmd=pc.CMD_DELTA_PACKED), 20)
     merged = delta_wire.unpack_answer_sparse(res.vals, res.lens, 1, 16, np.zeros((1, 16), np.float32))
     np.testing.assert_allclose(merged[0, :16], before[:16] + 0.5, atol=2e-3)
+    # exchange 3: the same delta again, its answer and a refresh in int8 (this sender moved the row last: the
+    # answer is its accumulator alone, the sender holds the value)
+    res = kv.wait(kv.pushpull(keys, wire.reshape(-1), cmd=pc.CMD_DELTA_PACKED_I8), 20)
+    assert res.lens.tolist() == [1]
+    exact = kv.pull_sync(keys, cmd=pc.CMD_DELTA, timeout=20)
+    np.testing.assert_allclose(exact[:16], before[:16] + 1.0, atol=1e-6)
+    refreshed = kv.wait(kv.pull(keys, cmd=pc.CMD_DELTA_PACKED_I8), 20)
+    assert len(refreshed.vals) == delta_wire.answer_width(16, delta_wire.I8)
+    row = delta_wire.unpack_answer(refreshed.vals, 1, 16, delta_wire.I8)
+    step = np.abs(exact[:16]).max() / 127
+    assert np.abs(row[0, :16] - exact[:16]).max() <= step / 2 + 1e-6
+    assert row[0, 16] == exact[16]

@@ -44,9 +44,33 @@ def test_int8_deltas_decode_within_half_a_step_and_the_base_keeps_the_remainder(
     np.testing.assert_allclose(base[rows] - 1.0, decoded, atol=1e-6)
 
 
-def test_a_packed_row_is_a_quarter_of_the_float32_one_out_and_half_back():
+def test_a_packed_row_is_a_quarter_of_the_float32_one_out_and_a_quarter_or_half_back():
     assert delta_wire.packed_width(DIM, False) * 4 == 108            # against 404 bytes
-    assert delta_wire.answer_width(DIM) * 4 == 204                   # against 404 bytes
+    assert delta_wire.answer_width(DIM, delta_wire.I8) * 4 == 108    # accumulator, scale, 100 codes
+    assert delta_wire.answer_width(DIM) * 4 == 204                   # float16: against 404 bytes
+
+
+def test_int8_answers_decode_within_half_a_step_of_each_rows_largest_value():
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(6, DIM + 1)).astype(np.float32)
+    rows[2, :DIM] = 0.0                                              # a zero row: scale 1, codes 0
+    back = delta_wire.unpack_answer(delta_wire.pack_answer(rows, DIM, delta_wire.I8), 6, DIM, delta_wire.I8)
+    np.testing.assert_array_equal(back[:, DIM], rows[:, DIM])        # the accumulator stays float32
+    step = np.abs(rows[:, :DIM]).max(axis=1, keepdims=True) / 127
+    assert (np.abs(back[:, :DIM] - rows[:, :DIM]) <= step / 2 + 1e-6).all()
+    np.testing.assert_array_equal(back[2, :DIM], 0.0)
+    full = np.array([True, False, True, True, False, False])
+    vals, lens = delta_wire.pack_answer_sparse(rows, full, DIM, delta_wire.I8)
+    assert len(vals) == 3 * delta_wire.answer_width(DIM, delta_wire.I8) + 3
+    base = rng.normal(size=(6, DIM)).astype(np.float32)
+    out = delta_wire.unpack_answer_sparse(vals, lens, 6, DIM, base, delta_wire.I8)
+    np.testing.assert_array_equal(out[:, DIM], rows[:, DIM])
+    np.testing.assert_array_equal(out[~full, :DIM], base[~full])
+    np.testing.assert_array_equal(out[full, :DIM], back[full, :DIM])
+    bad = delta_wire.pack_answer(rows[:1], DIM, delta_wire.I8)
+    bad[1] = np.inf
+    with pytest.raises(ValueError, match="scale"):
+        delta_wire.unpack_answer(bad, 1, DIM, delta_wire.I8)
 
 
 def test_float16_answers_round_to_three_significant_digits():

@@ -14,7 +14,7 @@ replaces an app's version as Marathon does, by relaunching its tasks with the ne
   is killed, so both releases train on one agent at once, each with its own host replica segment), then the front
   ends (a new one ready before the old one goes). Meanwhile the front end answers every query, none with a 5xx,
   and at the end every record was trained exactly once.
-* A roll back with nothing pinned: one server of this release's cluster, whose workers speak exchange 2 (packed
+* A roll back with nothing pinned: one server of this release's cluster, whose workers speak exchange 3 (packed
   deltas, which 0.1.0 does not know), replaced by the previous release. The workers ask the servers' exchange
   again after the rollback that follows and speak exchange 1 to every server; the 0.1.0 server rejects no packed
   delta, and every record is trained exactly once.
@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from online import __version__
+from online.cluster.ps_commands import EXCHANGE_VERSION, ROWS_BACK
 from online.checkpoint.store import CheckpointStore
 from online.cli.up import local_cluster
 from online.learner.tokenizers import Tokenizer
@@ -329,8 +330,8 @@ def test_a_rolling_upgrade_in_the_groups_order_loses_nothing_trains_nothing_twic
             step(f"server {index} replaced")
 
         _replaced(runner, "worker", 1, probe, servers=False)
-        wait_until(lambda: _worker_metric(runner, 1, "livevec_worker_exchange_version") == 2, 60, interval=0.25,
-                   message="a worker started beside 0.2.0 servers speaking exchange 2")
+        wait_until(lambda: _worker_metric(runner, 1, "livevec_worker_exchange_version") == EXCHANGE_VERSION, 60,
+                   interval=0.25, message=f"a worker started beside 0.2.0 servers speaking exchange {EXCHANGE_VERSION}")
         runner.scale("worker", 2)   # the surplus task goes (Marathon: the roll is done)
         # the last 0.1.0 worker of the agent removed its segment as it stopped
         wait_until(lambda: _segments(runner) == [new_segment], 30, interval=0.2, message="the old segment gone")
@@ -376,10 +377,10 @@ def _worker_metric(runner, index: int, name: str) -> float:
 
 
 @pytest.mark.timeout(600)
-def test_a_server_rolled_back_to_the_previous_release_gets_exchange_1_from_workers_that_spoke_2_and_trains_on(
+def test_a_server_rolled_back_to_the_previous_release_gets_exchange_1_from_workers_that_spoke_3_and_trains_on(
         previous_release, kafka_bootstrap, kafka_topic, tmp_path):
-    """No pin: 0.2.0 workers speaking exchange 2 (packed deltas) meet a server replaced by 0.1.0, which knows no
-    ``CMD_DELTA_PACKED``. The rollback that follows the replacement reloads them, and a reload asks the servers'
+    """No pin: 0.2.0 workers speaking exchange 3 (packed deltas) meet a server replaced by 0.1.0, which knows no
+    packed command. The rollback that follows the replacement reloads them, and a reload asks the servers'
     exchange again: they speak version 1 to every server from then on, and training goes on exactly once."""
     topic = kafka_topic(partitions=4, prefix="upgrade-back")
     producer = Producer(kafka_bootstrap, topic, generate_lines(2400, seed=11), rate=20.0, reserve=100)
@@ -397,11 +398,11 @@ def test_a_server_rolled_back_to_the_previous_release_gets_exchange_1_from_worke
         probe = ClusterProbe(runner.port("scheduler", "ps"), servers=2)
         producer.start()
         for index in (0, 1):
-            wait_until(lambda: _worker_metric(runner, index, "livevec_worker_exchange_version") == 2, 90,
-                       interval=0.25, message=f"worker {index} speaking exchange 2 to 0.2.0 servers")
+            wait_until(lambda: _worker_metric(runner, index, "livevec_worker_exchange_version") == EXCHANGE_VERSION,
+                       90, interval=0.25, message=f"worker {index} speaking exchange {EXCHANGE_VERSION} to 0.2.0 servers")
         synced = sum(_worker_metric(runner, i, "livevec_worker_rows_synced_total") for i in (0, 1))
         wait_until(lambda: sum(_worker_metric(runner, i, "livevec_worker_rows_synced_total") for i in (0, 1)) > synced,
-                   60, interval=0.25, message="the workers sending deltas in exchange 2")
+                   60, interval=0.25, message="the workers sending packed deltas")
         wait_until(lambda: store.latest_complete(check_data=False), 60, interval=0.25,
                    message="a checkpoint of this release")
         trained = ((probe.stats() or [{}])[0].get("ledger") or {}).get("records", 0)
@@ -430,7 +431,9 @@ def test_a_server_rolled_back_to_the_previous_release_gets_exchange_1_from_worke
             old_server = log.read().decode(errors="replace")
         rejected = [line for line in old_server.splitlines() if "request_rejected" in line]
         print("0.1.0 server's rejections:", len(rejected), rejected[:3])
-        assert not [line for line in rejected if "cmd=6" in line], rejected[:5]
+        packed = {str(cmd) for cmd in ROWS_BACK}   # the packed commands, which 0.1.0 does not know
+        assert not [line for line in rejected if re.search(r"cmd=(\d+)", line) and
+                    re.search(r"cmd=(\d+)", line).group(1) in packed], rejected[:5]
     finally:
         if probe is not None:
             probe.close()

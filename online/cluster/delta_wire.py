@@ -1,4 +1,5 @@
-"""The packed layouts of the replica exchange (``CMD_DELTA_PACKED``): int8 deltas out, float16 rows back.
+"""The packed layouts of the replica exchange: int8 deltas out, and rows back in float16 (``CMD_DELTA_PACKED``,
+exchange version 2) or in int8 (``CMD_DELTA_PACKED_I8``, version 3).
 
 ps-lite's KV frames carry float32 values; a packed row is bytes laid in float32 words, so it crosses the Van
 unchanged (the values are never read as floats on the way) and a stock ps-lite node never sees the command.
@@ -8,14 +9,16 @@ unchanged (the values are never read as floats on the way) and a stock ps-lite n
   codes padded to a whole word. The delta is ``codes * scale`` with ``scale = max |delta| / 127``.
   **Error feedback**: the replica's base moves by the decoded delta, not by the row's change, so what the
   rounding dropped stays in ``row - base`` and goes with the row's next delta (nothing trained is lost).
-* **Back** (server -> worker), per key, ``answer_width(dim)`` words: the row's accumulator (float32), then
-  ``dim`` float16 values padded to a whole word. The replica takes the float16 row as its base: the servers keep
-  float32, so the rounding never accumulates, and the replica's next delta is measured from what it received.
-  A row this sender moved last before this delta (no other replica's delta reached it since) is what the replica
-  already holds plus what it sent, so its answer is the accumulator alone: one word (ps-lite's ``lens`` give
-  each key's length).
+* **Back** (server -> worker), per key, ``answer_width(dim, rows_back)`` words: the row's accumulator (float32),
+  then its values, as ``dim`` float16 values padded to a whole word (``F16``), or as a scale (float32,
+  ``max |value| / 127``) and ``dim`` int8 codes padded to a whole word (``I8``). The replica takes the row it
+  decodes as its base: the servers keep float32, so the rounding never accumulates, and the replica's next delta
+  is measured from what it received. A row this sender moved last before this delta (no other replica's delta
+  reached it since) is what the replica already holds plus what it sent, so its answer is the accumulator alone:
+  one word (ps-lite's ``lens`` give each key's length).
 
-At dim 100 a row goes out in 112 bytes instead of 404 and comes back in 204 instead of 404 (keys apart).
+At dim 100 a row goes out in 108 bytes instead of 404 and comes back in 108 (int8) or 204 (float16) instead of
+404, keys apart. The int8 rows learn as the float16 ones do (docs/design/0008-scalable-exchange.md).
 Design: docs/design/0008-scalable-exchange.md
 """
 from __future__ import annotations
@@ -35,8 +38,14 @@ def packed_width(dim: int, contraction: bool) -> int:
     return (3 if contraction else 2) + code_words(dim)
 
 
-def answer_width(dim: int) -> int:
-    """float32 words per key of a packed answer."""
+F16 = "f16"   # rows back as float16 values (``CMD_DELTA_PACKED``)
+I8 = "i8"     # rows back as int8 codes and a scale (``CMD_DELTA_PACKED_I8``)
+
+
+def answer_width(dim: int, rows_back: str = F16) -> int:
+    """float32 words per key of a packed answer: the accumulator, then the values."""
+    if rows_back == I8:
+        return 2 + code_words(dim)
     return 1 + -(-int(dim) // 2)
 
 
@@ -97,38 +106,59 @@ def unpack_deltas(vals: np.ndarray, n: int, dim: int) -> tuple[np.ndarray, np.nd
     return deltas, wire[:, 1].copy(), (wire[:, 2].copy() if contraction else None)
 
 
-def pack_answer(rows: np.ndarray, dim: int) -> np.ndarray:
+def _write_values(wire: np.ndarray, values: np.ndarray, dim: int, rows_back: str) -> None:
+    """``values`` [n, dim] into the value words of answer rows ``wire`` [n, width] (word 0 is the accumulator)."""
+    if rows_back == I8:
+        top = np.abs(values).max(axis=1, initial=np.float32(0.0))
+        scale = np.where(top > 0, top / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+        wire[:, 1] = scale
+        wire.view(np.int8)[:, 8:8 + dim] = np.rint(values / scale[:, None])
+    else:
+        wire.view(np.float16)[:, 2:2 + dim] = values
+
+
+def _read_values(wire: np.ndarray, dim: int, rows_back: str) -> np.ndarray:
+    """The values [n, dim] float32 of answer rows ``wire`` [n, width]."""
+    if rows_back == I8:
+        scale = wire[:, 1:2]
+        if len(wire) and not np.isfinite(scale).all():
+            raise ValueError("packed answer with a scale that is not a finite number")
+        return wire.view(np.int8)[:, 8:8 + dim].astype(np.float32) * scale
+    return wire.view(np.float16)[:, 2:2 + dim].astype(np.float32)
+
+
+def pack_answer(rows: np.ndarray, dim: int, rows_back: str = F16) -> np.ndarray:
     """The servers' merged rows [n, dim + 1] (values, accumulator) as packed answer words [n * answer_width]."""
     n = len(rows)
-    width = answer_width(dim)
-    wire = np.zeros((n, width), dtype=np.float32)
+    wire = np.zeros((n, answer_width(dim, rows_back)), dtype=np.float32)
     wire[:, 0] = rows[:, dim]
-    wire.view(np.float16)[:, 2:2 + dim] = rows[:, :dim]
+    _write_values(wire, rows[:, :dim], dim, rows_back)
     return wire.reshape(-1)
 
 
-def unpack_answer(vals: np.ndarray, n: int, dim: int) -> np.ndarray:
+def unpack_answer(vals: np.ndarray, n: int, dim: int, rows_back: str = F16) -> np.ndarray:
     """Packed answer words as merged rows [n, dim + 1] float32 (what ``ReplicaShard.apply`` takes)."""
-    width = answer_width(dim)
+    width = answer_width(dim, rows_back)
     vals = np.ascontiguousarray(vals, dtype=np.float32)
     if len(vals) != n * width:
         raise ValueError(f"packed answer of {len(vals)} words for {n} keys of dim {dim} (expected {width} per key)")
     wire = vals.reshape(n, width)
     out = np.empty((n, dim + 1), dtype=np.float32)
-    out[:, :dim] = wire.view(np.float16)[:, 2:2 + dim]
+    out[:, :dim] = _read_values(wire, dim, rows_back)
     out[:, dim] = wire[:, 0]
     return out
 
 
-def pack_answer_sparse(rows: np.ndarray, full: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def pack_answer_sparse(rows: np.ndarray, full: np.ndarray, dim: int,
+                       rows_back: str = F16) -> tuple[np.ndarray, np.ndarray]:
     """Merged rows [n, dim + 1] as packed answer words and ps-lite lens: the rows ``full`` marks with their
-    float16 values, the others with their accumulator alone (the sender holds their value)."""
+    values, the others with their accumulator alone (the sender holds their value)."""
     n = len(rows)
-    width = answer_width(dim)
+    width = answer_width(dim, rows_back)
     lens = np.where(full, width, 1).astype(np.int32)
     wire = np.zeros((n, width), dtype=np.float32)
     wire[:, 0] = rows[:, dim]
-    wire.view(np.float16)[:, 2:2 + dim] = rows[:, :dim]
+    _write_values(wire, rows[:, :dim], dim, rows_back)
     if full.all():
         return wire.reshape(-1), lens
     keep = np.ones((n, width), dtype=bool)
@@ -137,13 +167,13 @@ def pack_answer_sparse(rows: np.ndarray, full: np.ndarray, dim: int) -> tuple[np
 
 
 def unpack_answer_sparse(vals: np.ndarray, lens: np.ndarray | None, n: int, dim: int,
-                         base: np.ndarray) -> np.ndarray:
+                         base: np.ndarray, rows_back: str = F16) -> np.ndarray:
     """Packed answer words (with ``lens``, or all full without) as merged rows [n, dim + 1]; a key answered with
     its accumulator alone gets ``base`` (the replica's base of that row, [n, dim]) as its value, which
     ``ReplicaShard.apply`` then leaves as it is."""
     if lens is None or not len(lens):
-        return unpack_answer(vals, n, dim)
-    width = answer_width(dim)
+        return unpack_answer(vals, n, dim, rows_back)
+    width = answer_width(dim, rows_back)
     vals = np.ascontiguousarray(vals, dtype=np.float32)
     lens = np.asarray(lens)
     if len(lens) != n or not np.isin(lens, (1, width)).all() or int(lens.sum()) != len(vals):
@@ -155,5 +185,5 @@ def unpack_answer_sparse(vals: np.ndarray, lens: np.ndarray | None, n: int, dim:
     out[~full, :dim] = base[~full]
     if full.any():
         idx = starts[full][:, None] + np.arange(width)[None, :]
-        out[full, :dim] = vals[idx].view(np.float16)[:, 2:2 + dim]
+        out[full, :dim] = _read_values(vals[idx], dim, rows_back)
     return out

@@ -19,7 +19,7 @@ KV commands (``cmd``), keys sorted and unique as ps-lite requires:
 * ``CMD_DELTA_FRESH``: as ``CMD_DELTA``, for rows the worker created from the initial value
   since its last sync: the server adds them only to rows still at that value (a word new to
   the cluster) and otherwise just answers with its row, which the worker adopts.
-* ``CMD_DELTA_PACKED``: ``CMD_DELTA`` with int8 deltas out, float16 rows back (``online.cluster.delta_wire``).
+* ``CMD_DELTA_PACKED`` / ``CMD_DELTA_PACKED_I8``: ``CMD_DELTA`` with int8 deltas out, float16 / int8 rows back.
 * ``CMD_WORD_COUNTS``: pushpull, one float per key (an input key): occurrences of every word
   read since the last sync; the answer is the cluster's total of each (``online.learner.word_counts``).
 
@@ -53,11 +53,16 @@ CMD_DELTA = 3
 CMD_WORD_COUNTS = 4
 CMD_DELTA_FRESH = 5
 CMD_DELTA_PACKED = 6
+CMD_DELTA_PACKED_I8 = 7
+
+# How each packed command's answers carry the rows (``online.cluster.delta_wire``).
+ROWS_BACK = {CMD_DELTA_PACKED: "f16", CMD_DELTA_PACKED_I8: "i8"}
 
 # The replica exchange's version: 1, float32 deltas (``CMD_DELTA``) and every changed row listed; 2, packed deltas
-# (``CMD_DELTA_PACKED``) and rows listed once moved (``online.cluster.change_listing``). A worker speaks the
-# highest version every server answers ``HEAD_EXCHANGE`` with. Design: docs/design/0008-scalable-exchange.md
-EXCHANGE_VERSION = 2
+# (``CMD_DELTA_PACKED``: rows back in float16) and rows listed once moved (``online.cluster.change_listing``);
+# 3, rows back in int8 too (``CMD_DELTA_PACKED_I8``). A server speaks every version up to its own; a worker speaks
+# the highest version every server answers ``HEAD_EXCHANGE`` with. Design: docs/design/0008-scalable-exchange.md
+EXCHANGE_VERSION = 3
 
 HEAD_SET_WORDS = 100
 HEAD_CHANGES = 101

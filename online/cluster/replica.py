@@ -73,9 +73,9 @@ SEND_THRESHOLD = Setting("send_threshold", "LIVEVEC_SEND_THRESHOLD", float, SEND
                               "row's norm (0: every changed row goes at every sync)")
 FLUSH_SYNCS = Setting("flush_syncs", "LIVEVEC_FLUSH_SYNCS", int, FLUSH_EVERY_DEFAULT, minimum=1, maximum=1000,
                       help="replica: every this many syncs every waiting delta goes, whatever its size")
-DELTA_WIRE = Setting("delta_wire", "LIVEVEC_DELTA_WIRE", str, "auto", choices=("auto", "float32"),
-                     help="replica: auto, int8 deltas out and float16 rows back when every server speaks exchange "
-                          "version 2; float32, the full rows both ways")
+DELTA_WIRE = Setting("delta_wire", "LIVEVEC_DELTA_WIRE", str, "auto", choices=("auto", "float16", "float32"),
+                     help="replica: auto, int8 deltas out and rows back in int8 where every server speaks exchange 3 "
+                          "(float16 where one speaks 2); float16, rows back in float16 at most; float32, full rows")
 REPLICA = SettingGroup("replica (workers)", (REFRESH_SHARE, HOST_REPLICA, HOST_REPLICA_ROWS, SEND_THRESHOLD,
                                              FLUSH_SYNCS, DELTA_WIRE))
 
@@ -281,9 +281,9 @@ class ReplicaStore:
                     self.shard.flush, self.shard.flush_remainders = flushing, False
                 # a flush goes in float32: the snapshot it precedes then holds exactly what was trained
                 keys, rows, deltas, pushed, fresh = collected
-                packed = self._packed() and not self.shard.flush and not flush
+                packed = None if self.shard.flush or flush else self._packed()
                 self._unsent = self._parts(*collected, packed_rows=self.shard.pack(deltas[:pushed], rows[:pushed])
-                                           if packed else None)
+                                           if packed else None, packed_cmd=packed or pc.CMD_DELTA_PACKED)
                 self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
             sent = [(kv.pull(k, cmd=cmd) if d is None else kv.pushpull(k, d.reshape(-1), cmd=cmd), k, r)
@@ -292,8 +292,10 @@ class ReplicaStore:
             rows_sent = 0
             for i, (ts, k, r) in enumerate(sent):
                 res = kv.wait(ts, self.timeout)
-                if parts[i][0] == pc.CMD_DELTA_PACKED:
-                    merged = delta_wire.unpack_answer_sparse(res.vals, res.lens, len(k), self.dim, self.shard.base[r])
+                rows_back = pc.ROWS_BACK.get(parts[i][0])
+                if rows_back is not None:
+                    merged = delta_wire.unpack_answer_sparse(res.vals, res.lens, len(k), self.dim, self.shard.base[r],
+                                                             rows_back)
                 else:
                     merged = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
                 # Fresh rows too: what was trained on them while this sync was in flight stays on top of the
@@ -328,8 +330,15 @@ class ReplicaStore:
                 self.shard.mark_stale(keys)
                 self.m_stale.inc(len(keys))
 
-    def _packed(self) -> bool:
-        return self.delta_wire == "auto" and (self.exchange or 1) >= 2
+    def _packed(self) -> int | None:
+        """The packed command this worker's deltas and refreshes go by (None: float32 ``CMD_DELTA``): the newest
+        every server speaks, or the one ``LIVEVEC_DELTA_WIRE`` pins."""
+        version = self.exchange or 1
+        if self.delta_wire == "float32" or version < 2:
+            return None
+        if self.delta_wire == "float16" or version < 3:
+            return pc.CMD_DELTA_PACKED
+        return pc.CMD_DELTA_PACKED_I8
 
     def _ask_exchange(self) -> int:
         """The replica exchange's version every server speaks (``HEAD_EXCHANGE``; a server that predates it
@@ -346,21 +355,21 @@ class ReplicaStore:
         return max(1, min(min(versions, default=1), pc.EXCHANGE_VERSION))
 
     @staticmethod
-    def _parts(keys, rows, deltas, pushed, fresh, packed_rows: np.ndarray | None = None) \
-            -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
+    def _parts(keys, rows, deltas, pushed, fresh, packed_rows: np.ndarray | None = None,
+               packed_cmd: int = pc.CMD_DELTA_PACKED) -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
         """``collect_parts``' payload as requests of at most ``_SYNC_CHUNK`` keys, each (command, keys, deltas or
         None, rows), all slices of it: the rows changed here as ``CMD_DELTA`` pushpulls, the rows created here as
         ``CMD_DELTA_FRESH`` pushpulls, and the rows only refreshed as ``CMD_DELTA`` pulls (data None), which carry
         no zeros out. ``packed_rows`` (``ReplicaShard.pack`` of the first block): the changed rows' deltas go as
-        ``CMD_DELTA_PACKED`` (int8 with error feedback: ``online.cluster.delta_wire``) and the refreshes come back
-        in float16; fresh rows stay float32."""
+        ``packed_cmd`` (int8 with error feedback: ``online.cluster.delta_wire``), whose answers and the refreshes'
+        carry the rows in float16 or int8 (``ps_commands.ROWS_BACK``); fresh rows stay float32."""
         parts = []
         ends = (pushed, pushed + fresh, len(keys))
         packed = packed_rows is not None
-        delta = pc.CMD_DELTA_PACKED if packed else pc.CMD_DELTA
+        delta = packed_cmd if packed else pc.CMD_DELTA
         for (cmd, pull), lo, hi in zip(((delta, False), (pc.CMD_DELTA_FRESH, False), (delta, True)),
                                        (0,) + ends[:2], ends):
-            if packed and cmd == pc.CMD_DELTA_PACKED and not pull:
+            if packed and cmd == packed_cmd and not pull:
                 parts += [(cmd, keys[a:min(a + _SYNC_CHUNK, hi)], packed_rows[a:min(a + _SYNC_CHUNK, hi)],
                            rows[a:min(a + _SYNC_CHUNK, hi)]) for a in range(lo, hi, _SYNC_CHUNK)]
                 continue
@@ -444,13 +453,13 @@ class ReplicaStore:
         if not len(created):
             return
         kv = self.worker
-        cmd = pc.CMD_DELTA_PACKED if self._packed() else pc.CMD_DELTA   # packed: the rows come in float16
+        cmd = self._packed() or pc.CMD_DELTA   # packed: the rows come in float16 or int8
         pending = [(kv.pull(k, cmd=cmd), k)
                    for k in (created[a:a + _SYNC_CHUNK] for a in range(0, len(created), _SYNC_CHUNK))]
         for ts, k in pending:
             res = kv.wait(ts, self.timeout)
-            if cmd == pc.CMD_DELTA_PACKED:
-                rows = delta_wire.unpack_answer(res.vals, len(k), self.dim)
+            if cmd in pc.ROWS_BACK:
+                rows = delta_wire.unpack_answer(res.vals, len(k), self.dim, pc.ROWS_BACK[cmd])
             else:
                 rows = np.asarray(res.vals, np.float32).reshape(len(k), self.dim + 1)
             self.shard.apply(k, rows)

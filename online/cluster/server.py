@@ -176,7 +176,8 @@ class ShardService:
             log_event(log, "request_rejected", logging.WARNING, sender=req.sender, cmd=req.cmd, error=str(exc))
             if req.pull:
                 width = {pc.CMD_DELTA: dim + 1, pc.CMD_DELTA_FRESH: dim + 1, pc.CMD_WORD_COUNTS: 1,
-                         pc.CMD_DELTA_PACKED: delta_wire.answer_width(dim)}.get(req.cmd, dim)
+                         **{cmd: delta_wire.answer_width(dim, rows_back)
+                            for cmd, rows_back in pc.ROWS_BACK.items()}}.get(req.cmd, dim)
                 server.response(req, KVPairs(keys, np.zeros(n * width, np.float32)))
                 return
         finally:
@@ -217,24 +218,26 @@ class ShardService:
 
     def _kv_refresh(self, req: KVMeta, data: KVPairs) -> np.ndarray:
         """A replica refreshing rows it did not change: the rows and their accumulators, nothing applied
-        (packed in float16 for ``CMD_DELTA_PACKED``)."""
+        (packed, in float16 or int8, for the packed commands)."""
         n = len(data.keys)
         rows = self.shard.read_rows(data.keys)
         self.c.pulls += 1
         self.c.keys_pulled += n
         self.m_requests["refresh"].inc()
         self.m_keys_pulled.inc(n)
-        if req.cmd == pc.CMD_DELTA_PACKED:
-            return delta_wire.pack_answer(rows.reshape(n, self.shard.dim + 1), self.shard.dim)
+        if req.cmd in pc.ROWS_BACK:
+            return delta_wire.pack_answer(rows.reshape(n, self.shard.dim + 1), self.shard.dim, pc.ROWS_BACK[req.cmd])
         return rows.reshape(-1)
 
     def _kv_deltas(self, req: KVMeta, data: KVPairs) -> np.ndarray:
-        """A replica's deltas merged; per key the answer is its values and its accumulator. ``CMD_DELTA_PACKED``:
-        int8 deltas in, float16 rows out (``online.cluster.delta_wire``)."""
+        """A replica's deltas merged; per key the answer is its values and its accumulator. The packed commands:
+        int8 deltas in, float16 (``CMD_DELTA_PACKED``) or int8 (``CMD_DELTA_PACKED_I8``) rows out
+        (``online.cluster.delta_wire``)."""
         if not (req.push and req.pull):
             return self._kv_unknown(req, data)
         keys, n, dim = data.keys, len(data.keys), self.shard.dim
-        if req.cmd == pc.CMD_DELTA_PACKED:
+        rows_back = pc.ROWS_BACK.get(req.cmd)
+        if rows_back is not None:
             deltas, acc, contraction = delta_wire.unpack_deltas(data.vals, n, dim)
         else:
             # dim + 1 floats per key: the row's delta and its accumulator's; dim + 2: and its contraction
@@ -246,7 +249,7 @@ class ShardService:
             deltas, acc = vals[:, :dim], vals[:, dim]
             contraction = vals[:, dim + 1] if width == dim + 2 else None
         sender = self.merge_groups.get(req.sender, req.sender)
-        held = self.shard.last_movers(keys) == sender if req.cmd == pc.CMD_DELTA_PACKED else None
+        held = self.shard.last_movers(keys) == sender if rows_back is not None else None
         answer = self.shard.add_deltas(keys, deltas, acc, fresh=req.cmd == pc.CMD_DELTA_FRESH, sender=sender,
                                        contraction=contraction)
         self._list(keys, deltas, answer)
@@ -255,7 +258,7 @@ class ShardService:
         self.m_requests["deltas"].inc()
         self.m_keys_pushed.inc(n)
         if held is not None:   # rows this sender moved last hold what it has plus what it sent: their accumulator
-            return delta_wire.pack_answer_sparse(answer, ~held, dim)
+            return delta_wire.pack_answer_sparse(answer, ~held, dim, rows_back)
         return answer.reshape(-1)
 
     def _list(self, keys: np.ndarray, deltas: np.ndarray, answer: np.ndarray) -> None:
@@ -306,7 +309,7 @@ class ShardService:
         return None
 
     _KV_COMMANDS: dict[int, Callable] = {pc.CMD_ROWS: _kv_rows, pc.CMD_DELTA: _kv_delta, pc.CMD_DELTA_PACKED: _kv_delta,
-                                         pc.CMD_DELTA_FRESH: _kv_deltas, pc.CMD_WORD_COUNTS: _kv_word_counts,
+                                         pc.CMD_DELTA_PACKED_I8: _kv_delta, pc.CMD_DELTA_FRESH: _kv_deltas, pc.CMD_WORD_COUNTS: _kv_word_counts,
                                          pc.CMD_COUNTS: _kv_counts, pc.CMD_FREE: _kv_free}
 
     # ---------------------------------------------------------- SimpleApp
