@@ -50,6 +50,11 @@ def test_a_packed_row_is_a_quarter_of_the_float32_one_out_and_a_quarter_or_half_
     assert delta_wire.answer_width(DIM) * 4 == 204                   # float16: against 404 bytes
 
 
+def test_each_packed_command_names_a_layout_of_the_wire():
+    from online.cluster import ps_commands as pc
+    assert pc.ROWS_BACK == {pc.CMD_DELTA_PACKED: delta_wire.F16, pc.CMD_DELTA_PACKED_I8: delta_wire.I8}
+
+
 def test_int8_answers_decode_within_half_a_step_of_each_rows_largest_value():
     rng = np.random.default_rng(3)
     rows = rng.normal(size=(6, DIM + 1)).astype(np.float32)

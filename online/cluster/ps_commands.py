@@ -55,7 +55,7 @@ CMD_DELTA_FRESH = 5
 CMD_DELTA_PACKED = 6
 CMD_DELTA_PACKED_I8 = 7
 
-# How each packed command's answers carry the rows (``online.cluster.delta_wire``).
+# How each packed command's answers carry the rows: ``online.cluster.delta_wire``'s F16 and I8 layouts.
 ROWS_BACK = {CMD_DELTA_PACKED: "f16", CMD_DELTA_PACKED_I8: "i8"}
 
 # The replica exchange's version: 1, float32 deltas (``CMD_DELTA``) and every changed row listed; 2, packed deltas
