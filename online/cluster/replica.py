@@ -281,9 +281,9 @@ class ReplicaStore:
                     self.shard.flush, self.shard.flush_remainders = flushing, False
                 # a flush goes in float32: the snapshot it precedes then holds exactly what was trained
                 keys, rows, deltas, pushed, fresh = collected
-                packed = None if self.shard.flush or flush else self._packed()
-                self._unsent = self._parts(*collected, packed_rows=self.shard.pack(deltas[:pushed], rows[:pushed])
-                                           if packed else None, packed_cmd=packed or pc.CMD_DELTA_PACKED)
+                command = None if self.shard.flush or flush else self._packed()
+                self._unsent = self._parts(*collected, packed=(command, self.shard.pack(deltas[:pushed], rows[:pushed]))
+                                           if command else None)
                 self._unsent_finished = self.shard.collected_finished
             parts = self._unsent
             sent = [(kv.pull(k, cmd=cmd) if d is None else kv.pushpull(k, d.reshape(-1), cmd=cmd), k, r)
@@ -355,27 +355,19 @@ class ReplicaStore:
         return max(1, min(min(versions, default=1), pc.EXCHANGE_VERSION))
 
     @staticmethod
-    def _parts(keys, rows, deltas, pushed, fresh, packed_rows: np.ndarray | None = None,
-               packed_cmd: int = pc.CMD_DELTA_PACKED) -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
+    def _parts(keys, rows, deltas, pushed, fresh, packed: tuple[int, np.ndarray] | None = None) \
+            -> list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray]]:
         """``collect_parts``' payload as requests of at most ``_SYNC_CHUNK`` keys, each (command, keys, deltas or
         None, rows), all slices of it: the rows changed here as ``CMD_DELTA`` pushpulls, the rows created here as
         ``CMD_DELTA_FRESH`` pushpulls, and the rows only refreshed as ``CMD_DELTA`` pulls (data None), which carry
-        no zeros out. ``packed_rows`` (``ReplicaShard.pack`` of the first block): the changed rows' deltas go as
-        ``packed_cmd`` (int8 with error feedback: ``online.cluster.delta_wire``), whose answers and the refreshes'
-        carry the rows in float16 or int8 (``ps_commands.ROWS_BACK``); fresh rows stay float32."""
-        parts = []
-        ends = (pushed, pushed + fresh, len(keys))
-        packed = packed_rows is not None
-        delta = packed_cmd if packed else pc.CMD_DELTA
-        for (cmd, pull), lo, hi in zip(((delta, False), (pc.CMD_DELTA_FRESH, False), (delta, True)),
-                                       (0,) + ends[:2], ends):
-            if packed and cmd == packed_cmd and not pull:
-                parts += [(cmd, keys[a:min(a + _SYNC_CHUNK, hi)], packed_rows[a:min(a + _SYNC_CHUNK, hi)],
-                           rows[a:min(a + _SYNC_CHUNK, hi)]) for a in range(lo, hi, _SYNC_CHUNK)]
-                continue
-            parts += [(cmd, keys[a:min(a + _SYNC_CHUNK, hi)], None if pull else deltas[a:min(a + _SYNC_CHUNK, hi)],
-                       rows[a:min(a + _SYNC_CHUNK, hi)]) for a in range(lo, hi, _SYNC_CHUNK)]
-        return parts
+        no zeros out. ``packed`` (a packed command, and ``ReplicaShard.pack`` of the first block): the changed rows'
+        deltas go by that command (int8 with error feedback: ``online.cluster.delta_wire``), as do the refreshes, and
+        the answers carry the rows in float16 or int8 (``ps_commands.ROWS_BACK``); fresh rows stay float32."""
+        command, changed = packed if packed is not None else (pc.CMD_DELTA, deltas)
+        blocks = ((command, changed, 0, pushed), (pc.CMD_DELTA_FRESH, deltas, pushed, pushed + fresh),
+                  (command, None, pushed + fresh, len(keys)))
+        return [(cmd, keys[a:min(a + _SYNC_CHUNK, hi)], None if data is None else data[a:min(a + _SYNC_CHUNK, hi)],
+                 rows[a:min(a + _SYNC_CHUNK, hi)]) for cmd, data, lo, hi in blocks for a in range(lo, hi, _SYNC_CHUNK)]
 
     def _requeue(self, counts, words) -> None:
         """Sent again next time (words are idempotent; counts applied twice are undone by the rollback

@@ -225,8 +225,9 @@ class ShardService:
         self.c.keys_pulled += n
         self.m_requests["refresh"].inc()
         self.m_keys_pulled.inc(n)
-        if req.cmd in pc.ROWS_BACK:
-            return delta_wire.pack_answer(rows.reshape(n, self.shard.dim + 1), self.shard.dim, pc.ROWS_BACK[req.cmd])
+        rows_back = pc.ROWS_BACK.get(req.cmd)
+        if rows_back is not None:
+            return delta_wire.pack_answer(rows.reshape(n, self.shard.dim + 1), self.shard.dim, rows_back)
         return rows.reshape(-1)
 
     def _kv_deltas(self, req: KVMeta, data: KVPairs) -> np.ndarray:
@@ -309,8 +310,9 @@ class ShardService:
         return None
 
     _KV_COMMANDS: dict[int, Callable] = {pc.CMD_ROWS: _kv_rows, pc.CMD_DELTA: _kv_delta, pc.CMD_DELTA_PACKED: _kv_delta,
-                                         pc.CMD_DELTA_PACKED_I8: _kv_delta, pc.CMD_DELTA_FRESH: _kv_deltas, pc.CMD_WORD_COUNTS: _kv_word_counts,
-                                         pc.CMD_COUNTS: _kv_counts, pc.CMD_FREE: _kv_free}
+                                         pc.CMD_DELTA_PACKED_I8: _kv_delta, pc.CMD_DELTA_FRESH: _kv_deltas,
+                                         pc.CMD_WORD_COUNTS: _kv_word_counts, pc.CMD_COUNTS: _kv_counts,
+                                         pc.CMD_FREE: _kv_free}
 
     # ---------------------------------------------------------- SimpleApp
     def handle_simple(self, req: SimpleData, app) -> None:
